@@ -1,0 +1,117 @@
+"""Process-level state shared by every front end: init/shutdown, rank and size.
+
+Thin ctypes bindings over the C API of ``libbluefog_core``; all the work happens in C++.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import sys
+import threading
+from typing import Optional
+
+_LIB_NAME = "libbluefog_core.so"
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_atexit_registered = False
+
+
+def library_dir() -> str:
+    """The folder holding the compiled libraries of the installed package.
+
+    Looked up next to this file first, then in every ``bluefog`` package on ``sys.path``, so
+    that running from a source checkout uses the libraries that ``make build`` installed.
+    """
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
+    candidates = [here] + [os.path.join(p, "bluefog", "lib") for p in sys.path if p]
+    for folder in candidates:
+        if os.path.isfile(os.path.join(folder, _LIB_NAME)):
+            return folder
+    raise ImportError(
+        f"bluefog's compiled library {_LIB_NAME} was not found (looked in {candidates[:3]} and "
+        "the rest of sys.path). Build and install the package first: run `make build` in the "
+        "bluefog checkout, or `pip install --no-build-isolation .` in an environment that has "
+        "tensorflow-cpu and Open MPI's development files.")
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            # RTLD_GLOBAL: Open MPI's plugins look up MPI symbols in the global namespace.
+            lib = ctypes.CDLL(os.path.join(library_dir(), _LIB_NAME), mode=ctypes.RTLD_GLOBAL)
+            lib.bluefog_last_error.restype = ctypes.c_char_p
+            _lib = lib
+        return _lib
+
+
+class BluefogError(RuntimeError):
+    """Raised when the C++ runtime reports a failure outside of a TensorFlow op."""
+
+
+def _check(code: int) -> None:
+    if code != 0:
+        raise BluefogError(_load().bluefog_last_error().decode("utf-8", "replace"))
+
+
+def init() -> None:
+    """Starts bluefog on this process. Every rank must call it; calling it again is a no-op.
+
+    Starts MPI (unless the application already did) and the background thread that runs every
+    collective. ``shutdown()`` runs automatically at interpreter exit.
+    """
+    global _atexit_registered
+    _check(_load().bluefog_init())
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stops bluefog on every rank. Collectives still pending fail with a "shut down" error.
+
+    MPI cannot be restarted, so ``init()`` after ``shutdown()`` raises in the same process.
+    """
+    if _lib is not None:
+        _check(_lib.bluefog_shutdown())
+
+
+def is_initialized() -> bool:
+    """Whether ``init()`` has run and the library has not been shut down."""
+    return _lib is not None and bool(_lib.bluefog_is_initialized())
+
+
+def _query(fn_name: str) -> int:
+    value = getattr(_load(), fn_name)() if _lib is not None else -1
+    if value < 0:
+        raise ValueError(
+            f"bluefog is not initialized (or was shut down): call bf.init() before "
+            f"bf.{fn_name[len('bluefog_'):]}()")
+    return value
+
+
+def size() -> int:
+    """Number of processes (ranks) in the job."""
+    return _query("bluefog_size")
+
+
+def rank() -> int:
+    """This process's rank, in ``[0, size())``."""
+    return _query("bluefog_rank")
+
+
+def local_size() -> int:
+    """Number of ranks on this machine (ranks sharing memory with this one)."""
+    return _query("bluefog_local_size")
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its machine."""
+    return _query("bluefog_local_rank")
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI granted MPI_THREAD_MULTIPLE, so other threads may also call MPI directly."""
+    return bool(_query("bluefog_mpi_threads_supported"))

@@ -1,0 +1,171 @@
+"""The collectives as TensorFlow ops: allreduce, allgather, broadcast, and their gradients.
+
+Each op is a C++ AsyncOpKernel that hands the tensor to the bluefog runtime; this module only
+names requests, validates arguments and registers gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Optional, Union
+
+import tensorflow as tf
+
+from bluefog.common import basics
+
+_ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
+
+NUMERIC_DTYPES = frozenset([tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
+                            tf.float16, tf.bfloat16, tf.float32, tf.float64])
+ALL_DTYPES = NUMERIC_DTYPES | {tf.bool}
+
+_name_lock = threading.Lock()
+_name_counters: dict = {}
+
+
+def _request_name(op: str, name: Optional[str]) -> str:
+    """The name every rank uses to match this request.
+
+    Without a name, the n-th unnamed call of `op` in this process is called "op.noname.n": it
+    matches across ranks as long as every rank issues its unnamed collectives in one order.
+    """
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"rank {_rank_or_unknown()}: bluefog {op}: name must be a non-empty "
+                             f"str or None, got {name!r}")
+        return name
+    with _name_lock:
+        n = _name_counters.get(op, 0)
+        _name_counters[op] = n + 1
+    return f"{op}.noname.{n}"
+
+
+def _rank_or_unknown() -> str:
+    return str(basics.rank()) if basics.is_initialized() else "?"
+
+
+def _check_dtype(tensor: tf.Tensor, op: str, name: str, allowed: frozenset) -> None:
+    if tensor.dtype not in allowed:
+        supported = ", ".join(sorted(d.name for d in allowed))
+        raise TypeError(f"rank {_rank_or_unknown()}: bluefog {op} of tensor '{name}': dtype "
+                        f"{tensor.dtype.name} is not supported; supported dtypes: {supported}")
+
+
+def _device_scope(device: str):
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _to_tensor(tensor, op: str, name: str) -> tf.Tensor:
+    try:
+        return tf.convert_to_tensor(tensor)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"rank {_rank_or_unknown()}: bluefog {op} of tensor '{name}': expected a "
+                        f"tf.Tensor, tf.Variable or array-like, got {type(tensor).__name__}: {e}"
+                        ) from None
+
+
+def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: bool = True,
+              name: Optional[str] = None, device: str = "") -> Union[tf.Tensor, tf.IndexedSlices]:
+    """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
+
+    Every rank must call it with the same name (or in the same order when unnamed), dtype and
+    shape. Integer averages truncate toward zero. A ``tf.IndexedSlices`` is reduced by gathering
+    its values and indices from every rank; the result is an ``IndexedSlices`` representing the
+    sum (or mean) of the dense tensors.
+    """
+    name = _request_name("allreduce", name)
+    if not isinstance(average, bool):
+        raise TypeError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}': "
+                        f"average must be a bool, got {average!r}")
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_indexed_slices(tensor, average, name, device)
+    tensor = _to_tensor(tensor, "allreduce", name)
+    _check_dtype(tensor, "allreduce", name, NUMERIC_DTYPES)
+    with _device_scope(device):
+        return _ops.bluefog_allreduce(tensor, tensor_name=name, average=average)
+
+
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,
+                              device: str) -> tf.IndexedSlices:
+    with _device_scope(device):
+        values = allgather(slices.values, name=name + ".values")
+        indices = allgather(slices.indices, name=name + ".indices")
+    if average:
+        values = _divide(values, basics.size())
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def _divide(tensor: tf.Tensor, n: int) -> tf.Tensor:
+    if tensor.dtype.is_floating:
+        return tensor / tf.cast(n, tensor.dtype)
+    return tf.truncatediv(tensor, tf.cast(n, tensor.dtype))
+
+
+def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None) -> tf.Tensor:
+    """Concatenation along dimension 0 of ``tensor`` from every rank, in rank order.
+
+    Ranks may pass different sizes of dimension 0; rank and the other dimensions must match.
+    """
+    name = _request_name("allgather", name)
+    tensor = _to_tensor(tensor, "allgather", name)
+    _check_dtype(tensor, "allgather", name, ALL_DTYPES)
+    if tensor.shape.rank == 0:
+        raise ValueError(f"rank {_rank_or_unknown()}: bluefog allgather of tensor '{name}': "
+                         "allgather concatenates along dimension 0 and needs a tensor of rank "
+                         ">= 1; reshape the scalar to [1] first")
+    return _ops.bluefog_allgather(tensor, tensor_name=name)
+
+
+def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
+              name: Optional[str] = None) -> tf.Tensor:
+    """The value of ``tensor`` on ``root_rank``, returned on every rank.
+
+    Every rank must pass the same name, ``root_rank``, dtype and shape.
+    """
+    name = _request_name("broadcast", name)
+    tensor = _to_tensor(tensor, "broadcast", name)
+    _check_dtype(tensor, "broadcast", name, ALL_DTYPES)
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        raise TypeError(f"rank {_rank_or_unknown()}: bluefog broadcast of tensor '{name}': "
+                        f"root_rank must be an int, got {root_rank!r}")
+    if basics.is_initialized() and not 0 <= root_rank < basics.size():
+        raise ValueError(f"rank {basics.rank()}: bluefog broadcast of tensor '{name}': root_rank "
+                         f"{root_rank} is outside [0, {basics.size()})")
+    return _ops.bluefog_broadcast(tensor, tensor_name=name, root_rank=root_rank)
+
+
+def _forward_name(op) -> Optional[str]:
+    value = tf.get_static_value(op.inputs[1])
+    if value is None:
+        return None
+    return (value.decode() if isinstance(value, bytes) else str(value)) + ".grad"
+
+
+
+@tf.RegisterGradient("BluefogAllreduce")
+def _allreduce_grad(op, grad):
+    """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
+    return [allreduce(grad, average=op.get_attr("average"), name=_forward_name(op)), None]
+
+
+@tf.RegisterGradient("BluefogAllgather")
+def _allgather_grad(op, grad):
+    """Each rank's input receives its own slice of the upstream gradient summed over ranks."""
+    base = _forward_name(op)
+    summed = allreduce(grad, average=False, name=base)
+    first_dims = allgather(tf.shape(op.inputs[0], out_type=tf.int64)[:1],
+                           name=None if base is None else base + ".dims")
+    me = basics.rank()
+    start = tf.reduce_sum(first_dims[:me])
+    return [summed[start:start + first_dims[me]], None]
+
+
+@tf.RegisterGradient("BluefogBroadcast")
+def _broadcast_grad(op, grad):
+    """Only the root's input influences the result: it receives the summed gradient."""
+    summed = allreduce(grad, average=False, name=_forward_name(op))
+    if basics.rank() == op.get_attr("root_rank"):
+        return [summed, None]
+    return [tf.zeros_like(summed), None]

@@ -1,0 +1,60 @@
+#include "core/config.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "core/status.h"
+
+namespace bluefog {
+namespace {
+
+double ParseDouble(const char* var, const char* text, double min_value) {
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  BF_ENFORCE(end != text && *end == '\0' && value >= min_value, StatusCode::kInvalidArgument,
+             "environment variable ", var, "='", text, "' is not a number >= ", min_value);
+  return value;
+}
+
+int64_t ParseBytes(const char* var, const char* text) {
+  char* end = nullptr;
+  long long value = std::strtoll(text, &end, 10);
+  BF_ENFORCE(end != text && *end == '\0' && value >= 0, StatusCode::kInvalidArgument,
+             "environment variable ", var, "='", text, "' is not a byte count >= 0");
+  return value;
+}
+
+LogLevel ParseLogLevel(const char* text) {
+  std::string s(text);
+  if (s == "trace") return LogLevel::kTrace;
+  if (s == "debug") return LogLevel::kDebug;
+  if (s == "info") return LogLevel::kInfo;
+  if (s == "warning") return LogLevel::kWarning;
+  if (s == "error") return LogLevel::kError;
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("environment variable BLUEFOG_LOG_LEVEL='", text,
+                            "' is not one of trace, debug, info, warning, error"));
+}
+
+}  // namespace
+
+Config Config::FromLookup(const std::function<const char*(const char*)>& lookup) {
+  Config config;
+  if (const char* v = lookup("BLUEFOG_FUSION_THRESHOLD"))
+    config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
+  if (const char* v = lookup("BLUEFOG_CYCLE_TIME"))
+    config.cycle_time_ms = ParseDouble("BLUEFOG_CYCLE_TIME", v, 0.0);
+  if (const char* v = lookup("BLUEFOG_STALL_CHECK_TIME"))
+    config.stall_check_seconds = ParseDouble("BLUEFOG_STALL_CHECK_TIME", v, 0.0);
+  if (const char* v = lookup("BLUEFOG_STALL_SHUTDOWN_TIME"))
+    config.stall_shutdown_seconds = ParseDouble("BLUEFOG_STALL_SHUTDOWN_TIME", v, 0.0);
+  if (const char* v = lookup("BLUEFOG_LOG_LEVEL")) config.log_level = ParseLogLevel(v);
+  if (const char* v = lookup("BLUEFOG_TIMELINE")) config.timeline_prefix = v;
+  return config;
+}
+
+Config Config::FromEnvironment() {
+  return FromLookup([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+}  // namespace bluefog

@@ -1,0 +1,30 @@
+// Every BLUEFOG_* environment variable is read here, once, at init. See docs/env.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace bluefog {
+
+enum class LogLevel { kTrace = 0, kDebug, kInfo, kWarning, kError };
+
+struct Config {
+  // Allreduces ready together with one dtype are packed into one buffer of at most this size.
+  int64_t fusion_threshold_bytes = 64 * 1024 * 1024;
+  // Extra time the background thread waits after the first new request, to batch more of them.
+  double cycle_time_ms = 0.0;
+  // A request some ranks submitted and others did not is reported after this long (0: never).
+  double stall_check_seconds = 60.0;
+  // With a value > 0, such a request fails after this long instead of waiting forever.
+  double stall_shutdown_seconds = 0.0;
+  LogLevel log_level = LogLevel::kWarning;
+  std::string timeline_prefix;  // empty: no timeline
+
+  // Reads the variables through `lookup` (getenv in production, a map in tests).
+  // Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
+  static Config FromLookup(const std::function<const char*(const char*)>& lookup);
+  static Config FromEnvironment();
+};
+
+}  // namespace bluefog

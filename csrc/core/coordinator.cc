@@ -1,0 +1,120 @@
+#include "core/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace bluefog {
+namespace {
+
+// "rank 0 has X, rank 1 has Y" listing every rank whose value differs from rank 0's.
+template <typename Getter>
+std::string DescribeDifference(const std::vector<std::optional<TensorMeta>>& metas,
+                               Getter value_of) {
+  std::ostringstream out;
+  const std::string first = value_of(*metas[0]);
+  out << "rank 0 has " << first;
+  for (size_t r = 1; r < metas.size(); ++r) {
+    std::string v = value_of(*metas[r]);
+    if (v != first) out << ", rank " << r << " has " << v;
+  }
+  return out.str();
+}
+
+std::string TrailingShape(const TensorMeta& m) {
+  if (m.shape.empty()) return "a scalar";
+  std::vector<int64_t> rest(m.shape.begin() + 1, m.shape.end());
+  return Concat("rank ", m.shape.size(), " with trailing dimensions ", ShapeString(rest));
+}
+
+}  // namespace
+
+Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
+  const TensorMeta& m0 = *metas[0];
+  auto fail = [&](const char* what, const std::string& detail, const char* advice) {
+    return Status(StatusCode::kPrecondition,
+                  Concat("bluefog ", OpTypeName(m0.op), " of tensor '", m0.name,
+                         "': ranks disagree on the ", what, ": ", detail, ". ", advice));
+  };
+  for (const auto& m : metas) {
+    if (m->op != m0.op)
+      return fail("operation",
+                  DescribeDifference(metas, [](const TensorMeta& x) { return std::string(OpTypeName(x.op)); }),
+                  "Every rank must call the same collective for the same name.");
+  }
+  for (const auto& m : metas) {
+    if (m->dtype != m0.dtype)
+      return fail("dtype",
+                  DescribeDifference(metas, [](const TensorMeta& x) { return std::string(DataTypeName(x.dtype)); }),
+                  "Cast the tensor to one dtype on every rank.");
+  }
+  for (const auto& m : metas) {
+    if (m->root_rank != m0.root_rank)
+      return fail("root rank",
+                  DescribeDifference(metas, [](const TensorMeta& x) { return std::to_string(x.root_rank); }),
+                  "Pass the same root_rank on every rank.");
+  }
+  if (m0.op == OpType::kAllgather) {
+    for (const auto& m : metas) {
+      if (TrailingShape(*m) != TrailingShape(m0))
+        return fail("shape", DescribeDifference(metas, TrailingShape),
+                    "allgather tensors may differ only in their first dimension.");
+    }
+  } else {
+    for (const auto& m : metas) {
+      if (m->shape != m0.shape)
+        return fail("shape",
+                    DescribeDifference(metas, [](const TensorMeta& x) { return ShapeString(x.shape); }),
+                    "Every rank must pass a tensor of the same shape for the same name.");
+    }
+  }
+  return Status::Ok();
+}
+
+Coordinator::Coordinator(int size) : size_(size) {}
+
+void Coordinator::Announce(int rank, const TensorMeta& meta) {
+  BF_ENFORCE(rank >= 0 && rank < size_, StatusCode::kInternal, "announcement from rank ", rank,
+             " outside [0, ", size_, ")");
+  Entry& entry = table_[meta.name];
+  if (entry.metas.empty()) entry.metas.resize(size_);
+  BF_ENFORCE(!entry.metas[rank].has_value(), StatusCode::kInternal, "rank ", rank,
+             " announced tensor '", meta.name, "' twice");
+  entry.metas[rank] = meta;
+  if (++entry.count == size_) {
+    ready_.push_back(Complete(entry));
+    table_.erase(meta.name);
+  }
+}
+
+Response Coordinator::Complete(Entry& entry) const {
+  Response response;
+  response.meta = *entry.metas[0];
+  response.status = CheckAgreement(entry.metas);
+  if (response.status.ok() && response.meta.op == OpType::kAllgather) {
+    response.first_dims.reserve(size_);
+    for (const auto& m : entry.metas) response.first_dims.push_back(m->shape[0]);
+  }
+  return response;
+}
+
+std::vector<Response> Coordinator::TakeReady() {
+  std::vector<Response> out;
+  out.swap(ready_);
+  return out;
+}
+
+std::vector<WaitingTensor> Coordinator::Waiting() const {
+  std::vector<WaitingTensor> out;
+  for (const auto& [name, entry] : table_) {
+    WaitingTensor w;
+    w.name = name;
+    for (int r = 0; r < size_; ++r)
+      (entry.metas[r] ? w.ready_ranks : w.missing_ranks).push_back(r);
+    out.push_back(std::move(w));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const WaitingTensor& a, const WaitingTensor& b) { return a.name < b.name; });
+  return out;
+}
+
+}  // namespace bluefog

@@ -1,0 +1,57 @@
+// Matches requests across ranks by name. Pure logic, no MPI: every rank feeds it the same
+// announcements in the same order, so every rank derives the same ready list in the same order.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "core/types.h"
+
+namespace bluefog {
+
+// A request every rank has announced: run it (status ok) or fail it on every rank.
+struct Response {
+  TensorMeta meta;                  // as announced by rank 0
+  std::vector<int64_t> first_dims;  // allgather: each rank's size of dimension 0
+  Status status;
+};
+
+struct WaitingTensor {
+  std::string name;
+  std::vector<int> ready_ranks;
+  std::vector<int> missing_ranks;
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(int size);
+
+  // Records that `rank` submitted `meta`. Throws kInternal if that rank already has the name
+  // pending (the runtime rejects such duplicates before they are announced).
+  void Announce(int rank, const TensorMeta& meta);
+  // Requests completed by announcements since the last call, in completion order.
+  std::vector<Response> TakeReady();
+  // Names announced by some ranks and not yet by all, sorted by name.
+  std::vector<WaitingTensor> Waiting() const;
+  size_t num_pending() const { return table_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<std::optional<TensorMeta>> metas;
+    int count = 0;
+  };
+  Response Complete(Entry& entry) const;
+
+  int size_;
+  std::unordered_map<std::string, Entry> table_;
+  std::vector<Response> ready_;
+};
+
+// Checks that ranks' metadata agree under the op's rules; returns the error for every rank, or ok.
+Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas);
+
+}  // namespace bluefog

@@ -1,0 +1,144 @@
+#include "core/reduce_kernels.h"
+
+#include <cstring>
+
+#include "core/status.h"
+
+namespace bluefog {
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise into a float exponent
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u)  // inf or nan
+    return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds past the largest half: inf
+  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+    if (abs < 0x33000000u) return sign;  // under half the smallest subnormal
+    uint32_t exp = abs >> 23;            // 102..112 here
+    uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exp;          // value / 2^-24 == mant >> shift
+    uint32_t h = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (h & 1u))) ++h;  // may carry into the smallest normal
+    return sign | static_cast<uint16_t>(h);
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // round half to even
+  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  x += 0x7fffu + ((x >> 16) & 1u);  // round half to even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+template <typename T>
+void SumTyped(void* inout, const void* in, int64_t count) {
+  T* a = static_cast<T*>(inout);
+  const T* b = static_cast<const T*>(in);
+  for (int64_t i = 0; i < count; ++i) a[i] = static_cast<T>(a[i] + b[i]);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void SumHalfLike(void* inout, const void* in, int64_t count) {
+  uint16_t* a = static_cast<uint16_t*>(inout);
+  const uint16_t* b = static_cast<const uint16_t*>(in);
+  for (int64_t i = 0; i < count; ++i) a[i] = FromFloat(ToFloat(a[i]) + ToFloat(b[i]));
+}
+
+template <typename T>
+void DivideTyped(void* data, int64_t count, int64_t divisor) {
+  T* a = static_cast<T*>(data);
+  const T d = static_cast<T>(divisor);
+  for (int64_t i = 0; i < count; ++i) a[i] = static_cast<T>(a[i] / d);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void DivideHalfLike(void* data, int64_t count, int64_t divisor) {
+  uint16_t* a = static_cast<uint16_t*>(data);
+  const float d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < count; ++i) a[i] = FromFloat(ToFloat(a[i]) / d);
+}
+
+}  // namespace
+
+void SumInto(void* inout, const void* in, int64_t count, DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return SumTyped<uint8_t>(inout, in, count);
+    case DataType::kInt8: return SumTyped<int8_t>(inout, in, count);
+    case DataType::kUInt16: return SumTyped<uint16_t>(inout, in, count);
+    case DataType::kInt16: return SumTyped<int16_t>(inout, in, count);
+    case DataType::kInt32: return SumTyped<int32_t>(inout, in, count);
+    case DataType::kInt64: return SumTyped<int64_t>(inout, in, count);
+    case DataType::kFloat16: return SumHalfLike<HalfToFloat, FloatToHalf>(inout, in, count);
+    case DataType::kBFloat16:
+      return SumHalfLike<BFloat16ToFloat, FloatToBFloat16>(inout, in, count);
+    case DataType::kFloat32: return SumTyped<float>(inout, in, count);
+    case DataType::kFloat64: return SumTyped<double>(inout, in, count);
+    case DataType::kBool: break;
+  }
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("sum is not defined for dtype ", DataTypeName(dtype)));
+}
+
+void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor) {
+  if (divisor == 1) return;
+  switch (dtype) {
+    case DataType::kUInt8: return DivideTyped<uint8_t>(data, count, divisor);
+    case DataType::kInt8: return DivideTyped<int8_t>(data, count, divisor);
+    case DataType::kUInt16: return DivideTyped<uint16_t>(data, count, divisor);
+    case DataType::kInt16: return DivideTyped<int16_t>(data, count, divisor);
+    case DataType::kInt32: return DivideTyped<int32_t>(data, count, divisor);
+    case DataType::kInt64: return DivideTyped<int64_t>(data, count, divisor);
+    case DataType::kFloat16: return DivideHalfLike<HalfToFloat, FloatToHalf>(data, count, divisor);
+    case DataType::kBFloat16:
+      return DivideHalfLike<BFloat16ToFloat, FloatToBFloat16>(data, count, divisor);
+    case DataType::kFloat32: return DivideTyped<float>(data, count, divisor);
+    case DataType::kFloat64: return DivideTyped<double>(data, count, divisor);
+    case DataType::kBool: break;
+  }
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("average is not defined for dtype ", DataTypeName(dtype)));
+}
+
+}  // namespace bluefog

@@ -1,0 +1,21 @@
+// Elementwise arithmetic the core does itself: summing (for custom MPI ops and our own
+// reductions) and scaling (averaging). Half types are summed in float32 and rounded once.
+#pragma once
+
+#include <cstdint>
+
+#include "core/types.h"
+
+namespace bluefog {
+
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+// inout[i] += in[i] for i < count. Throws kInvalidArgument for dtypes without a sum (bool).
+void SumInto(void* inout, const void* in, int64_t count, DataType dtype);
+// data[i] /= divisor. Integers use truncating division, as C++ does.
+void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor);
+
+}  // namespace bluefog

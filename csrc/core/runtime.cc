@@ -1,0 +1,351 @@
+#include "core/runtime.h"
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "core/logging.h"
+#include "core/reduce_kernels.h"
+#include "core/wire.h"
+
+namespace bluefog {
+namespace {
+
+constexpr size_t kMaxRank = 64;
+
+double NowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::mutex& InitMutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+Runtime& Runtime::Get() {
+  // Leaked on purpose: kernels may still reference it while static destructors run at exit.
+  static Runtime* runtime = new Runtime();
+  return *runtime;
+}
+
+std::string Runtime::Prefix() const { return Concat("rank ", info_.rank, ": "); }
+
+void Runtime::Init() {
+  std::lock_guard<std::mutex> guard(InitMutex());
+  if (state_ == State::kRunning) return;
+  BF_ENFORCE(state_ != State::kStopped, StatusCode::kPrecondition,
+             "bluefog was shut down in this process (", stop_reason_,
+             ") and cannot be initialized again, because MPI cannot be restarted. "
+             "Start a new process.");
+  config_ = Config::FromEnvironment();
+  std::promise<void> started;
+  std::future<void> ready = started.get_future();
+  thread_ = std::thread(&Runtime::Loop, this, &started);
+  try {
+    ready.get();
+  } catch (...) {
+    thread_.join();
+    throw;
+  }
+}
+
+void Runtime::Shutdown() {
+  std::lock_guard<std::mutex> guard(InitMutex());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ == State::kRunning && !shutdown_requested_) {
+      shutdown_requested_ = true;
+      stop_reason_ = Concat("shutdown() was called on rank ", info_.rank);
+    }
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Runtime::Enqueue(Request request) {
+  const TensorMeta& meta = request.meta;
+  auto invalid = [&](const std::string& what) {
+    return Status(StatusCode::kInvalidArgument,
+                  Concat("rank ", info_.rank, ": bluefog ", OpTypeName(meta.op), " of tensor '",
+                         meta.name, "': ", what));
+  };
+  if (meta.name.empty()) return invalid("the name is empty; pass a non-empty name or None");
+  if (meta.shape.size() > kMaxRank) return invalid(Concat("rank ", meta.shape.size(), " exceeds ", kMaxRank));
+  for (int64_t d : meta.shape)
+    if (d < 0) return invalid(Concat("shape ", ShapeString(meta.shape), " has a negative dimension"));
+  if (meta.op == OpType::kAllreduce && !SupportsSum(meta.dtype))
+    return invalid(Concat("dtype ", DataTypeName(meta.dtype),
+                          " cannot be summed; cast it to an integer or float dtype first"));
+  if (meta.op == OpType::kAllgather && meta.shape.empty())
+    return invalid("allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "
+                   "reshape the scalar to [1] first");
+
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (state_ != State::kRunning || shutdown_requested_) {
+    const bool never = state_ == State::kNotStarted;
+    return Status(never ? StatusCode::kPrecondition : StatusCode::kAborted,
+                  Concat("bluefog ", OpTypeName(meta.op), " of tensor '", meta.name, "': ",
+                         never ? "bluefog is not initialized; call bf.init() first"
+                               : Concat("bluefog has been shut down (", stop_reason_,
+                                        "); no collective can run after shutdown")));
+  }
+  if (meta.op == OpType::kBroadcast && (meta.root_rank < 0 || meta.root_rank >= info_.size))
+    return invalid(Concat("root_rank ", meta.root_rank, " is outside [0, ", info_.size, ")"));
+  if (in_flight_.count(meta.name))
+    return invalid("a collective with this name is already in flight on this rank; give "
+                   "collectives that may run concurrently distinct names");
+  unannounced_.push_back(meta);
+  in_flight_.emplace(meta.name, std::move(request));
+  lock.unlock();
+  wake_.notify_one();
+  return Status::Ok();
+}
+
+void Runtime::Loop(std::promise<void>* started) {
+  try {
+    info_ = transport_.Init();
+  } catch (...) {
+    started->set_exception(std::current_exception());
+    return;
+  }
+  coordinator_ = std::make_unique<Coordinator>(info_.size);
+  SetLogContext(config_.log_level, info_.rank);
+  fusion_buffer_.clear();
+  state_ = State::kRunning;
+  started->set_value();
+  BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size);
+
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // A rank joins a round only when it has something new to say: any request it is waiting on
+      // also needs a submission from the ranks that are not yet in the round.
+      wake_.wait(lock, [this] { return !unannounced_.empty() || shutdown_requested_; });
+    }
+    if (config_.cycle_time_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+    bool keep_going = true;
+    try {
+      keep_going = RunRound();
+    } catch (const BluefogError& e) {
+      BF_LOG(LogLevel::kError, e.what());
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_reason_ = e.what();
+      keep_going = false;
+    }
+    if (!keep_going) break;
+  }
+  FailAll(Status(StatusCode::kAborted, Concat("bluefog has been shut down (", stop_reason_,
+                                              "); no collective can run after shutdown")));
+  transport_.Shutdown();
+}
+
+bool Runtime::RunRound() {
+  RoundMessage mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mine.announcements.assign(unannounced_.begin(), unannounced_.end());
+    unannounced_.clear();
+    mine.shutdown = shutdown_requested_;
+  }
+  round_start_ = NowSeconds();
+  last_stall_report_ = round_start_;
+  std::vector<std::string> all = transport_.ExchangeAll(EncodeRound(mine), [this] { CheckStalls(); });
+
+  int shutdown_rank = -1;
+  for (int r = 0; r < info_.size; ++r) {
+    RoundMessage theirs = DecodeRound(all[r].data(), all[r].size());
+    if (theirs.shutdown && shutdown_rank < 0) shutdown_rank = r;
+    for (const TensorMeta& meta : theirs.announcements) coordinator_->Announce(r, meta);
+  }
+  std::vector<Response> ready = coordinator_->TakeReady();
+  Execute(ready);
+  if (shutdown_rank < 0) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_reason_.empty()) stop_reason_ = Concat("shutdown() was called on rank ", shutdown_rank);
+  return false;
+}
+
+Request* Runtime::Lookup(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = in_flight_.find(name);
+  BF_ENFORCE(it != in_flight_.end(), StatusCode::kInternal, "tensor '", name,
+             "' completed but this rank has no such request");
+  return &it->second;  // stable: only this thread erases
+}
+
+void Runtime::Finish(const std::string& name, const Status& status) {
+  Request request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = in_flight_.find(name);
+    if (it == in_flight_.end()) return;
+    request = std::move(it->second);
+    in_flight_.erase(it);
+  }
+  if (status.ok()) {
+    request.done(status);
+  } else {
+    request.done(Status(status.code(), Prefix() + status.message()));
+  }
+}
+
+void Runtime::FailAll(const Status& status) {
+  std::unordered_map<std::string, Request> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_ = State::kStopped;
+    failed.swap(in_flight_);
+    unannounced_.clear();
+  }
+  for (auto& [name, request] : failed) {
+    request.done(Status(status.code(), Concat(Prefix(), "bluefog ", OpTypeName(request.meta.op),
+                                              " of tensor '", name, "': ", status.message())));
+  }
+}
+
+void Runtime::Execute(std::vector<Response>& responses) {
+  size_t i = 0;
+  while (i < responses.size()) {
+    const Response& r = responses[i];
+    if (!r.status.ok()) {
+      Finish(r.meta.name, r.status);
+      ++i;
+      continue;
+    }
+    size_t end = i + 1;
+    if (r.meta.op == OpType::kAllreduce) {
+      // Fuse the run of ready allreduces of one dtype that fits the fusion buffer.
+      int64_t bytes = r.meta.NumBytes();
+      while (end < responses.size()) {
+        const Response& next = responses[end];
+        if (!next.status.ok() || next.meta.op != OpType::kAllreduce ||
+            next.meta.dtype != r.meta.dtype ||
+            bytes + static_cast<int64_t>(next.meta.NumBytes()) > config_.fusion_threshold_bytes)
+          break;
+        bytes += next.meta.NumBytes();
+        ++end;
+      }
+    }
+    std::vector<Response> group(responses.begin() + i, responses.begin() + end);
+    try {
+      switch (r.meta.op) {
+        case OpType::kAllreduce: ExecuteAllreduces(group); break;
+        case OpType::kAllgather: ExecuteAllgather(r); break;
+        case OpType::kBroadcast: ExecuteBroadcast(r); break;
+      }
+    } catch (const BluefogError& e) {
+      for (const Response& g : group)
+        Finish(g.meta.name, Status(e.code(), Concat("bluefog ", OpTypeName(g.meta.op),
+                                                    " of tensor '", g.meta.name, "': ", e.what())));
+    }
+    i = end;
+  }
+}
+
+void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
+  const DataType dtype = group[0].meta.dtype;
+  const size_t elem = ElementSize(dtype);
+  if (group.size() == 1) {
+    Request* req = Lookup(group[0].meta.name);
+    const int64_t n = req->meta.NumElements();
+    if (n > 0) {
+      if (req->output != req->input) std::memcpy(req->output, req->input, n * elem);
+      transport_.AllreduceSum(req->output, n, dtype);
+      if (req->average) DivideBy(req->output, n, dtype, info_.size);
+    }
+    Finish(group[0].meta.name, Status::Ok());
+    return;
+  }
+  std::vector<Request*> reqs;
+  size_t total = 0;
+  for (const Response& g : group) {
+    reqs.push_back(Lookup(g.meta.name));
+    total += reqs.back()->meta.NumBytes();
+  }
+  // Grown to the largest fused size seen, never shrunk: no allocation per step.
+  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+  char* buffer = fusion_buffer_.data();
+  size_t offset = 0;
+  for (Request* req : reqs) {
+    std::memcpy(buffer + offset, req->input, req->meta.NumBytes());
+    offset += req->meta.NumBytes();
+  }
+  transport_.AllreduceSum(buffer, static_cast<int64_t>(total / elem), dtype);
+  offset = 0;
+  for (Request* req : reqs) {
+    const size_t bytes = req->meta.NumBytes();
+    if (req->average) DivideBy(buffer + offset, req->meta.NumElements(), dtype, info_.size);
+    std::memcpy(req->output, buffer + offset, bytes);
+    offset += bytes;
+  }
+  for (const Response& g : group) Finish(g.meta.name, Status::Ok());
+}
+
+void Runtime::ExecuteAllgather(const Response& response) {
+  Request* req = Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < meta.shape.size(); ++d) row_elems *= meta.shape[d];
+  const int64_t row_bytes = row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
+  std::vector<int64_t> bytes_per_rank(info_.size);
+  std::vector<int64_t> shape = meta.shape;
+  shape[0] = 0;
+  for (int r = 0; r < info_.size; ++r) {
+    bytes_per_rank[r] = response.first_dims[r] * row_bytes;
+    shape[0] += response.first_dims[r];
+  }
+  // This rank must take part in the collective even if its output cannot be allocated, or the
+  // other ranks would wait forever; it then receives into scratch memory and reports the error.
+  Status status;
+  void* out = nullptr;
+  std::vector<char> scratch;
+  try {
+    out = req->allocate_output(shape);
+  } catch (const BluefogError& e) {
+    status = Status(e.code(), Concat("bluefog allgather of tensor '", meta.name, "': ", e.what()));
+    scratch.resize(shape[0] * row_bytes);
+    out = scratch.data();
+  }
+  transport_.Allgatherv(req->input, out, bytes_per_rank);
+  Finish(meta.name, status);
+}
+
+void Runtime::ExecuteBroadcast(const Response& response) {
+  Request* req = Lookup(response.meta.name);
+  const size_t bytes = req->meta.NumBytes();
+  if (bytes > 0) {
+    if (info_.rank == response.meta.root_rank && req->output != req->input)
+      std::memcpy(req->output, req->input, bytes);
+    transport_.Broadcast(req->output, static_cast<int64_t>(bytes), response.meta.root_rank);
+  }
+  Finish(response.meta.name, Status::Ok());
+}
+
+void Runtime::CheckStalls() {
+  if (config_.stall_check_seconds <= 0) return;
+  const double now = NowSeconds();
+  if (now - last_stall_report_ < config_.stall_check_seconds) return;
+  last_stall_report_ = now;
+  std::ostringstream out;
+  out << "waited " << static_cast<int>(now - round_start_)
+      << " s for the other ranks to submit collectives.";
+  std::vector<WaitingTensor> waiting = coordinator_->Waiting();
+  if (waiting.empty()) {
+    out << " No tensor has been submitted by only some ranks yet.";
+  } else {
+    out << " Submitted by some ranks but not all:";
+    for (const WaitingTensor& w : waiting) {
+      out << " '" << w.name << "' (missing ranks";
+      for (int r : w.missing_ranks) out << " " << r;
+      out << ")";
+    }
+  }
+  out << ". The missing ranks may have stopped calling collectives or use other names.";
+  BF_LOG(LogLevel::kWarning, out.str());
+}
+
+}  // namespace bluefog

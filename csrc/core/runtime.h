@@ -1,0 +1,76 @@
+// The process-wide runtime: one background thread that negotiates requests with the other ranks
+// and runs every MPI call. The C API and the framework kernels are its only callers.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/config.h"
+#include "core/coordinator.h"
+#include "core/request.h"
+#include "mpi/transport.h"
+
+namespace bluefog {
+
+class Runtime {
+ public:
+  static Runtime& Get();
+
+  // Starts the background thread and MPI; idempotent while running. Throws BluefogError.
+  void Init();
+  // Stops every rank's runtime: pending requests fail with a "shut down" error. Idempotent.
+  void Shutdown();
+
+  bool running() const { return state_.load() == State::kRunning; }
+  const TransportInfo& info() const { return info_; }
+  const Config& config() const { return config_; }
+
+  // Validates locally and queues. A non-ok status means the request was not queued and `done`
+  // will not be called.
+  Status Enqueue(Request request);
+
+ private:
+  enum class State { kNotStarted, kRunning, kStopped };
+  Runtime() = default;
+  void Loop(std::promise<void>* started);
+  // One negotiation round and the collectives it made ready; returns false once stopped.
+  bool RunRound();
+  Request* Lookup(const std::string& name);
+  void Execute(std::vector<Response>& responses);
+  void ExecuteAllreduces(const std::vector<Response>& group);
+  void ExecuteAllgather(const Response& response);
+  void ExecuteBroadcast(const Response& response);
+  // Removes the local request for `name` and reports `status` to it.
+  void Finish(const std::string& name, const Status& status);
+  void FailAll(const Status& status);
+  void CheckStalls();
+  std::string Prefix() const;
+
+  std::atomic<State> state_{State::kNotStarted};
+  Config config_;
+  TransportInfo info_;
+  MpiTransport transport_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::thread thread_;
+
+  std::mutex mutex_;  // guards the members below
+  std::condition_variable wake_;
+  std::deque<TensorMeta> unannounced_;
+  std::unordered_map<std::string, Request> in_flight_;
+  bool shutdown_requested_ = false;
+  std::string stop_reason_;
+
+  std::vector<char> fusion_buffer_;
+  double round_start_ = 0;
+  double last_stall_report_ = 0;
+};
+
+}  // namespace bluefog

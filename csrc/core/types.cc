@@ -1,0 +1,72 @@
+#include "core/types.h"
+
+#include <sstream>
+
+namespace bluefog {
+
+size_t ElementSize(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kInt8:
+    case DataType::kBool:
+      return 1;
+    case DataType::kUInt16:
+    case DataType::kInt16:
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kInt32:
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kInt64:
+    case DataType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* DataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return "uint8";
+    case DataType::kInt8: return "int8";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kInt16: return "int16";
+    case DataType::kInt32: return "int32";
+    case DataType::kInt64: return "int64";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat64: return "float64";
+    case DataType::kBool: return "bool";
+  }
+  return "unknown";
+}
+
+const char* OpTypeName(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+  }
+  return "unknown";
+}
+
+bool IsValidDataType(int value) { return value >= 0 && value < kNumDataTypes; }
+bool IsValidOpType(int value) { return value >= 0 && value < kNumOpTypes; }
+bool SupportsSum(DataType dtype) { return dtype != DataType::kBool; }
+
+int64_t TensorMeta::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+}  // namespace bluefog

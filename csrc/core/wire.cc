@@ -1,0 +1,89 @@
+#include "core/wire.h"
+
+#include <cstring>
+
+#include "core/status.h"
+
+namespace bluefog {
+namespace {
+
+constexpr uint32_t kFlagShutdown = 1u;
+
+template <typename T>
+void Put(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+class Reader {
+ public:
+  Reader(const char* data, size_t size) : data_(data), size_(size) {}
+  template <typename T>
+  T Get() {
+    Need(sizeof(T));
+    T value;
+    std::memcpy(&value, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return value;
+  }
+  std::string GetString(size_t n) {
+    Need(n);
+    std::string s(data_ + pos_, n);
+    pos_ += n;
+    return s;
+  }
+  bool done() const { return pos_ == size_; }
+
+ private:
+  void Need(size_t n) {
+    BF_ENFORCE(size_ - pos_ >= n, StatusCode::kInternal,
+               "malformed negotiation message: truncated at byte ", pos_, " of ", size_);
+  }
+  const char* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeRound(const RoundMessage& message) {
+  std::string out;
+  Put<uint32_t>(out, message.shutdown ? kFlagShutdown : 0u);
+  Put<uint32_t>(out, static_cast<uint32_t>(message.announcements.size()));
+  for (const TensorMeta& m : message.announcements) {
+    Put<uint32_t>(out, static_cast<uint32_t>(m.name.size()));
+    out.append(m.name);
+    Put<uint8_t>(out, static_cast<uint8_t>(m.op));
+    Put<uint8_t>(out, static_cast<uint8_t>(m.dtype));
+    Put<int32_t>(out, m.root_rank);
+    Put<uint8_t>(out, static_cast<uint8_t>(m.shape.size()));
+    for (int64_t d : m.shape) Put<int64_t>(out, d);
+  }
+  return out;
+}
+
+RoundMessage DecodeRound(const char* data, size_t size) {
+  Reader in(data, size);
+  RoundMessage message;
+  message.shutdown = (in.Get<uint32_t>() & kFlagShutdown) != 0;
+  uint32_t count = in.Get<uint32_t>();
+  message.announcements.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    TensorMeta m;
+    m.name = in.GetString(in.Get<uint32_t>());
+    int op = in.Get<uint8_t>();
+    int dtype = in.Get<uint8_t>();
+    BF_ENFORCE(IsValidOpType(op) && IsValidDataType(dtype), StatusCode::kInternal,
+               "malformed negotiation message: op ", op, " dtype ", dtype);
+    m.op = static_cast<OpType>(op);
+    m.dtype = static_cast<DataType>(dtype);
+    m.root_rank = in.Get<int32_t>();
+    int ndim = in.Get<uint8_t>();
+    m.shape.resize(ndim);
+    for (int d = 0; d < ndim; ++d) m.shape[d] = in.Get<int64_t>();
+    message.announcements.push_back(std::move(m));
+  }
+  BF_ENFORCE(in.done(), StatusCode::kInternal, "malformed negotiation message: trailing bytes");
+  return message;
+}
+
+}  // namespace bluefog

@@ -1,0 +1,214 @@
+#include "mpi/transport.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include "core/reduce_kernels.h"
+#include "core/status.h"
+
+namespace bluefog {
+namespace {
+
+// Fixed per-rank slot of the first exchange step: small messages need one collective only.
+constexpr int kSlotBytes = 1024;
+constexpr int kSlotHeader = 8;
+constexpr int kSlotPayload = kSlotBytes - kSlotHeader;
+// Large transfers are split so each MPI count fits in an int.
+constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
+
+MPI_Comm& AsComm(void*& p) { return *reinterpret_cast<MPI_Comm*>(&p); }
+MPI_Op& AsOp(void*& p) { return *reinterpret_cast<MPI_Op*>(&p); }
+
+void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
+  SumInto(inout, in, *len, DataType::kFloat16);
+}
+void BFloat16Sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  SumInto(inout, in, *len, DataType::kBFloat16);
+}
+
+MPI_Datatype ToMpi(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kUInt16: return MPI_UINT16_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16: return MPI_UINT16_T;
+    case DataType::kBFloat16: return MPI_UINT16_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kBool: return MPI_C_BOOL;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+}  // namespace
+
+static_assert(sizeof(MPI_Comm) <= sizeof(void*), "MPI_Comm must fit in a pointer");
+static_assert(sizeof(MPI_Op) <= sizeof(void*), "MPI_Op must fit in a pointer");
+
+MpiTransport::~MpiTransport() { Shutdown(); }
+
+void MpiTransport::Check(int code, const char* call) const {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw BluefogError(StatusCode::kInternal,
+                     Concat(call, " failed: ", std::string(text, len)));
+}
+
+TransportInfo MpiTransport::Init() {
+  TransportInfo info;
+  int already = 0;
+  MPI_Initialized(&already);
+  int provided = MPI_THREAD_SINGLE;
+  if (!already) {
+    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    BF_ENFORCE(code == MPI_SUCCESS, StatusCode::kInternal, "MPI_Init_thread failed (code ", code,
+               "); is this process started by mpirun or bfrun with Open MPI?");
+    owns_mpi_ = true;
+  } else {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    BF_ENFORCE(!finalized, StatusCode::kPrecondition,
+               "MPI was already finalized in this process; bluefog cannot be initialized again "
+               "after shutdown(). Start a new process.");
+    MPI_Query_thread(&provided);
+  }
+  info.threads_multiple = provided >= MPI_THREAD_MULTIPLE;
+
+  Check(MPI_Comm_dup(MPI_COMM_WORLD, &AsComm(comm_)), "MPI_Comm_dup");
+  Check(MPI_Comm_set_errhandler(AsComm(comm_), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  Check(MPI_Comm_rank(AsComm(comm_), &rank_), "MPI_Comm_rank");
+  Check(MPI_Comm_size(AsComm(comm_), &size_), "MPI_Comm_size");
+  Check(MPI_Comm_split_type(AsComm(comm_), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                            &AsComm(local_comm_)),
+        "MPI_Comm_split_type");
+  Check(MPI_Comm_rank(AsComm(local_comm_), &info.local_rank), "MPI_Comm_rank");
+  Check(MPI_Comm_size(AsComm(local_comm_), &info.local_size), "MPI_Comm_size");
+  Check(MPI_Op_create(&HalfSum, 1, &AsOp(half_sum_op_)), "MPI_Op_create");
+  Check(MPI_Op_create(&BFloat16Sum, 1, &AsOp(bfloat16_sum_op_)), "MPI_Op_create");
+
+  exchange_send_.assign(kSlotBytes, 0);
+  exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * size_, 0);
+  counts_.assign(size_, 0);
+  displs_.assign(size_, 0);
+  initialized_ = true;
+  info.rank = rank_;
+  info.size = size_;
+  return info;
+}
+
+void MpiTransport::Shutdown() {
+  if (!initialized_) return;
+  initialized_ = false;
+  MPI_Op_free(&AsOp(half_sum_op_));
+  MPI_Op_free(&AsOp(bfloat16_sum_op_));
+  MPI_Comm_free(&AsComm(local_comm_));
+  MPI_Comm_free(&AsComm(comm_));
+  if (owns_mpi_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+}
+
+std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
+                                                   const std::function<void()>& on_wait) {
+  const uint64_t total = mine.size();
+  std::memcpy(exchange_send_.data(), &total, sizeof(total));
+  std::memcpy(exchange_send_.data() + kSlotHeader, mine.data(),
+              std::min<size_t>(mine.size(), kSlotPayload));
+
+  MPI_Request request;
+  Check(MPI_Iallgather(exchange_send_.data(), kSlotBytes, MPI_BYTE, exchange_recv_.data(),
+                       kSlotBytes, MPI_BYTE, AsComm(comm_), &request),
+        "MPI_Iallgather");
+  // Poll rather than block, so a stalled peer can be reported. Spin briefly for latency, then
+  // back off to sleeping so waiting ranks leave the cores to the ones still computing.
+  int done = 0;
+  auto sleep_for = std::chrono::microseconds(2);
+  for (int spins = 0;; ++spins) {
+    Check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) break;
+    if (spins < 200) continue;
+    std::this_thread::sleep_for(sleep_for);
+    sleep_for = std::min(sleep_for * 2, std::chrono::microseconds(1000));
+    if (on_wait) on_wait();
+  }
+
+  std::vector<std::string> out(size_);
+  bool overflow = false;
+  for (int r = 0; r < size_; ++r) {
+    const char* slot = exchange_recv_.data() + static_cast<size_t>(r) * kSlotBytes;
+    uint64_t len;
+    std::memcpy(&len, slot, sizeof(len));
+    out[r].assign(slot + kSlotHeader, std::min<uint64_t>(len, kSlotPayload));
+    out[r].resize(len);
+    counts_[r] = static_cast<int>(len > kSlotPayload ? len - kSlotPayload : 0);
+    overflow |= counts_[r] > 0;
+  }
+  if (!overflow) return out;
+
+  // Second step only when some rank had more to say than its slot holds.
+  int64_t recv_total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs_[r] = static_cast<int>(recv_total);
+    recv_total += counts_[r];
+  }
+  BF_ENFORCE(recv_total < INT_MAX, StatusCode::kInternal, "negotiation message too large");
+  std::vector<char> recv(recv_total);
+  const char* extra = mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr;
+  Check(MPI_Allgatherv(extra, counts_[rank_], MPI_BYTE, recv.data(), counts_.data(),
+                       displs_.data(), MPI_BYTE, AsComm(comm_)),
+        "MPI_Allgatherv");
+  for (int r = 0; r < size_; ++r)
+    if (counts_[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + displs_[r], counts_[r]);
+  return out;
+}
+
+void MpiTransport::AllreduceSum(void* buffer, int64_t count, DataType dtype) {
+  MPI_Op op = MPI_SUM;
+  if (dtype == DataType::kFloat16) op = AsOp(half_sum_op_);
+  if (dtype == DataType::kBFloat16) op = AsOp(bfloat16_sum_op_);
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  const int64_t chunk = kMaxChunkBytes / elem;
+  char* p = static_cast<char*>(buffer);
+  for (int64_t done = 0; done < count; done += chunk) {
+    int n = static_cast<int>(std::min(chunk, count - done));
+    Check(MPI_Allreduce(MPI_IN_PLACE, p + done * elem, n, ToMpi(dtype), op, AsComm(comm_)),
+          "MPI_Allreduce");
+  }
+}
+
+void MpiTransport::Allgatherv(const void* in, void* out,
+                              const std::vector<int64_t>& bytes_per_rank) {
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    BF_ENFORCE(total + bytes_per_rank[r] < INT_MAX, StatusCode::kInvalidArgument,
+               "allgather result exceeds 2 GiB, which this version does not support");
+    displs_[r] = static_cast<int>(total);
+    counts_[r] = static_cast<int>(bytes_per_rank[r]);
+    total += bytes_per_rank[r];
+  }
+  Check(MPI_Allgatherv(in, counts_[rank_], MPI_BYTE, out, counts_.data(), displs_.data(),
+                       MPI_BYTE, AsComm(comm_)),
+        "MPI_Allgatherv");
+}
+
+void MpiTransport::Broadcast(void* buffer, int64_t bytes, int root) {
+  char* p = static_cast<char*>(buffer);
+  for (int64_t done = 0; done < bytes; done += kMaxChunkBytes) {
+    int n = static_cast<int>(std::min(kMaxChunkBytes, bytes - done));
+    Check(MPI_Bcast(p + done, n, MPI_BYTE, root, AsComm(comm_)), "MPI_Bcast");
+  }
+}
+
+}  // namespace bluefog

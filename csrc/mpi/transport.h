@@ -1,0 +1,61 @@
+// The only code that calls MPI. Every call runs on the runtime's background thread, on a
+// communicator the library duplicated for itself, so user MPI traffic never mixes with ours.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace bluefog {
+
+struct TransportInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  bool threads_multiple = false;  // MPI granted MPI_THREAD_MULTIPLE
+};
+
+class MpiTransport {
+ public:
+  MpiTransport() = default;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+  ~MpiTransport();
+
+  // Initializes MPI unless the application already did, and duplicates COMM_WORLD.
+  TransportInfo Init();
+  // Frees what Init made; finalizes MPI if Init initialized it. Safe to call twice.
+  void Shutdown();
+
+  // Collective: every rank passes its bytes and gets every rank's bytes, indexed by rank.
+  // `on_wait` runs periodically while other ranks have not yet joined.
+  std::vector<std::string> ExchangeAll(const std::string& mine,
+                                       const std::function<void()>& on_wait);
+  // In-place sum over all ranks.
+  void AllreduceSum(void* buffer, int64_t count, DataType dtype);
+  // Concatenates each rank's bytes in rank order into `out`.
+  void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
+  void Broadcast(void* buffer, int64_t bytes, int root);
+
+ private:
+  void Check(int code, const char* call) const;
+
+  bool initialized_ = false;
+  bool owns_mpi_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+  void* comm_ = nullptr;        // MPI_Comm, kept opaque so this header does not include mpi.h
+  void* local_comm_ = nullptr;
+  void* half_sum_op_ = nullptr;  // MPI_Op
+  void* bfloat16_sum_op_ = nullptr;
+  std::vector<char> exchange_send_;
+  std::vector<char> exchange_recv_;
+  std::vector<int> counts_;
+  std::vector<int> displs_;
+};
+
+}  // namespace bluefog

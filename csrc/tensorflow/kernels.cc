@@ -1,0 +1,197 @@
+// TF bridge: op registrations and AsyncOpKernels that turn a TF tensor into a core Request and
+// call done() from the completion callback. The only C++ that includes TensorFlow headers.
+#include <string>
+#include <vector>
+
+#include "core/runtime.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace bluefog {
+namespace tf_bridge {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace shape_inference = ::tensorflow::shape_inference;
+
+absl::Status ToTfStatus(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return absl::OkStatus();
+    case StatusCode::kInvalidArgument: return absl::InvalidArgumentError(s.message());
+    case StatusCode::kPrecondition: return absl::FailedPreconditionError(s.message());
+    case StatusCode::kAborted: return absl::AbortedError(s.message());
+    case StatusCode::kInternal: return absl::InternalError(s.message());
+  }
+  return absl::UnknownError(s.message());
+}
+
+bool ToCoreType(::tensorflow::DataType dt, DataType* out) {
+  switch (dt) {
+    case ::tensorflow::DT_UINT8: *out = DataType::kUInt8; return true;
+    case ::tensorflow::DT_INT8: *out = DataType::kInt8; return true;
+    case ::tensorflow::DT_UINT16: *out = DataType::kUInt16; return true;
+    case ::tensorflow::DT_INT16: *out = DataType::kInt16; return true;
+    case ::tensorflow::DT_INT32: *out = DataType::kInt32; return true;
+    case ::tensorflow::DT_INT64: *out = DataType::kInt64; return true;
+    case ::tensorflow::DT_HALF: *out = DataType::kFloat16; return true;
+    case ::tensorflow::DT_BFLOAT16: *out = DataType::kBFloat16; return true;
+    case ::tensorflow::DT_FLOAT: *out = DataType::kFloat32; return true;
+    case ::tensorflow::DT_DOUBLE: *out = DataType::kFloat64; return true;
+    case ::tensorflow::DT_BOOL: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
+
+// Shared by the three kernels: reads the name input, builds the request, enqueues it.
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  CollectiveKernel(OpKernelConstruction* c, OpType op) : AsyncOpKernel(c), op_(op) {}
+
+ protected:
+  // Fills `request` from input 0 and the name input 1; returns false after reporting an error.
+  bool Prepare(OpKernelContext* ctx, const DoneCallback& done, Request* request) {
+    const Tensor& input = ctx->input(0);
+    const Tensor& name = ctx->input(1);
+    request->meta.op = op_;
+    request->meta.name = std::string(name.scalar<::tensorflow::tstring>()());
+    if (!ToCoreType(input.dtype(), &request->meta.dtype)) {
+      ctx->SetStatus(absl::InvalidArgumentError(
+          "bluefog " + std::string(OpTypeName(op_)) + " of tensor '" + request->meta.name +
+          "': dtype " + ::tensorflow::DataTypeString(input.dtype()) + " is not supported"));
+      done();
+      return false;
+    }
+    for (int d = 0; d < input.dims(); ++d) request->meta.shape.push_back(input.dim_size(d));
+    request->input = input.tensor_data().data();
+    request->done = [ctx, done](const Status& s) {
+      if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
+      done();
+    };
+    return true;
+  }
+
+  void Submit(OpKernelContext* ctx, const DoneCallback& done, Request request) {
+    Status s = Runtime::Get().Enqueue(std::move(request));
+    if (!s.ok()) {
+      ctx->SetStatus(ToTfStatus(s));
+      done();
+    }
+  }
+
+ private:
+  OpType op_;
+};
+
+class AllreduceKernel : public CollectiveKernel {
+ public:
+  explicit AllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAllreduce) {
+    OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    Tensor* output = nullptr;
+    // Reuses the input buffer when TF no longer needs it, which saves a copy.
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->forward_input_or_allocate_output({0}, 0, ctx->input(0).shape(), &output), done);
+    request.output = DataOf(output);
+    request.average = average_;
+    Submit(ctx, done, std::move(request));
+  }
+
+ private:
+  bool average_ = false;
+};
+
+class AllgatherKernel : public CollectiveKernel {
+ public:
+  explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAllgather) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    request.allocate_output = [ctx](const std::vector<int64_t>& shape) -> void* {
+      TensorShape tf_shape;
+      for (int64_t d : shape) tf_shape.AddDim(d);
+      Tensor* output = nullptr;
+      absl::Status s = ctx->allocate_output(0, tf_shape, &output);
+      if (!s.ok())
+        throw BluefogError(StatusCode::kInternal,
+                           "cannot allocate the output: " + std::string(s.message()));
+      return DataOf(output);
+    };
+    Submit(ctx, done, std::move(request));
+  }
+};
+
+class BroadcastKernel : public CollectiveKernel {
+ public:
+  explicit BroadcastKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kBroadcast) {
+    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->forward_input_or_allocate_output({0}, 0, ctx->input(0).shape(), &output), done);
+    request.output = DataOf(output);
+    request.meta.root_rank = root_rank_;
+    Submit(ctx, done, std::move(request));
+  }
+
+ private:
+  int root_rank_ = 0;
+};
+
+#define BF_NUMERIC_TYPES "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}"
+#define BF_ALL_TYPES \
+  "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double, bool}"
+
+REGISTER_OP("BluefogAllreduce")
+    .Attr("T: " BF_NUMERIC_TYPES)
+    .Attr("average: bool")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .Doc("Sum (or average) of `tensor` over all ranks; every rank passes the same shape.");
+
+REGISTER_OP("BluefogAllgather")
+    .Attr("T: " BF_ALL_TYPES)
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle output;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    })
+    .Doc("Concatenation along dimension 0 of `tensor` from every rank, in rank order.");
+
+REGISTER_OP("BluefogBroadcast")
+    .Attr("T: " BF_ALL_TYPES)
+    .Attr("root_rank: int")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .Doc("The value of `tensor` on `root_rank`, on every rank.");
+
+REGISTER_KERNEL_BUILDER(Name("BluefogAllreduce").Device(::tensorflow::DEVICE_CPU), AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogAllgather").Device(::tensorflow::DEVICE_CPU), AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogBroadcast").Device(::tensorflow::DEVICE_CPU), BroadcastKernel);
+
+}  // namespace tf_bridge
+}  // namespace bluefog
