@@ -1,5 +1,6 @@
 #include "core/runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -12,6 +13,8 @@ namespace bluefog {
 namespace {
 
 constexpr size_t kMaxRank = 64;
+constexpr auto kMinIdlePause = std::chrono::microseconds(50);
+constexpr auto kMaxIdlePause = std::chrono::microseconds(2000);
 
 double NowSeconds() {
   using namespace std::chrono;
@@ -118,18 +121,29 @@ void Runtime::Loop(std::promise<void>* started) {
   started->set_value();
   BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size);
 
+  // A rank joins rounds while it has anything new to say or any request still in flight (the
+  // other ranks may be about to announce the matching names). With nothing at all, it sleeps
+  // until a request arrives. While only waiting, rounds in which no rank said anything are
+  // spaced out by a growing pause, so idle ranks do not spin on empty rounds.
+  auto idle_pause = std::chrono::microseconds(0);
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      // A rank joins a round only when it has something new to say: any request it is waiting on
-      // also needs a submission from the ranks that are not yet in the round.
-      wake_.wait(lock, [this] { return !unannounced_.empty() || shutdown_requested_; });
+      auto has_news = [this] { return !unannounced_.empty() || shutdown_requested_; };
+      if (in_flight_.empty()) {
+        wake_.wait(lock, has_news);
+      } else if (idle_pause.count() > 0) {
+        wake_.wait_for(lock, idle_pause, has_news);
+      }
     }
     if (config_.cycle_time_ms > 0)
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
     bool keep_going = true;
     try {
-      keep_going = RunRound();
+      bool anyone_spoke = false;
+      keep_going = RunRound(&anyone_spoke);
+      idle_pause = anyone_spoke ? std::chrono::microseconds(0)
+                                : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
     } catch (const BluefogError& e) {
       BF_LOG(LogLevel::kError, e.what());
       std::lock_guard<std::mutex> lock(mutex_);
@@ -143,7 +157,7 @@ void Runtime::Loop(std::promise<void>* started) {
   transport_.Shutdown();
 }
 
-bool Runtime::RunRound() {
+bool Runtime::RunRound(bool* anyone_spoke) {
   RoundMessage mine;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -159,6 +173,7 @@ bool Runtime::RunRound() {
   for (int r = 0; r < info_.size; ++r) {
     RoundMessage theirs = DecodeRound(all[r].data(), all[r].size());
     if (theirs.shutdown && shutdown_rank < 0) shutdown_rank = r;
+    *anyone_spoke |= !theirs.announcements.empty();
     for (const TensorMeta& meta : theirs.announcements) coordinator_->Announce(r, meta);
   }
   std::vector<Response> ready = coordinator_->TakeReady();

@@ -42,7 +42,8 @@ class Runtime {
   Runtime() = default;
   void Loop(std::promise<void>* started);
   // One negotiation round and the collectives it made ready; returns false once stopped.
-  bool RunRound();
+  // Sets *anyone_spoke when some rank announced something.
+  bool RunRound(bool* anyone_spoke);
   Request* Lookup(const std::string& name);
   void Execute(std::vector<Response>& responses);
   void ExecuteAllreduces(const std::vector<Response>& group);

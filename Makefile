@@ -1,0 +1,66 @@
+# The two commands a fresh machine needs: `make demo` and `make test`. Everything they need is
+# installed by the targets below: Open MPI and GoogleTest from Debian, the rest into .venv.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+MPIRUN := mpirun --bind-to none
+# Upper bound for one multi-rank pytest run, so that a hang fails instead of blocking CI.
+TEST_TIMEOUT ?= 900
+SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
+
+.PHONY: all deps build demo test test-cpp test-python bench clean
+
+all: build
+
+# System packages: Open MPI (compilers, mpirun) and GoogleTest. Installed only when missing.
+deps: $(VENV)/.deps-stamp
+$(VENV)/.deps-stamp: requirements.txt
+	@if ! command -v mpicxx >/dev/null || ! command -v mpirun >/dev/null || [ ! -f /usr/include/gtest/gtest.h ]; then \
+	  echo "Installing Open MPI and GoogleTest from Debian..."; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    openmpi-bin libopenmpi-dev libgtest-dev >/dev/null || { \
+	    echo "Could not install openmpi-bin libopenmpi-dev libgtest-dev; install them by hand."; exit 1; }; \
+	fi
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+# The package (C++ core + TF ops + Python) built with CMake through scikit-build-core and
+# installed into .venv. Incremental: the CMake build folder lives in build/.
+build: $(VENV)/.build-stamp
+$(VENV)/.build-stamp: $(VENV)/.deps-stamp $(SOURCES)
+	$(PY) -m pip install -q --no-build-isolation --no-deps .
+	@touch $@
+
+demo: build
+	$(MPIRUN) -np 2 $(PY) examples/collectives_demo.py
+
+test: build test-cpp test-python
+
+test-cpp: $(VENV)/.deps-stamp
+	$(VENV)/bin/cmake -S . -B build/cpp -G Ninja -DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=ON \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
+	$(VENV)/bin/ninja -C build/cpp
+	cd build/cpp && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) --output-on-failure --timeout 300
+
+# Pure-Python tests once, then the TF suite on 1, 2, 3 and 4 ranks.
+test-python: build
+	$(PY) -m pytest -q tests/python/test_topology_util.py
+	for n in 1 2 3 4; do \
+	  echo "== pytest under mpirun -np $$n =="; \
+	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
+	done
+
+bench: build
+	$(PY) bench/run.py
+
+clean:
+	rm -rf build $(VENV)/.build-stamp

@@ -1,0 +1,61 @@
+#include "core/config.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "core/status.h"
+
+namespace bluefog {
+namespace {
+
+Config FromMap(const std::map<std::string, std::string>& vars) {
+  return Config::FromLookup([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(Config, Defaults) {
+  Config c = FromMap({});
+  EXPECT_EQ(c.fusion_threshold_bytes, 64 * 1024 * 1024);
+  EXPECT_EQ(c.cycle_time_ms, 0.0);
+  EXPECT_EQ(c.stall_check_seconds, 60.0);
+  EXPECT_EQ(c.log_level, LogLevel::kWarning);
+  EXPECT_TRUE(c.timeline_prefix.empty());
+}
+
+TEST(Config, ParsesValues) {
+  Config c = FromMap({{"BLUEFOG_FUSION_THRESHOLD", "1024"},
+                      {"BLUEFOG_CYCLE_TIME", "2.5"},
+                      {"BLUEFOG_STALL_CHECK_TIME", "5"},
+                      {"BLUEFOG_STALL_SHUTDOWN_TIME", "10"},
+                      {"BLUEFOG_LOG_LEVEL", "debug"},
+                      {"BLUEFOG_TIMELINE", "/tmp/tl"}});
+  EXPECT_EQ(c.fusion_threshold_bytes, 1024);
+  EXPECT_EQ(c.cycle_time_ms, 2.5);
+  EXPECT_EQ(c.stall_check_seconds, 5.0);
+  EXPECT_EQ(c.stall_shutdown_seconds, 10.0);
+  EXPECT_EQ(c.log_level, LogLevel::kDebug);
+  EXPECT_EQ(c.timeline_prefix, "/tmp/tl");
+}
+
+TEST(Config, RejectsMalformedValuesNamingTheVariable) {
+  for (auto [var, value] : std::map<std::string, std::string>{
+           {"BLUEFOG_FUSION_THRESHOLD", "lots"},
+           {"BLUEFOG_FUSION_THRESHOLD", "-1"},
+           {"BLUEFOG_CYCLE_TIME", "1ms"},
+           {"BLUEFOG_LOG_LEVEL", "loud"}}) {
+    try {
+      FromMap({{var, value}});
+      ADD_FAILURE() << var << "=" << value << " was accepted";
+    } catch (const BluefogError& e) {
+      EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bluefog

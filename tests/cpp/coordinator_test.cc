@@ -1,0 +1,107 @@
+#include "core/coordinator.h"
+
+#include <gtest/gtest.h>
+
+namespace bluefog {
+namespace {
+
+TensorMeta Meta(const std::string& name, OpType op, std::vector<int64_t> shape,
+                DataType dtype = DataType::kFloat32, int root = -1) {
+  TensorMeta m;
+  m.name = name;
+  m.op = op;
+  m.shape = std::move(shape);
+  m.dtype = dtype;
+  m.root_rank = root;
+  return m;
+}
+
+TEST(Coordinator, ReadyOnlyWhenEveryRankAnnounced) {
+  Coordinator c(3);
+  c.Announce(0, Meta("a", OpType::kAllreduce, {2}));
+  c.Announce(2, Meta("a", OpType::kAllreduce, {2}));
+  EXPECT_TRUE(c.TakeReady().empty());
+  ASSERT_EQ(c.Waiting().size(), 1u);
+  EXPECT_EQ(c.Waiting()[0].missing_ranks, std::vector<int>({1}));
+  c.Announce(1, Meta("a", OpType::kAllreduce, {2}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_TRUE(ready[0].status.ok());
+  EXPECT_EQ(c.num_pending(), 0u);
+}
+
+TEST(Coordinator, CompletionOrderFollowsLastAnnouncement) {
+  Coordinator c(2);
+  c.Announce(0, Meta("x", OpType::kAllreduce, {1}));
+  c.Announce(0, Meta("y", OpType::kAllreduce, {1}));
+  c.Announce(1, Meta("y", OpType::kAllreduce, {1}));
+  c.Announce(1, Meta("x", OpType::kAllreduce, {1}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ready[0].meta.name, "y");
+  EXPECT_EQ(ready[1].meta.name, "x");
+}
+
+TEST(Coordinator, ShapeMismatchNamesTensorAndValues) {
+  Coordinator c(2);
+  c.Announce(0, Meta("w", OpType::kAllreduce, {2, 3}));
+  c.Announce(1, Meta("w", OpType::kAllreduce, {3}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
+  const std::string& msg = ready[0].status.message();
+  EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0 has [2, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1 has [3]"), std::string::npos) << msg;
+}
+
+TEST(Coordinator, OpDtypeAndRootMismatches) {
+  Coordinator c(2);
+  c.Announce(0, Meta("op", OpType::kAllreduce, {1}));
+  c.Announce(1, Meta("op", OpType::kAllgather, {1}));
+  c.Announce(0, Meta("dt", OpType::kAllreduce, {1}, DataType::kFloat32));
+  c.Announce(1, Meta("dt", OpType::kAllreduce, {1}, DataType::kInt32));
+  c.Announce(0, Meta("root", OpType::kBroadcast, {1}, DataType::kFloat32, 0));
+  c.Announce(1, Meta("root", OpType::kBroadcast, {1}, DataType::kFloat32, 1));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 3u);
+  EXPECT_NE(ready[0].status.message().find("rank 1 has allgather"), std::string::npos);
+  EXPECT_NE(ready[1].status.message().find("rank 1 has int32"), std::string::npos);
+  EXPECT_NE(ready[2].status.message().find("root rank"), std::string::npos);
+}
+
+TEST(Coordinator, AllgatherFirstDimensionMayDiffer) {
+  Coordinator c(3);
+  for (int r = 0; r < 3; ++r) c.Announce(r, Meta("g", OpType::kAllgather, {r + 1, 4}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_TRUE(ready[0].status.ok()) << ready[0].status.message();
+  EXPECT_EQ(ready[0].first_dims, std::vector<int64_t>({1, 2, 3}));
+
+  c.Announce(0, Meta("h", OpType::kAllgather, {1, 4}));
+  c.Announce(1, Meta("h", OpType::kAllgather, {1, 5}));
+  c.Announce(2, Meta("h", OpType::kAllgather, {1, 4}));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
+}
+
+TEST(Coordinator, DuplicateAnnouncementIsInternalError) {
+  Coordinator c(2);
+  c.Announce(0, Meta("d", OpType::kAllreduce, {1}));
+  EXPECT_THROW(c.Announce(0, Meta("d", OpType::kAllreduce, {1})), BluefogError);
+}
+
+TEST(Coordinator, NameReusableAfterCompletion) {
+  Coordinator c(2);
+  for (int step = 0; step < 3; ++step) {
+    c.Announce(1, Meta("s", OpType::kAllreduce, {step}));
+    c.Announce(0, Meta("s", OpType::kAllreduce, {step}));
+    auto ready = c.TakeReady();
+    ASSERT_EQ(ready.size(), 1u);
+    EXPECT_TRUE(ready[0].status.ok());
+  }
+}
+
+}  // namespace
+}  // namespace bluefog

@@ -1,0 +1,211 @@
+// The runtime over real MPI: run under mpirun with 2 and 4 ranks. Every rank runs the same
+// tests in the same order; expected values are closed-form functions of (rank, size, index).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "core/reduce_kernels.h"
+#include "core/runtime.h"
+
+namespace bluefog {
+namespace {
+
+int Rank() { return Runtime::Get().info().rank; }
+int Size() { return Runtime::Get().info().size; }
+
+// A submitted request whose result can be awaited.
+struct Pending {
+  std::promise<Status> promise;
+  std::future<Status> future = promise.get_future();
+  std::vector<char> output;
+};
+
+std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataType dtype,
+                                std::vector<int64_t> shape, const void* input,
+                                bool average = false, int root = -1) {
+  auto p = std::make_unique<Pending>();
+  Request req;
+  req.meta.name = name;
+  req.meta.op = op;
+  req.meta.dtype = dtype;
+  req.meta.shape = std::move(shape);
+  req.meta.root_rank = root;
+  req.input = input;
+  req.average = average;
+  if (op != OpType::kAllgather) {
+    p->output.resize(req.meta.NumBytes());
+    req.output = p->output.data();
+  } else {
+    Pending* raw = p.get();
+    req.allocate_output = [raw, dtype](const std::vector<int64_t>& s) -> void* {
+      int64_t n = 1;
+      for (int64_t d : s) n *= d;
+      raw->output.resize(n * ElementSize(dtype));
+      return raw->output.data();
+    };
+  }
+  Pending* raw = p.get();
+  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+  Status s = Runtime::Get().Enqueue(std::move(req));
+  if (!s.ok()) p->promise.set_value(s);
+  return p;
+}
+
+Status Wait(Pending& p) { return p.future.get(); }
+
+TEST(RuntimeMpi, AllreduceSumAndAverageFloat) {
+  std::vector<float> in(1000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 13 + Rank());
+  auto sum = Submit(OpType::kAllreduce, "sum", DataType::kFloat32, {10, 100}, in.data());
+  auto avg = Submit(OpType::kAllreduce, "avg", DataType::kFloat32, {1000}, in.data(), true);
+  ASSERT_TRUE(Wait(*sum).ok());
+  ASSERT_TRUE(Wait(*avg).ok());
+  const int n = Size();
+  const float* s = reinterpret_cast<const float*>(sum->output.data());
+  const float* a = reinterpret_cast<const float*>(avg->output.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float expected = static_cast<float>(n * (i % 13) + n * (n - 1) / 2);
+    ASSERT_EQ(s[i], expected) << i;
+    ASSERT_FLOAT_EQ(a[i], expected / n) << i;
+  }
+}
+
+TEST(RuntimeMpi, AllreduceHalfAndInt) {
+  std::vector<uint16_t> h(64, FloatToHalf(static_cast<float>(Rank() + 1)));
+  std::vector<int64_t> i(64, Rank() + 1);
+  auto ph = Submit(OpType::kAllreduce, "half", DataType::kFloat16, {64}, h.data());
+  auto pi = Submit(OpType::kAllreduce, "int", DataType::kInt64, {8, 8}, i.data(), true);
+  ASSERT_TRUE(Wait(*ph).ok());
+  ASSERT_TRUE(Wait(*pi).ok());
+  const int n = Size();
+  const uint16_t* hs = reinterpret_cast<const uint16_t*>(ph->output.data());
+  const int64_t* is = reinterpret_cast<const int64_t*>(pi->output.data());
+  for (int k = 0; k < 64; ++k) {
+    EXPECT_EQ(HalfToFloat(hs[k]), n * (n + 1) / 2.0f);
+    EXPECT_EQ(is[k], (n * (n + 1) / 2) / n);
+  }
+}
+
+TEST(RuntimeMpi, ManyConcurrentRequestsInRankDependentOrder) {
+  // Odd ranks submit in reverse order; negotiation must still pair requests by name.
+  constexpr int kCount = 60;
+  std::vector<std::vector<float>> inputs(kCount);
+  std::vector<std::unique_ptr<Pending>> pending(kCount);
+  std::vector<int> order(kCount);
+  std::iota(order.begin(), order.end(), 0);
+  if (Rank() % 2) std::reverse(order.begin(), order.end());
+  for (int k : order) {
+    inputs[k].assign(k + 1, static_cast<float>(Rank() * 100 + k));
+    pending[k] = Submit(OpType::kAllreduce, "many." + std::to_string(k), DataType::kFloat32,
+                        {k + 1}, inputs[k].data());
+  }
+  const int n = Size();
+  for (int k = 0; k < kCount; ++k) {
+    ASSERT_TRUE(Wait(*pending[k]).ok()) << k;
+    const float* out = reinterpret_cast<const float*>(pending[k]->output.data());
+    for (int e = 0; e <= k; ++e) ASSERT_EQ(out[e], 100.0f * n * (n - 1) / 2 + n * k);
+  }
+}
+
+TEST(RuntimeMpi, AllgatherVariableFirstDimension) {
+  const int rows = Rank() + 1;
+  std::vector<int32_t> in(rows * 3);
+  for (int e = 0; e < rows * 3; ++e) in[e] = Rank() * 1000 + e;
+  auto p = Submit(OpType::kAllgather, "gather", DataType::kInt32, {rows, 3}, in.data());
+  ASSERT_TRUE(Wait(*p).ok());
+  const int32_t* out = reinterpret_cast<const int32_t*>(p->output.data());
+  size_t pos = 0;
+  for (int r = 0; r < Size(); ++r)
+    for (int e = 0; e < (r + 1) * 3; ++e) ASSERT_EQ(out[pos++], r * 1000 + e);
+  EXPECT_EQ(pos * sizeof(int32_t), p->output.size());
+}
+
+TEST(RuntimeMpi, BroadcastFromEveryRoot) {
+  for (int root = 0; root < Size(); ++root) {
+    std::vector<double> in(17, Rank() + 0.5);
+    auto p = Submit(OpType::kBroadcast, "bcast." + std::to_string(root), DataType::kFloat64,
+                    {17}, in.data(), false, root);
+    ASSERT_TRUE(Wait(*p).ok());
+    const double* out = reinterpret_cast<const double*>(p->output.data());
+    for (int e = 0; e < 17; ++e) ASSERT_EQ(out[e], root + 0.5);
+  }
+}
+
+TEST(RuntimeMpi, ShapeMismatchFailsEveryRankThenRecovers) {
+  std::vector<float> in(8, 1.0f);
+  auto bad = Submit(OpType::kAllreduce, "mismatch", DataType::kFloat32, {Rank() == 0 ? 2 : 4},
+                    in.data());
+  Status s = Wait(*bad);
+  EXPECT_EQ(s.code(), StatusCode::kPrecondition);
+  EXPECT_NE(s.message().find("'mismatch'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("rank " + std::to_string(Rank()) + ":"), std::string::npos);
+  auto good = Submit(OpType::kAllreduce, "after_mismatch", DataType::kFloat32, {8}, in.data());
+  ASSERT_TRUE(Wait(*good).ok());
+  EXPECT_EQ(reinterpret_cast<const float*>(good->output.data())[0], static_cast<float>(Size()));
+}
+
+TEST(RuntimeMpi, LocalValidationBeforeCommunication) {
+  std::vector<float> in(4, 1.0f);
+  auto root = Submit(OpType::kBroadcast, "badroot", DataType::kFloat32, {4}, in.data(), false,
+                     Size());
+  EXPECT_EQ(Wait(*root).code(), StatusCode::kInvalidArgument);
+  bool flags[2] = {true, false};
+  auto boolsum = Submit(OpType::kAllreduce, "boolsum", DataType::kBool, {2}, flags);
+  EXPECT_EQ(Wait(*boolsum).code(), StatusCode::kInvalidArgument);
+  auto scalar = Submit(OpType::kAllgather, "scalar", DataType::kFloat32, {}, in.data());
+  EXPECT_EQ(Wait(*scalar).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(RuntimeMpi, DuplicateNameInFlightIsRejected) {
+  std::vector<float> in(4, 1.0f);
+  // Rank 0 submits the name twice before anyone else has it: the second is refused locally.
+  std::unique_ptr<Pending> first, second;
+  first = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
+  if (Rank() == 0) {
+    second = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
+    Status s = Wait(*second);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("already in flight"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(Wait(*first).ok());
+}
+
+TEST(RuntimeMpi, ZeroElementTensors) {
+  auto p = Submit(OpType::kAllreduce, "empty", DataType::kFloat32, {0, 5}, nullptr);
+  EXPECT_TRUE(Wait(*p).ok());
+  auto g = Submit(OpType::kAllgather, "empty_gather", DataType::kFloat32, {0, 5}, nullptr);
+  EXPECT_TRUE(Wait(*g).ok());
+  EXPECT_TRUE(g->output.empty());
+}
+
+}  // namespace
+}  // namespace bluefog
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  bluefog::Runtime::Get().Init();
+  // Only rank 0 prints the per-test lines; every rank's failures still fail its exit code.
+  if (bluefog::Runtime::Get().info().rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int result = RUN_ALL_TESTS();
+  bluefog::Runtime::Get().Shutdown();
+  // After shutdown, requests fail with a clear error instead of hanging.
+  float x = 0;
+  auto after = bluefog::Submit(bluefog::OpType::kAllreduce, "late", bluefog::DataType::kFloat32,
+                               {1}, &x);
+  bluefog::Status s = bluefog::Wait(*after);
+  if (s.code() != bluefog::StatusCode::kAborted ||
+      s.message().find("shut down") == std::string::npos) {
+    std::fprintf(stderr, "after shutdown: unexpected status %d: %s\n", static_cast<int>(s.code()),
+                 s.message().c_str());
+    result = 1;
+  }
+  return result;
+}

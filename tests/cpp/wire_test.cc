@@ -1,0 +1,47 @@
+#include "core/wire.h"
+
+#include <gtest/gtest.h>
+
+#include "core/status.h"
+
+namespace bluefog {
+namespace {
+
+TEST(Wire, RoundTrip) {
+  RoundMessage m;
+  m.shutdown = true;
+  TensorMeta a;
+  a.name = "layer/kernel:0";
+  a.op = OpType::kBroadcast;
+  a.dtype = DataType::kBFloat16;
+  a.root_rank = 3;
+  a.shape = {5, 0, 7};
+  TensorMeta b;
+  b.name = std::string(3000, 'x');  // longer than one exchange slot
+  m.announcements = {a, b};
+  std::string bytes = EncodeRound(m);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  EXPECT_TRUE(back.shutdown);
+  ASSERT_EQ(back.announcements.size(), 2u);
+  EXPECT_EQ(back.announcements[0].name, a.name);
+  EXPECT_EQ(back.announcements[0].op, OpType::kBroadcast);
+  EXPECT_EQ(back.announcements[0].dtype, DataType::kBFloat16);
+  EXPECT_EQ(back.announcements[0].root_rank, 3);
+  EXPECT_EQ(back.announcements[0].shape, a.shape);
+  EXPECT_EQ(back.announcements[1].name, b.name);
+  EXPECT_TRUE(back.announcements[1].shape.empty());
+}
+
+TEST(Wire, EmptyAndTruncated) {
+  std::string bytes = EncodeRound(RoundMessage{});
+  EXPECT_EQ(DecodeRound(bytes.data(), bytes.size()).announcements.size(), 0u);
+  RoundMessage m;
+  m.announcements.resize(1);
+  m.announcements[0].name = "t";
+  bytes = EncodeRound(m);
+  for (size_t cut = 0; cut < bytes.size(); ++cut)
+    EXPECT_THROW(DecodeRound(bytes.data(), cut), BluefogError) << "cut at " << cut;
+}
+
+}  // namespace
+}  // namespace bluefog

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs pytest on one MPI rank. Rank 0 prints to the terminal; the others write a log that is
+# shown only if that rank fails, so a failure on any rank is visible and fails the job.
+set -u
+python=$1; shift
+rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}
+size=${OMPI_COMM_WORLD_SIZE:-1}
+if [ "$rank" = 0 ]; then
+  exec "$python" -m pytest -q -p no:cacheprovider "$@"
+fi
+log=$(mktemp "/tmp/bluefog-pytest-np${size}-rank${rank}.XXXXXX")
+"$python" -m pytest -q -p no:cacheprovider "$@" >"$log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "---- rank $rank of $size failed (exit $rc); its output: ----" >&2
+  cat "$log" >&2
+fi
+rm -f "$log"
+exit $rc

@@ -1,0 +1,43 @@
+"""Shared set-up for the tests run under mpirun: one bluefog init per process.
+
+Every rank runs the same tests in the same order; expected values are computed in closed form
+from (rank, size, index), so a test checks real results on every rank.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Several ranks share 2 cores: few threads per rank, or they fight for the cores. Inter-op
+# parallelism stays above 1 so graph-mode tests can start independent collectives concurrently.
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(4)
+
+import bluefog.tensorflow as bf  # noqa: E402
+
+bf.init()
+
+
+@pytest.fixture
+def rank() -> int:
+    return bf.rank()
+
+
+@pytest.fixture
+def size() -> int:
+    return bf.size()
+
+
+def needs_ranks(n: int):
+    """Skips a test on jobs with fewer than `n` ranks."""
+    return pytest.mark.skipif(bf.size() < n, reason=f"needs at least {n} ranks")
+
+
+def rank_values(shape, rank: int, dtype=np.float64, offset: int = 0) -> np.ndarray:
+    """A rank-dependent array whose sums over ranks are known in closed form."""
+    n = int(np.prod(shape)) if len(shape) else 1
+    return (np.arange(n, dtype=np.float64).reshape(shape) % 7 + rank + offset).astype(dtype)
