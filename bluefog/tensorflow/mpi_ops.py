@@ -16,6 +16,25 @@ import tensorflow as tf
 from bluefog.common import basics
 
 _ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
+_OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast")
+
+
+def _allow_concurrent_collectives_in_functions() -> None:
+    """Lets tf.function run independent collectives concurrently.
+
+    The ops are stateful (so grappler never constant-folds or merges them), and tf.function
+    chains stateful ops in program order, which would run a step's gradient allreduces one at a
+    time and defeat fusion. The runtime matches requests by name, so their order does not matter:
+    declare them order-insensitive, as TensorFlow does for its own collectives.
+    """
+    from tensorflow.python.framework import auto_control_deps
+
+    skipped = getattr(auto_control_deps, "SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS", None)
+    if isinstance(skipped, frozenset):
+        auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS = skipped | set(_OP_TYPES)
+
+
+_allow_concurrent_collectives_in_functions()
 
 NUMERIC_DTYPES = frozenset([tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
                             tf.float16, tf.bfloat16, tf.float32, tf.float64])
@@ -87,6 +106,39 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
         return _ops.bluefog_allreduce(tensor, tensor_name=name, average=average)
 
 
+def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
+                      device: str = "") -> list:
+    """Allreduce of every tensor in ``tensors``, as few TF ops and collectives as possible.
+
+    Equivalent to ``[allreduce(t, average) for t in tensors]`` but dense tensors of one dtype go
+    through a single op, so the runtime receives them together and fuses them. Every rank must
+    pass the same number of tensors with the same shapes and dtypes in the same order.
+    ``IndexedSlices`` and ``None`` entries are handled one by one (``None`` stays ``None``).
+    """
+    name = _request_name("grouped_allreduce", name)
+    if not isinstance(average, bool):
+        raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': "
+                        f"average must be a bool, got {average!r}")
+    results: list = [None] * len(tensors)
+    by_dtype: dict = {}
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        if isinstance(t, tf.IndexedSlices):
+            results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device)
+            continue
+        t = _to_tensor(t, "grouped_allreduce", f"{name}.{i}")
+        _check_dtype(t, "grouped_allreduce", f"{name}.{i}", NUMERIC_DTYPES)
+        by_dtype.setdefault(t.dtype, []).append((i, t))
+    with _device_scope(device):
+        for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+            outs = _ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
+                                                  tensor_name=f"{name}.{dtype.name}")
+            for (i, _), out in zip(items, outs):
+                results[i] = out
+    return results
+
+
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,
                               device: str) -> tf.IndexedSlices:
     with _device_scope(device):
@@ -137,7 +189,7 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
 
 
 def _forward_name(op) -> Optional[str]:
-    value = tf.get_static_value(op.inputs[1])
+    value = tf.get_static_value(op.inputs[-1])
     if value is None:
         return None
     return (value.decode() if isinstance(value, bytes) else str(value)) + ".grad"
@@ -148,6 +200,13 @@ def _forward_name(op) -> Optional[str]:
 def _allreduce_grad(op, grad):
     """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
     return [allreduce(grad, average=op.get_attr("average"), name=_forward_name(op)), None]
+
+
+@tf.RegisterGradient("BluefogGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    base = _forward_name(op)
+    reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base)
+    return reduced + [None]
 
 
 @tf.RegisterGradient("BluefogAllgather")

@@ -152,6 +152,8 @@ void Runtime::Loop(std::promise<void>* started) {
     }
     if (!keep_going) break;
   }
+  BF_LOG(LogLevel::kDebug, "stopping after ", stats_.rounds, " negotiation rounds for ",
+         stats_.announced, " requests; ", stats_.collectives, " collectives ran");
   FailAll(Status(StatusCode::kAborted, Concat("bluefog has been shut down (", stop_reason_,
                                               "); no collective can run after shutdown")));
   transport_.Shutdown();
@@ -177,6 +179,11 @@ bool Runtime::RunRound(bool* anyone_spoke) {
     for (const TensorMeta& meta : theirs.announcements) coordinator_->Announce(r, meta);
   }
   std::vector<Response> ready = coordinator_->TakeReady();
+  ++stats_.rounds;
+  stats_.announced += mine.announcements.size();
+  stats_.completed += ready.size();
+  BF_LOG(LogLevel::kTrace, "round ", stats_.rounds, ": announced ", mine.announcements.size(),
+         ", ready ", ready.size());
   Execute(ready);
   if (shutdown_rank < 0) return true;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -246,6 +253,7 @@ void Runtime::Execute(std::vector<Response>& responses) {
       }
     }
     std::vector<Response> group(responses.begin() + i, responses.begin() + end);
+    ++stats_.collectives;
     try {
       switch (r.meta.op) {
         case OpType::kAllreduce: ExecuteAllreduces(group); break;

@@ -69,6 +69,12 @@ class Runtime {
   bool shutdown_requested_ = false;
   std::string stop_reason_;
 
+  struct Stats {
+    uint64_t rounds = 0;
+    uint64_t announced = 0;
+    uint64_t completed = 0;
+    uint64_t collectives = 0;  // after fusion
+  } stats_;
   std::vector<char> fusion_buffer_;
   double round_start_ = 0;
   double last_stall_report_ = 0;

@@ -1,5 +1,8 @@
 // TF bridge: op registrations and AsyncOpKernels that turn a TF tensor into a core Request and
 // call done() from the completion callback. The only C++ that includes TensorFlow headers.
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -110,6 +113,70 @@ class AllreduceKernel : public CollectiveKernel {
   bool average_ = false;
 };
 
+// Allreduces N tensors in one kernel: one executor node per step instead of N, and the runtime
+// sees all N requests at once, so they fuse into as few collectives as the threshold allows.
+class GroupedAllreduceKernel : public AsyncOpKernel {
+ public:
+  explicit GroupedAllreduceKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int n = ctx->num_inputs() - 1;
+    const std::string base(ctx->input(n).scalar<::tensorflow::tstring>()());
+    DataType dtype;
+    if (n == 0) {
+      done();
+      return;
+    }
+    if (!ToCoreType(ctx->input(0).dtype(), &dtype)) {
+      ctx->SetStatus(absl::InvalidArgumentError("bluefog grouped allreduce '" + base +
+                                                "': unsupported dtype"));
+      done();
+      return;
+    }
+    // Shared by the N completions; the last one reports the first error and calls done().
+    struct Group {
+      std::atomic<int> remaining;
+      std::mutex mutex;
+      absl::Status status;
+    };
+    auto group = std::make_shared<Group>();
+    group->remaining = n;
+    auto finish_one = [ctx, done, group](const absl::Status& s) {
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(group->mutex);
+        if (group->status.ok()) group->status = s;
+      }
+      if (--group->remaining == 0) {
+        if (!group->status.ok()) ctx->SetStatus(group->status);
+        done();
+      }
+    };
+    for (int i = 0; i < n; ++i) {
+      const Tensor& input = ctx->input(i);
+      Tensor* output = nullptr;
+      absl::Status s = ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output);
+      Request request;
+      request.meta.op = OpType::kAllreduce;
+      request.meta.name = base + "." + std::to_string(i);
+      request.meta.dtype = dtype;
+      for (int d = 0; d < input.dims(); ++d) request.meta.shape.push_back(input.dim_size(d));
+      request.input = input.tensor_data().data();
+      request.output = s.ok() ? DataOf(output) : nullptr;
+      request.average = average_;
+      request.done = [finish_one](const Status& st) { finish_one(ToTfStatus(st)); };
+      if (s.ok()) {
+        Status q = Runtime::Get().Enqueue(std::move(request));
+        if (!q.ok()) s = ToTfStatus(q);
+      }
+      if (!s.ok()) finish_one(s);
+    }
+  }
+
+ private:
+  bool average_ = false;
+};
+
 class AllgatherKernel : public CollectiveKernel {
  public:
   explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAllgather) {}
@@ -164,6 +231,20 @@ REGISTER_OP("BluefogAllreduce")
     .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
     .Doc("Sum (or average) of `tensor` over all ranks; every rank passes the same shape.");
 
+REGISTER_OP("BluefogGroupedAllreduce")
+    .Attr("T: " BF_NUMERIC_TYPES)
+    .Attr("N: int >= 0")
+    .Attr("average: bool")
+    .Input("tensors: N * T")
+    .Input("tensor_name: string")
+    .Output("outputs: N * T")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return absl::OkStatus();
+    })
+    .Doc("Allreduce of each of N tensors of one dtype, named `tensor_name`.0 ... .N-1.");
+
 REGISTER_OP("BluefogAllgather")
     .Attr("T: " BF_ALL_TYPES)
     .Input("tensor: T")
@@ -190,6 +271,8 @@ REGISTER_OP("BluefogBroadcast")
     .Doc("The value of `tensor` on `root_rank`, on every rank.");
 
 REGISTER_KERNEL_BUILDER(Name("BluefogAllreduce").Device(::tensorflow::DEVICE_CPU), AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogGroupedAllreduce").Device(::tensorflow::DEVICE_CPU),
+                        GroupedAllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogAllgather").Device(::tensorflow::DEVICE_CPU), AllgatherKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogBroadcast").Device(::tensorflow::DEVICE_CPU), BroadcastKernel);
 
