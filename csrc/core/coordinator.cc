@@ -53,7 +53,28 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
                   DescribeDifference(metas, [](const TensorMeta& x) { return std::to_string(x.root_rank); }),
                   "Pass the same root_rank on every rank.");
   }
-  if (m0.op == OpType::kAllgather) {
+  if (IsNeighborOp(m0.op)) {
+    // Every receive must be matched by the sender's send and vice versa, or the exchange hangs.
+    const int n = static_cast<int>(metas.size());
+    auto has = [](const std::vector<int32_t>& v, int r) {
+      return std::find(v.begin(), v.end(), r) != v.end();
+    };
+    for (int r = 0; r < n; ++r) {
+      for (int32_t src : metas[r]->recv_ranks) {
+        if (src < 0 || src >= n || !has(metas[src]->send_ranks, r))
+          return fail("topology", Concat("rank ", r, " expects to receive from rank ", src,
+                                         ", but rank ", src, " does not send to rank ", r),
+                      "Every rank's src_weights must mirror the senders' dst_weights.");
+      }
+      for (int32_t dst : metas[r]->send_ranks) {
+        if (dst < 0 || dst >= n || !has(metas[dst]->recv_ranks, r))
+          return fail("topology", Concat("rank ", r, " sends to rank ", dst, ", but rank ", dst,
+                                         " does not expect to receive from rank ", r),
+                      "Every rank's dst_weights must mirror the receivers' src_weights.");
+      }
+    }
+  }
+  if (m0.op == OpType::kAllgather || m0.op == OpType::kNeighborAllgather) {
     for (const auto& m : metas) {
       if (TrailingShape(*m) != TrailingShape(m0))
         return fail("shape", DescribeDifference(metas, TrailingShape),
@@ -90,7 +111,8 @@ Response Coordinator::Complete(Entry& entry) const {
   Response response;
   response.meta = *entry.metas[0];
   response.status = CheckAgreement(entry.metas);
-  if (response.status.ok() && response.meta.op == OpType::kAllgather) {
+  if (response.status.ok() &&
+      (response.meta.op == OpType::kAllgather || response.meta.op == OpType::kNeighborAllgather)) {
     response.first_dims.reserve(size_);
     for (const auto& m : entry.metas) response.first_dims.push_back(m->shape[0]);
   }

@@ -100,7 +100,44 @@ void DivideHalfLike(void* data, int64_t count, int64_t divisor) {
   for (int64_t i = 0; i < count; ++i) a[i] = FromFloat(ToFloat(a[i]) / d);
 }
 
+template <typename T>
+void ScaleAddTyped(void* out, const void* in, int64_t count, double weight, bool accumulate) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(in);
+  const T w = static_cast<T>(weight);
+  if (accumulate) {
+    for (int64_t i = 0; i < count; ++i) o[i] += w * x[i];
+  } else {
+    for (int64_t i = 0; i < count; ++i) o[i] = w * x[i];
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void ScaleAddHalfLike(void* out, const void* in, int64_t count, double weight, bool accumulate) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(in);
+  const float w = static_cast<float>(weight);
+  for (int64_t i = 0; i < count; ++i)
+    o[i] = FromFloat((accumulate ? ToFloat(o[i]) : 0.0f) + w * ToFloat(x[i]));
+}
+
 }  // namespace
+
+void ScaleAdd(void* out, const void* in, int64_t count, DataType dtype, double weight,
+              bool accumulate) {
+  switch (dtype) {
+    case DataType::kFloat32: return ScaleAddTyped<float>(out, in, count, weight, accumulate);
+    case DataType::kFloat64: return ScaleAddTyped<double>(out, in, count, weight, accumulate);
+    case DataType::kFloat16:
+      return ScaleAddHalfLike<HalfToFloat, FloatToHalf>(out, in, count, weight, accumulate);
+    case DataType::kBFloat16:
+      return ScaleAddHalfLike<BFloat16ToFloat, FloatToBFloat16>(out, in, count, weight,
+                                                                accumulate);
+    default: break;
+  }
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("weighted sums need a floating-point dtype, not ", DataTypeName(dtype)));
+}
 
 void SumInto(void* inout, const void* in, int64_t count, DataType dtype) {
   switch (dtype) {

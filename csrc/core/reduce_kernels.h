@@ -17,5 +17,9 @@ uint16_t FloatToBFloat16(float f);
 void SumInto(void* inout, const void* in, int64_t count, DataType dtype);
 // data[i] /= divisor. Integers use truncating division, as C++ does.
 void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor);
+// out[i] = weight * in[i] (+ out[i] when accumulate). Floating-point dtypes only; `in` may
+// equal `out`.
+void ScaleAdd(void* out, const void* in, int64_t count, DataType dtype, double weight,
+              bool accumulate);
 
 }  // namespace bluefog

@@ -17,6 +17,12 @@ struct Request {
   // allgather: called on the background thread with the result's shape once every rank's first
   // dimension is known; returns the buffer to fill. May throw BluefogError.
   std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
+  // neighbor_allreduce: output = self_weight * input + sum_k recv_weights[k] * (tensor received
+  // from meta.recv_ranks[k]); when send_weights is not empty, the copy sent to
+  // meta.send_ranks[k] is scaled by send_weights[k] first.
+  double self_weight = 1.0;
+  std::vector<double> recv_weights;
+  std::vector<double> send_weights;
   // Called exactly once, on the background thread, when the request finished or failed.
   std::function<void(const Status&)> done;
 };

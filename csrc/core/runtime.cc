@@ -97,6 +97,10 @@ Status Runtime::Enqueue(Request request) {
   }
   if (meta.op == OpType::kBroadcast && (meta.root_rank < 0 || meta.root_rank >= info_.size))
     return invalid(Concat("root_rank ", meta.root_rank, " is outside [0, ", info_.size, ")"));
+  if (IsNeighborOp(meta.op)) {
+    Status s = ValidateNeighbors(request);
+    if (!s.ok()) return invalid(s.message());
+  }
   if (in_flight_.count(meta.name))
     return invalid("a collective with this name is already in flight on this rank; give "
                    "collectives that may run concurrently distinct names");
@@ -259,6 +263,8 @@ void Runtime::Execute(std::vector<Response>& responses) {
         case OpType::kAllreduce: ExecuteAllreduces(group); break;
         case OpType::kAllgather: ExecuteAllgather(r); break;
         case OpType::kBroadcast: ExecuteBroadcast(r); break;
+        case OpType::kNeighborAllreduce: ExecuteNeighborAllreduce(r); break;
+        case OpType::kNeighborAllgather: ExecuteNeighborAllgather(r); break;
       }
     } catch (const BluefogError& e) {
       for (const Response& g : group)
@@ -346,6 +352,99 @@ void Runtime::ExecuteBroadcast(const Response& response) {
     transport_.Broadcast(req->output, static_cast<int64_t>(bytes), response.meta.root_rank);
   }
   Finish(response.meta.name, Status::Ok());
+}
+
+Status Runtime::ValidateNeighbors(const Request& request) const {
+  const TensorMeta& meta = request.meta;
+  auto bad = [](const std::string& m) { return Status(StatusCode::kInvalidArgument, m); };
+  for (const auto* ranks : {&meta.send_ranks, &meta.recv_ranks}) {
+    for (size_t k = 0; k < ranks->size(); ++k) {
+      const int r = (*ranks)[k];
+      if (r < 0 || r >= info_.size || r == info_.rank)
+        return bad(Concat("neighbor rank ", r, " is not another rank in [0, ", info_.size, ")"));
+      if (k > 0 && (*ranks)[k - 1] >= r)
+        return bad("neighbor ranks must be unique and ascending");
+    }
+  }
+  if (meta.op == OpType::kNeighborAllreduce) {
+    if (!IsFloatingPoint(meta.dtype))
+      return bad(Concat("dtype ", DataTypeName(meta.dtype),
+                        " cannot be averaged with weights; cast it to a float dtype first"));
+    if (request.recv_weights.size() != meta.recv_ranks.size())
+      return bad(Concat(request.recv_weights.size(), " receive weights for ",
+                        meta.recv_ranks.size(), " source ranks"));
+    if (!request.send_weights.empty() && request.send_weights.size() != meta.send_ranks.size())
+      return bad(Concat(request.send_weights.size(), " send weights for ",
+                        meta.send_ranks.size(), " destination ranks"));
+  } else if (meta.shape.empty()) {
+    return bad("neighbor_allgather concatenates along dimension 0 and needs a tensor of rank >= 1");
+  }
+  return Status::Ok();
+}
+
+void Runtime::ExecuteNeighborAllreduce(const Response& response) {
+  Request* req = Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  const int64_t n = meta.NumElements();
+  const size_t bytes = meta.NumBytes();
+  if (n > 0) {
+    const size_t nrecv = meta.recv_ranks.size();
+    const size_t nscaled = req->send_weights.empty() ? 0 : meta.send_ranks.size();
+    if (neighbor_buffer_.size() < (nrecv + nscaled) * bytes)
+      neighbor_buffer_.resize((nrecv + nscaled) * bytes);
+    char* scratch = neighbor_buffer_.data();
+    std::vector<MpiTransport::PeerBuffer> sends, recvs;
+    for (size_t k = 0; k < nrecv; ++k)
+      recvs.push_back({meta.recv_ranks[k], scratch + k * bytes, static_cast<int64_t>(bytes)});
+    for (size_t k = 0; k < meta.send_ranks.size(); ++k) {
+      void* data = const_cast<void*>(req->input);
+      if (nscaled) {
+        data = scratch + (nrecv + k) * bytes;
+        ScaleAdd(data, req->input, n, meta.dtype, req->send_weights[k], false);
+      }
+      sends.push_back({meta.send_ranks[k], data, static_cast<int64_t>(bytes)});
+    }
+    transport_.NeighborExchange(sends, recvs);
+    // After the exchange: the output may share memory with the input.
+    ScaleAdd(req->output, req->input, n, meta.dtype, req->self_weight, false);
+    for (size_t k = 0; k < nrecv; ++k)
+      ScaleAdd(req->output, scratch + k * bytes, n, meta.dtype, req->recv_weights[k], true);
+  }
+  Finish(meta.name, Status::Ok());
+}
+
+void Runtime::ExecuteNeighborAllgather(const Response& response) {
+  Request* req = Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < meta.shape.size(); ++d) row_elems *= meta.shape[d];
+  const int64_t row_bytes = row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
+  std::vector<int64_t> shape = meta.shape;
+  shape[0] = 0;
+  for (int32_t src : meta.recv_ranks) shape[0] += response.first_dims[src];
+  Status status;
+  char* out = nullptr;
+  std::vector<char> scratch;
+  try {
+    out = static_cast<char*>(req->allocate_output(shape));
+  } catch (const BluefogError& e) {
+    status = Status(e.code(), Concat("bluefog neighbor_allgather of tensor '", meta.name, "': ",
+                                     e.what()));
+    scratch.resize(shape[0] * row_bytes);
+    out = scratch.data();
+  }
+  std::vector<MpiTransport::PeerBuffer> sends, recvs;
+  int64_t offset = 0;
+  for (int32_t src : meta.recv_ranks) {
+    const int64_t b = response.first_dims[src] * row_bytes;
+    recvs.push_back({src, out + offset, b});
+    offset += b;
+  }
+  const int64_t my_bytes = meta.shape[0] * row_bytes;
+  for (int32_t dst : meta.send_ranks)
+    sends.push_back({dst, const_cast<void*>(req->input), my_bytes});
+  transport_.NeighborExchange(sends, recvs);
+  Finish(meta.name, status);
 }
 
 void Runtime::CheckStalls() {

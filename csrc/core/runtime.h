@@ -49,6 +49,9 @@ class Runtime {
   void ExecuteAllreduces(const std::vector<Response>& group);
   void ExecuteAllgather(const Response& response);
   void ExecuteBroadcast(const Response& response);
+  void ExecuteNeighborAllreduce(const Response& response);
+  void ExecuteNeighborAllgather(const Response& response);
+  Status ValidateNeighbors(const Request& request) const;
   // Removes the local request for `name` and reports `status` to it.
   void Finish(const std::string& name, const Status& status);
   void FailAll(const Status& status);
@@ -76,6 +79,7 @@ class Runtime {
     uint64_t collectives = 0;  // after fusion
   } stats_;
   std::vector<char> fusion_buffer_;
+  std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies; grow-only
   double round_start_ = 0;
   double last_stall_report_ = 0;
 };

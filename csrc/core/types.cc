@@ -47,6 +47,8 @@ const char* OpTypeName(OpType op) {
     case OpType::kAllreduce: return "allreduce";
     case OpType::kAllgather: return "allgather";
     case OpType::kBroadcast: return "broadcast";
+    case OpType::kNeighborAllreduce: return "neighbor_allreduce";
+    case OpType::kNeighborAllgather: return "neighbor_allgather";
   }
   return "unknown";
 }
@@ -54,6 +56,13 @@ const char* OpTypeName(OpType op) {
 bool IsValidDataType(int value) { return value >= 0 && value < kNumDataTypes; }
 bool IsValidOpType(int value) { return value >= 0 && value < kNumOpTypes; }
 bool SupportsSum(DataType dtype) { return dtype != DataType::kBool; }
+bool IsFloatingPoint(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+}
+bool IsNeighborOp(OpType op) {
+  return op == OpType::kNeighborAllreduce || op == OpType::kNeighborAllgather;
+}
 
 int64_t TensorMeta::NumElements() const {
   int64_t n = 1;

@@ -27,8 +27,11 @@ enum class OpType : uint8_t {
   kAllreduce = 0,
   kAllgather,
   kBroadcast,
+  kNeighborAllreduce,
+  kNeighborAllgather,
 };
-constexpr int kNumOpTypes = 3;
+constexpr int kNumOpTypes = 5;
+bool IsNeighborOp(OpType op);
 
 size_t ElementSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
@@ -37,6 +40,7 @@ bool IsValidDataType(int value);
 bool IsValidOpType(int value);
 // Whether an elementwise sum is defined for the dtype (bool is not: it would silently saturate).
 bool SupportsSum(DataType dtype);
+bool IsFloatingPoint(DataType dtype);
 
 // What a rank announces about one request; every rank must agree on it (up to the rules of the op).
 struct TensorMeta {
@@ -45,6 +49,9 @@ struct TensorMeta {
   DataType dtype = DataType::kFloat32;
   int32_t root_rank = -1;  // broadcast only; -1 otherwise
   std::vector<int64_t> shape;
+  // Neighbor ops: the ranks this rank sends to and receives from in this call, ascending.
+  std::vector<int32_t> send_ranks;
+  std::vector<int32_t> recv_ranks;
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * ElementSize(dtype); }

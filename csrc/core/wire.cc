@@ -57,6 +57,10 @@ std::string EncodeRound(const RoundMessage& message) {
     Put<int32_t>(out, m.root_rank);
     Put<uint8_t>(out, static_cast<uint8_t>(m.shape.size()));
     for (int64_t d : m.shape) Put<int64_t>(out, d);
+    for (const auto* ranks : {&m.send_ranks, &m.recv_ranks}) {
+      Put<uint32_t>(out, static_cast<uint32_t>(ranks->size()));
+      for (int32_t r : *ranks) Put<int32_t>(out, r);
+    }
   }
   return out;
 }
@@ -80,6 +84,12 @@ RoundMessage DecodeRound(const char* data, size_t size) {
     int ndim = in.Get<uint8_t>();
     m.shape.resize(ndim);
     for (int d = 0; d < ndim; ++d) m.shape[d] = in.Get<int64_t>();
+    for (auto* ranks : {&m.send_ranks, &m.recv_ranks}) {
+      uint32_t n = in.Get<uint32_t>();
+      BF_ENFORCE(n <= size, StatusCode::kInternal, "malformed negotiation message: ", n, " ranks");
+      ranks->resize(n);
+      for (uint32_t k = 0; k < n; ++k) (*ranks)[k] = in.Get<int32_t>();
+    }
     message.announcements.push_back(std::move(m));
   }
   BF_ENFORCE(in.done(), StatusCode::kInternal, "malformed negotiation message: trailing bytes");

@@ -211,4 +211,26 @@ void MpiTransport::Broadcast(void* buffer, int64_t bytes, int root) {
   }
 }
 
+void MpiTransport::NeighborExchange(const std::vector<PeerBuffer>& sends,
+                                    const std::vector<PeerBuffer>& recvs) {
+  constexpr int kTag = 7;
+  const size_t count = sends.size() + recvs.size();
+  if (requests_.size() < count * sizeof(MPI_Request)) requests_.resize(count * sizeof(MPI_Request));
+  MPI_Request* reqs = reinterpret_cast<MPI_Request*>(requests_.data());
+  size_t posted = 0;
+  auto post = [&](const PeerBuffer& p, bool is_send) {
+    BF_ENFORCE(p.bytes < INT_MAX, StatusCode::kInvalidArgument,
+               "neighbor transfers over 2 GiB are not supported");
+    int code = is_send ? MPI_Isend(p.data, static_cast<int>(p.bytes), MPI_BYTE, p.rank, kTag,
+                                   AsComm(comm_), &reqs[posted])
+                       : MPI_Irecv(p.data, static_cast<int>(p.bytes), MPI_BYTE, p.rank, kTag,
+                                   AsComm(comm_), &reqs[posted]);
+    Check(code, is_send ? "MPI_Isend" : "MPI_Irecv");
+    ++posted;
+  };
+  for (const PeerBuffer& r : recvs) post(r, false);
+  for (const PeerBuffer& s : sends) post(s, true);
+  Check(MPI_Waitall(static_cast<int>(posted), reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+}
+
 }  // namespace bluefog

@@ -41,6 +41,15 @@ class MpiTransport {
   void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
   void Broadcast(void* buffer, int64_t bytes, int root);
 
+  struct PeerBuffer {
+    int rank;
+    void* data;
+    int64_t bytes;
+  };
+  // Point-to-point exchange with the given peers; returns when every transfer completed.
+  // Every rank runs its exchanges in the same order, so one tag keeps pairs in step.
+  void NeighborExchange(const std::vector<PeerBuffer>& sends, const std::vector<PeerBuffer>& recvs);
+
  private:
   void Check(int code, const char* call) const;
 
@@ -56,6 +65,7 @@ class MpiTransport {
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;
   std::vector<int> displs_;
+  std::vector<char> requests_;  // MPI_Request storage, reused
 };
 
 }  // namespace bluefog

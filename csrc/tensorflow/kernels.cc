@@ -1,6 +1,7 @@
 // TF bridge: op registrations and AsyncOpKernels that turn a TF tensor into a core Request and
 // call done() from the completion callback. The only C++ that includes TensorFlow headers.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +52,20 @@ bool ToCoreType(::tensorflow::DataType dt, DataType* out) {
 }
 
 char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
+
+// For ops whose output shape is known only after negotiation (the allgathers).
+std::function<void*(const std::vector<int64_t>&)> AllocateLike(OpKernelContext* ctx) {
+  return [ctx](const std::vector<int64_t>& shape) -> void* {
+    TensorShape tf_shape;
+    for (int64_t d : shape) tf_shape.AddDim(d);
+    Tensor* output = nullptr;
+    absl::Status s = ctx->allocate_output(0, tf_shape, &output);
+    if (!s.ok())
+      throw BluefogError(StatusCode::kInternal,
+                         "cannot allocate the output: " + std::string(s.message()));
+    return DataOf(output);
+  };
+}
 
 // Shared by the three kernels: reads the name input, builds the request, enqueues it.
 class CollectiveKernel : public AsyncOpKernel {
@@ -183,16 +198,49 @@ class AllgatherKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    request.allocate_output = [ctx](const std::vector<int64_t>& shape) -> void* {
-      TensorShape tf_shape;
-      for (int64_t d : shape) tf_shape.AddDim(d);
-      Tensor* output = nullptr;
-      absl::Status s = ctx->allocate_output(0, tf_shape, &output);
-      if (!s.ok())
-        throw BluefogError(StatusCode::kInternal,
-                           "cannot allocate the output: " + std::string(s.message()));
-      return DataOf(output);
-    };
+    request.allocate_output = AllocateLike(ctx);
+    Submit(ctx, done, std::move(request));
+  }
+};
+
+template <typename T>
+std::vector<T> VectorOf(const Tensor& t) {
+  auto flat = t.flat<T>();
+  return std::vector<T>(flat.data(), flat.data() + flat.size());
+}
+
+// Inputs after (tensor, tensor_name): send_ranks, recv_ranks [, self_weight, recv_weights,
+// send_weights]; the ranks (and weights) may change from call to call without retracing.
+class NeighborAllreduceKernel : public CollectiveKernel {
+ public:
+  explicit NeighborAllreduceKernel(OpKernelConstruction* c)
+      : CollectiveKernel(c, OpType::kNeighborAllreduce) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    request.meta.send_ranks = VectorOf<int32_t>(ctx->input(2));
+    request.meta.recv_ranks = VectorOf<int32_t>(ctx->input(3));
+    request.self_weight = ctx->input(4).scalar<double>()();
+    request.recv_weights = VectorOf<double>(ctx->input(5));
+    request.send_weights = VectorOf<double>(ctx->input(6));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->forward_input_or_allocate_output({0}, 0, ctx->input(0).shape(), &output), done);
+    request.output = DataOf(output);
+    Submit(ctx, done, std::move(request));
+  }
+};
+
+class NeighborAllgatherKernel : public CollectiveKernel {
+ public:
+  explicit NeighborAllgatherKernel(OpKernelConstruction* c)
+      : CollectiveKernel(c, OpType::kNeighborAllgather) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    request.meta.send_ranks = VectorOf<int32_t>(ctx->input(2));
+    request.meta.recv_ranks = VectorOf<int32_t>(ctx->input(3));
+    request.allocate_output = AllocateLike(ctx);
     Submit(ctx, done, std::move(request));
   }
 };
@@ -260,6 +308,37 @@ REGISTER_OP("BluefogAllgather")
     })
     .Doc("Concatenation along dimension 0 of `tensor` from every rank, in rank order.");
 
+REGISTER_OP("BluefogNeighborAllreduce")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Input("send_ranks: int32")
+    .Input("recv_ranks: int32")
+    .Input("self_weight: double")
+    .Input("recv_weights: double")
+    .Input("send_weights: double")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .Doc("self_weight * tensor + sum of recv_weights[k] * the tensor of recv_ranks[k].");
+
+REGISTER_OP("BluefogNeighborAllgather")
+    .Attr("T: " BF_ALL_TYPES)
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Input("send_ranks: int32")
+    .Input("recv_ranks: int32")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle output;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    })
+    .Doc("Concatenation along dimension 0 of the tensors of recv_ranks, in that order.");
+
 REGISTER_OP("BluefogBroadcast")
     .Attr("T: " BF_ALL_TYPES)
     .Attr("root_rank: int")
@@ -274,6 +353,10 @@ REGISTER_KERNEL_BUILDER(Name("BluefogAllreduce").Device(::tensorflow::DEVICE_CPU
 REGISTER_KERNEL_BUILDER(Name("BluefogGroupedAllreduce").Device(::tensorflow::DEVICE_CPU),
                         GroupedAllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogAllgather").Device(::tensorflow::DEVICE_CPU), AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllreduce").Device(::tensorflow::DEVICE_CPU),
+                        NeighborAllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllgather").Device(::tensorflow::DEVICE_CPU),
+                        NeighborAllgatherKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogBroadcast").Device(::tensorflow::DEVICE_CPU), BroadcastKernel);
 
 }  // namespace tf_bridge

@@ -1,0 +1,191 @@
+"""Decentralized collectives: each rank combines its tensor only with its neighbours'.
+
+The exchange and the weighted sum run in C++; this module turns the topology (or per-call
+weights) into the send/receive lists and weights the op takes as inputs, so they may change
+from step to step without retracing a tf.function.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional, Union
+
+import tensorflow as tf
+
+from bluefog.common import basics, topology
+from bluefog.tensorflow import mpi_ops
+
+FLOAT_DTYPES = frozenset([tf.float16, tf.bfloat16, tf.float32, tf.float64])
+
+
+def _ranks(values: Iterable, what: str, name: str) -> list:
+    out = []
+    for r in values:
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise TypeError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': "
+                            f"{what} must hold int ranks, got {r!r}")
+        if not 0 <= r < basics.size() or r == basics.rank():
+            raise ValueError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': "
+                             f"{what} holds rank {r}, which is not another rank in "
+                             f"[0, {basics.size()})")
+        out.append(r)
+    if len(set(out)) != len(out):
+        raise ValueError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': {what} "
+                         f"lists a rank twice: {out}")
+    return sorted(out)
+
+
+def _weights(mapping, what: str, name: str) -> Dict[int, float]:
+    if isinstance(mapping, dict):
+        ranks = _ranks(mapping.keys(), what, name)
+        return {r: float(mapping[r]) for r in ranks}
+    if isinstance(mapping, (list, tuple)):
+        return {r: 1.0 for r in _ranks(mapping, what, name)}
+    raise TypeError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor '{name}': "
+                    f"{what} must be a dict {{rank: weight}} or a list of ranks, got "
+                    f"{type(mapping).__name__}")
+
+
+def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optional[float] = None,
+                       src_weights: Optional[Dict[int, float]] = None,
+                       dst_weights: Optional[Union[Dict[int, float], list]] = None,
+                       enable_topo_check: bool = True, name: Optional[str] = None) -> tf.Tensor:
+    """Weighted combination of this rank's tensor with its in-neighbours' tensors.
+
+    Returns ``self_weight * tensor + sum(src_weights[j] * tensor_j)``. Without weights, the
+    topology decides: its edge weights when ``set_topology(..., is_weighted=True)``, otherwise
+    the uniform mean over this rank and its in-neighbours. With ``src_weights`` (and
+    ``self_weight``) and ``dst_weights`` given, this call uses those neighbours instead
+    (dynamic topology): ``dst_weights`` lists the ranks to send to (a dict scales what is sent
+    to each). Every rank must call it with the same name, shape and dtype; the ranks' send and
+    receive lists must mirror each other, which is always checked (the check rides on the
+    negotiation that happens anyway, so ``enable_topo_check`` cannot make it cheaper).
+    """
+    name = mpi_ops._request_name("neighbor_allreduce", name)
+    tensor = mpi_ops._to_tensor(tensor, "neighbor_allreduce", name)
+    mpi_ops._check_dtype(tensor, "neighbor_allreduce", name, FLOAT_DTYPES)
+    if (src_weights is None) != (dst_weights is None):
+        raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor '{name}': "
+                         "src_weights and dst_weights must be given together (a dynamic "
+                         "topology needs both the sources and the destinations of this call)")
+    if src_weights is None:
+        default_self, recv = topology.recv_weights()
+        send = {r: None for r in topology.out_neighbor_ranks()}
+        self_weight = default_self if self_weight is None else float(self_weight)
+        send_weights: list = []
+    else:
+        if self_weight is None:
+            raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor "
+                             f"'{name}': self_weight must be given with src_weights")
+        recv = _weights(src_weights, "src_weights", name)
+        send = _weights(dst_weights, "dst_weights", name)
+        self_weight = float(self_weight)
+        send_weights = ([send[r] for r in sorted(send)] if isinstance(dst_weights, dict) else [])
+    return _neighbor_allreduce_op(tensor, name, sorted(send), sorted(recv),
+                                  self_weight, [recv[r] for r in sorted(recv)], send_weights)
+
+
+def _neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, recv_weights,
+                           send_weights):
+    return mpi_ops._ops.bluefog_neighbor_allreduce(
+        tensor, tensor_name=name,
+        send_ranks=tf.constant(send_ranks, tf.int32, shape=[len(send_ranks)]),
+        recv_ranks=tf.constant(recv_ranks, tf.int32, shape=[len(recv_ranks)]),
+        self_weight=tf.constant(self_weight, tf.float64),
+        recv_weights=tf.constant(recv_weights, tf.float64, shape=[len(recv_weights)]),
+        send_weights=tf.constant(send_weights, tf.float64, shape=[len(send_weights)]))
+
+
+def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optional[list] = None,
+                       dst_ranks: Optional[list] = None, name: Optional[str] = None) -> tf.Tensor:
+    """Concatenation along dimension 0 of the in-neighbours' tensors, in ascending rank order.
+
+    The first dimension may differ between ranks. Without ``src_ranks``/``dst_ranks`` the
+    topology's in- and out-neighbours are used; given, they must be given together and mirror
+    the other ranks' lists.
+    """
+    name = mpi_ops._request_name("neighbor_allgather", name)
+    tensor = mpi_ops._to_tensor(tensor, "neighbor_allgather", name)
+    mpi_ops._check_dtype(tensor, "neighbor_allgather", name, mpi_ops.ALL_DTYPES)
+    if tensor.shape.rank == 0:
+        raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allgather of tensor '{name}': "
+                         "needs a tensor of rank >= 1; reshape the scalar to [1] first")
+    if (src_ranks is None) != (dst_ranks is None):
+        raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allgather of tensor '{name}': "
+                         "src_ranks and dst_ranks must be given together")
+    if src_ranks is None:
+        recv, send = topology.in_neighbor_ranks(), topology.out_neighbor_ranks()
+    else:
+        recv = _ranks(src_ranks, "src_ranks", name)
+        send = _ranks(dst_ranks, "dst_ranks", name)
+    return mpi_ops._ops.bluefog_neighbor_allgather(
+        tensor, tensor_name=name, send_ranks=tf.constant(send, tf.int32, shape=[len(send)]),
+        recv_ranks=tf.constant(recv, tf.int32, shape=[len(recv)]))
+
+
+def hierarchical_neighbor_allreduce(
+        tensor: Union[tf.Tensor, tf.Variable], self_weight: Optional[float] = None,
+        neighbor_machine_weights: Optional[Dict[int, float]] = None,
+        send_neighbor_machines: Optional[list] = None, enable_topo_check: bool = False,
+        name: Optional[str] = None) -> tf.Tensor:
+    """Machine-level neighbour averaging for multi-host jobs.
+
+    First the ranks of each machine average their tensors, then each machine combines that mean
+    with its in-neighbour machines' means, following the machine topology
+    (``set_machine_topology``; default ``ExponentialGraph(number of machines)``) or, when given,
+    ``self_weight`` / ``neighbor_machine_weights`` (machine -> weight) and
+    ``send_neighbor_machines`` for this call. Every rank of a machine gets the same result.
+    Ranks must be placed on machines in contiguous blocks of ``local_size()`` (mpirun's default).
+    """
+    name = mpi_ops._request_name("hierarchical_neighbor_allreduce", name)
+    tensor = mpi_ops._to_tensor(tensor, "hierarchical_neighbor_allreduce", name)
+    mpi_ops._check_dtype(tensor, "hierarchical_neighbor_allreduce", name, FLOAT_DTYPES)
+    me, local, local_rank = basics.rank(), basics.local_size(), basics.local_rank()
+    machine, first = topology.machine_of(me), me - local_rank
+    local_peers = [r for r in range(first, first + local) if r != me]
+    mean = _neighbor_allreduce_op(tensor, name + ".local", local_peers, local_peers,
+                                  1.0 / local, [1.0 / local] * len(local_peers), [])
+    if (neighbor_machine_weights is None) != (send_neighbor_machines is None):
+        raise ValueError(f"rank {me}: bluefog hierarchical_neighbor_allreduce of tensor "
+                         f"'{name}': neighbor_machine_weights and send_neighbor_machines must be "
+                         "given together")
+    if neighbor_machine_weights is None:
+        self_w, machine_weights = topology.machine_recv_weights()
+        send_machines = topology.out_neighbor_machines()
+    else:
+        if self_weight is None:
+            raise ValueError(f"rank {me}: bluefog hierarchical_neighbor_allreduce of tensor "
+                             f"'{name}': self_weight must be given with neighbor_machine_weights")
+        self_w, machine_weights = float(self_weight), dict(neighbor_machine_weights)
+        send_machines = list(send_neighbor_machines)
+    for m in list(machine_weights) + list(send_machines):
+        if not isinstance(m, int) or not 0 <= m < topology.num_machines() or m == machine:
+            raise ValueError(f"rank {me}: bluefog hierarchical_neighbor_allreduce of tensor "
+                             f"'{name}': machine {m!r} is not another machine in "
+                             f"[0, {topology.num_machines()})")
+    # The same local rank on each neighbour machine carries that machine's mean.
+    recv = sorted(machine_weights)
+    return _neighbor_allreduce_op(mean, name + ".machines",
+                                  sorted(m * local + local_rank for m in send_machines),
+                                  [m * local + local_rank for m in recv], self_w,
+                                  [float(machine_weights[m]) for m in recv], [])
+
+
+@tf.RegisterGradient("BluefogNeighborAllreduce")
+def _neighbor_allreduce_grad(op, grad):
+    """The transpose exchange: what was received with weight w is sent back scaled by w."""
+    send_ranks, recv_ranks, self_weight, recv_weights, send_weights = op.inputs[2:7]
+    base = mpi_ops._forward_name(op)
+    back = mpi_ops._ops.bluefog_neighbor_allreduce(
+        grad, tensor_name=base or mpi_ops._request_name("neighbor_allreduce", None),
+        send_ranks=recv_ranks, recv_ranks=send_ranks, self_weight=self_weight,
+        send_weights=recv_weights,
+        recv_weights=tf.cond(tf.size(send_weights) > 0, lambda: send_weights,
+                             lambda: tf.ones(tf.shape(send_ranks), tf.float64)))
+    return [back, None, None, None, None, None, None]
+
+
+@tf.RegisterGradient("BluefogNeighborAllgather")
+def _neighbor_allgather_grad(op, grad):
+    raise NotImplementedError(
+        "the gradient of neighbor_allgather is not available; use neighbor_allreduce in "
+        "differentiated code")
