@@ -23,6 +23,9 @@ struct Request {
   double self_weight = 1.0;
   std::vector<double> recv_weights;
   std::vector<double> send_weights;
+  // Set by the runtime: when the request was queued and when this rank announced it.
+  double enqueued_at = 0;
+  double announced_at = 0;
   // Called exactly once, on the background thread, when the request finished or failed.
   std::function<void(const Status&)> done;
 };

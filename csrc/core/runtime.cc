@@ -104,6 +104,7 @@ Status Runtime::Enqueue(Request request) {
   if (in_flight_.count(meta.name))
     return invalid("a collective with this name is already in flight on this rank; give "
                    "collectives that may run concurrently distinct names");
+  request.enqueued_at = NowSeconds();
   unannounced_.push_back(meta);
   in_flight_.emplace(meta.name, std::move(request));
   lock.unlock();
@@ -120,6 +121,13 @@ void Runtime::Loop(std::promise<void>* started) {
   }
   coordinator_ = std::make_unique<Coordinator>(info_.size);
   SetLogContext(config_.log_level, info_.rank);
+  if (!config_.timeline_prefix.empty()) {
+    try {
+      timeline_.Open(config_.timeline_prefix, info_.rank);
+    } catch (const BluefogError& e) {
+      BF_LOG(LogLevel::kError, e.what(), "; running without a timeline");
+    }
+  }
   fusion_buffer_.clear();
   state_ = State::kRunning;
   started->set_value();
@@ -153,6 +161,9 @@ void Runtime::Loop(std::promise<void>* started) {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_reason_ = e.what();
       keep_going = false;
+      // The exchange that threw may still be pending; MPI cannot be finalized over it. The
+      // process then exits without MPI_Finalize, which makes mpirun end the job with an error.
+      abandoned_mpi_ = true;
     }
     if (!keep_going) break;
   }
@@ -160,7 +171,8 @@ void Runtime::Loop(std::promise<void>* started) {
          stats_.announced, " requests; ", stats_.collectives, " collectives ran");
   FailAll(Status(StatusCode::kAborted, Concat("bluefog has been shut down (", stop_reason_,
                                               "); no collective can run after shutdown")));
-  transport_.Shutdown();
+  timeline_.Close();
+  if (!abandoned_mpi_) transport_.Shutdown();
 }
 
 bool Runtime::RunRound(bool* anyone_spoke) {
@@ -171,8 +183,15 @@ bool Runtime::RunRound(bool* anyone_spoke) {
     unannounced_.clear();
     mine.shutdown = shutdown_requested_;
   }
-  round_start_ = NowSeconds();
-  last_stall_report_ = round_start_;
+  const double round_start = NowSeconds();
+  if (timeline_.enabled()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const TensorMeta& m : mine.announcements) {
+      Request& r = in_flight_.at(m.name);
+      r.announced_at = round_start;
+      timeline_.Phase(m.name, "QUEUE", r.enqueued_at, round_start);
+    }
+  }
   std::vector<std::string> all = transport_.ExchangeAll(EncodeRound(mine), [this] { CheckStalls(); });
 
   int shutdown_rank = -1;
@@ -183,12 +202,22 @@ bool Runtime::RunRound(bool* anyone_spoke) {
     for (const TensorMeta& meta : theirs.announcements) coordinator_->Announce(r, meta);
   }
   std::vector<Response> ready = coordinator_->TakeReady();
+  if (timeline_.enabled()) {
+    const double now = NowSeconds();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Response& r : ready) {
+      auto it = in_flight_.find(r.meta.name);
+      if (it != in_flight_.end())
+        timeline_.Phase(r.meta.name, "NEGOTIATE", it->second.announced_at, now);
+    }
+  }
   ++stats_.rounds;
   stats_.announced += mine.announcements.size();
   stats_.completed += ready.size();
   BF_LOG(LogLevel::kTrace, "round ", stats_.rounds, ": announced ", mine.announcements.size(),
          ", ready ", ready.size());
   Execute(ready);
+  CheckStalls();
   if (shutdown_rank < 0) return true;
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_reason_.empty()) stop_reason_ = Concat("shutdown() was called on rank ", shutdown_rank);
@@ -258,6 +287,7 @@ void Runtime::Execute(std::vector<Response>& responses) {
     }
     std::vector<Response> group(responses.begin() + i, responses.begin() + end);
     ++stats_.collectives;
+    const double comm_start = timeline_.enabled() ? NowSeconds() : 0;
     try {
       switch (r.meta.op) {
         case OpType::kAllreduce: ExecuteAllreduces(group); break;
@@ -270,6 +300,11 @@ void Runtime::Execute(std::vector<Response>& responses) {
       for (const Response& g : group)
         Finish(g.meta.name, Status(e.code(), Concat("bluefog ", OpTypeName(g.meta.op),
                                                     " of tensor '", g.meta.name, "': ", e.what())));
+    }
+    if (timeline_.enabled()) {
+      const double comm_end = NowSeconds();
+      for (const Response& g : group)
+        timeline_.Phase(g.meta.name, OpTypeName(g.meta.op), comm_start, comm_end);
     }
     i = end;
   }
@@ -448,26 +483,59 @@ void Runtime::ExecuteNeighborAllgather(const Response& response) {
 }
 
 void Runtime::CheckStalls() {
-  if (config_.stall_check_seconds <= 0) return;
+  const bool report = config_.stall_check_seconds > 0;
+  const bool fail = config_.stall_shutdown_seconds > 0;
+  if (!report && !fail) return;
   const double now = NowSeconds();
-  if (now - last_stall_report_ < config_.stall_check_seconds) return;
+  if (now - last_stall_check_ < 0.5) return;
+  last_stall_check_ = now;
+  double oldest = now;
+  std::vector<std::string> mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, request] : in_flight_) {
+      oldest = std::min(oldest, request.enqueued_at);
+      mine.push_back(name);
+    }
+  }
+  std::sort(mine.begin(), mine.end());
+  const double waited = now - oldest;
+  const bool report_now = report && waited >= config_.stall_check_seconds &&
+                          now - last_stall_report_ >= config_.stall_check_seconds;
+  const bool fail_now = fail && waited >= config_.stall_shutdown_seconds;
+  if (!report_now && !fail_now) return;
   last_stall_report_ = now;
   std::ostringstream out;
-  out << "waited " << static_cast<int>(now - round_start_)
-      << " s for the other ranks to submit collectives.";
+  out << "a collective submitted on this rank has waited " << static_cast<int>(waited)
+      << " s for the other ranks. Waiting here:";
+  for (size_t k = 0; k < mine.size() && k < 10; ++k) out << " '" << mine[k] << "'";
+  if (mine.size() > 10) out << " ... (" << mine.size() << " in all)";
+  out << ".";
   std::vector<WaitingTensor> waiting = coordinator_->Waiting();
   if (waiting.empty()) {
-    out << " No tensor has been submitted by only some ranks yet.";
+    out << " No other rank has announced these names yet: the other ranks have not reached a "
+           "collective, or are blocked elsewhere.";
   } else {
     out << " Submitted by some ranks but not all:";
+    size_t shown = 0;
     for (const WaitingTensor& w : waiting) {
+      if (++shown > 20) {
+        out << " ... and " << waiting.size() - 20 << " more";
+        break;
+      }
       out << " '" << w.name << "' (missing ranks";
       for (int r : w.missing_ranks) out << " " << r;
       out << ")";
     }
+    out << ". The missing ranks may have stopped calling collectives or use other names.";
   }
-  out << ". The missing ranks may have stopped calling collectives or use other names.";
-  BF_LOG(LogLevel::kWarning, out.str());
+  if (fail_now) {
+    out << " Giving up after BLUEFOG_STALL_SHUTDOWN_TIME=" << config_.stall_shutdown_seconds
+        << " s: bluefog is shut down on this rank.";
+    throw BluefogError(StatusCode::kAborted, out.str());
+  }
+  BF_LOG(LogLevel::kWarning, out.str(), " (BLUEFOG_STALL_CHECK_TIME=", config_.stall_check_seconds,
+         " s)");
 }
 
 }  // namespace bluefog

@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "core/coordinator.h"
 #include "core/request.h"
+#include "core/timeline.h"
 #include "mpi/transport.h"
 
 namespace bluefog {
@@ -80,8 +81,10 @@ class Runtime {
   } stats_;
   std::vector<char> fusion_buffer_;
   std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies; grow-only
-  double round_start_ = 0;
+  Timeline timeline_;
+  double last_stall_check_ = 0;
   double last_stall_report_ = 0;
+  bool abandoned_mpi_ = false;  // a collective was left pending: MPI cannot be finalized
 };
 
 }  // namespace bluefog
