@@ -42,6 +42,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
   Config config;
   if (const char* v = lookup("BLUEFOG_FUSION_THRESHOLD"))
     config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
+  if (const char* v = lookup("BLUEFOG_RING_THRESHOLD"))
+    config.ring_threshold_bytes = ParseBytes("BLUEFOG_RING_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_CYCLE_TIME"))
     config.cycle_time_ms = ParseDouble("BLUEFOG_CYCLE_TIME", v, 0.0);
   if (const char* v = lookup("BLUEFOG_STALL_CHECK_TIME"))

@@ -12,6 +12,8 @@ enum class LogLevel { kTrace = 0, kDebug, kInfo, kWarning, kError };
 struct Config {
   // Allreduces ready together with one dtype are packed into one buffer of at most this size.
   int64_t fusion_threshold_bytes = 64 * 1024 * 1024;
+  // Allreduces of at least this many bytes use bluefog's ring algorithm (0: always MPI_Allreduce).
+  int64_t ring_threshold_bytes = 1024 * 1024;
   // Extra time the background thread waits after the first new request, to batch more of them.
   double cycle_time_ms = 0.0;
   // A request some ranks submitted and others did not is reported after this long (0: never).

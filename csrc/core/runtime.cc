@@ -115,6 +115,7 @@ Status Runtime::Enqueue(Request request) {
 void Runtime::Loop(std::promise<void>* started) {
   try {
     info_ = transport_.Init();
+    transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
   } catch (...) {
     started->set_exception(std::current_exception());
     return;

@@ -175,6 +175,57 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
 }
 
 void MpiTransport::AllreduceSum(void* buffer, int64_t count, DataType dtype) {
+  const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
+  if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ &&
+      count >= size_) {
+    RingAllreduceSum(buffer, count, dtype);
+  } else {
+    MpiAllreduceSum(buffer, count, dtype);
+  }
+}
+
+// Reduce-scatter then allgather around the ring rank -> rank + 1: each rank sends and receives
+// 2 (n - 1) / n of the buffer, the bandwidth optimum, and receives into one persistent scratch
+// segment. (Open MPI's large-message allreduce allocates its scratch on every call, and page
+// faults on fresh memory cost more than the transfer on machines like these.)
+void MpiTransport::RingAllreduceSum(void* buffer, int64_t count, DataType dtype) {
+  constexpr int kTag = 11;
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  char* data = static_cast<char*>(buffer);
+  const int n = size_;
+  // Segment k covers elements [begin(k), begin(k + 1)).
+  auto begin = [&](int k) { return count * k / n; };
+  auto seg_count = [&](int k) { return begin(k + 1) - begin(k); };
+  const int64_t max_seg = (count + n - 1) / n;
+  BF_ENFORCE(max_seg * elem < INT_MAX, StatusCode::kInvalidArgument,
+             "allreduce segment over 2 GiB is not supported");
+  if (static_cast<int64_t>(ring_scratch_.size()) < max_seg * elem)
+    ring_scratch_.resize(max_seg * elem);
+  const int right = (rank_ + 1) % n;
+  const int left = (rank_ - 1 + n) % n;
+  auto mod = [n](int k) { return ((k % n) + n) % n; };
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_seg = mod(rank_ - step);
+    const int recv_seg = mod(rank_ - step - 1);
+    Check(MPI_Sendrecv(data + begin(send_seg) * elem, static_cast<int>(seg_count(send_seg) * elem),
+                       MPI_BYTE, right, kTag, ring_scratch_.data(),
+                       static_cast<int>(seg_count(recv_seg) * elem), MPI_BYTE, left, kTag,
+                       AsComm(comm_), MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+    SumInto(data + begin(recv_seg) * elem, ring_scratch_.data(), seg_count(recv_seg), dtype);
+  }
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_seg = mod(rank_ + 1 - step);
+    const int recv_seg = mod(rank_ - step);
+    Check(MPI_Sendrecv(data + begin(send_seg) * elem, static_cast<int>(seg_count(send_seg) * elem),
+                       MPI_BYTE, right, kTag, data + begin(recv_seg) * elem,
+                       static_cast<int>(seg_count(recv_seg) * elem), MPI_BYTE, left, kTag,
+                       AsComm(comm_), MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+  }
+}
+
+void MpiTransport::MpiAllreduceSum(void* buffer, int64_t count, DataType dtype) {
   MPI_Op op = MPI_SUM;
   if (dtype == DataType::kFloat16) op = AsOp(half_sum_op_);
   if (dtype == DataType::kBFloat16) op = AsOp(bfloat16_sum_op_);

@@ -35,8 +35,10 @@ class MpiTransport {
   // `on_wait` runs periodically while other ranks have not yet joined.
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait);
-  // In-place sum over all ranks.
+  // In-place sum over all ranks. Buffers of at least `ring_threshold_bytes` use our ring
+  // algorithm over persistent scratch memory; smaller ones MPI_Allreduce (lowest latency).
   void AllreduceSum(void* buffer, int64_t count, DataType dtype);
+  void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }
   // Concatenates each rank's bytes in rank order into `out`.
   void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
   void Broadcast(void* buffer, int64_t bytes, int root);
@@ -52,6 +54,8 @@ class MpiTransport {
 
  private:
   void Check(int code, const char* call) const;
+  void MpiAllreduceSum(void* buffer, int64_t count, DataType dtype);
+  void RingAllreduceSum(void* buffer, int64_t count, DataType dtype);
 
   bool initialized_ = false;
   bool owns_mpi_ = false;
@@ -66,6 +70,8 @@ class MpiTransport {
   std::vector<int> counts_;
   std::vector<int> displs_;
   std::vector<char> requests_;  // MPI_Request storage, reused
+  std::vector<char> ring_scratch_;  // one incoming segment; grow-only, so no per-call faults
+  int64_t ring_threshold_bytes_ = int64_t{1} << 20;
 };
 
 }  // namespace bluefog

@@ -29,12 +29,14 @@ TEST(Config, Defaults) {
 TEST(Config, ParsesValues) {
   Config c = FromMap({{"BLUEFOG_FUSION_THRESHOLD", "1024"},
                       {"BLUEFOG_CYCLE_TIME", "2.5"},
+                      {"BLUEFOG_RING_THRESHOLD", "0"},
                       {"BLUEFOG_STALL_CHECK_TIME", "5"},
                       {"BLUEFOG_STALL_SHUTDOWN_TIME", "10"},
                       {"BLUEFOG_LOG_LEVEL", "debug"},
                       {"BLUEFOG_TIMELINE", "/tmp/tl"}});
   EXPECT_EQ(c.fusion_threshold_bytes, 1024);
   EXPECT_EQ(c.cycle_time_ms, 2.5);
+  EXPECT_EQ(c.ring_threshold_bytes, 0);
   EXPECT_EQ(c.stall_check_seconds, 5.0);
   EXPECT_EQ(c.stall_shutdown_seconds, 10.0);
   EXPECT_EQ(c.log_level, LogLevel::kDebug);
