@@ -6,6 +6,7 @@ names requests, validates arguments and registers gradients.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -61,6 +62,51 @@ def _request_name(op: str, name: Optional[str]) -> str:
     return f"{op}.noname.{n}"
 
 
+_name_tensors: "collections.OrderedDict[str, tf.Tensor]" = collections.OrderedDict()
+_NAME_CACHE_SIZE = 4096
+
+
+def _name_input(name: str):
+    """The op's name input. In eager mode a ready string tensor: handing the generated op a
+    Python str makes TensorFlow take its slow dispatch path (~50 us more per call)."""
+    if not tf.executing_eagerly():
+        return name
+    with _name_lock:
+        t = _name_tensors.get(name)
+        if t is not None:
+            _name_tensors.move_to_end(name)
+            return t
+    t = tf.constant(name)
+    if ".noname." not in name:  # unnamed calls never repeat a name
+        with _name_lock:
+            _name_tensors[name] = t
+            if len(_name_tensors) > _NAME_CACHE_SIZE:
+                _name_tensors.popitem(last=False)
+    return t
+
+
+_consts: "collections.OrderedDict[tuple, tf.Tensor]" = collections.OrderedDict()
+
+
+def _const(values, dtype: tf.DType):
+    """A small constant op input (ranks, weights); cached in eager mode, where the same
+    topology lists repeat every step and building a tensor costs more than the collective."""
+    if not tf.executing_eagerly():
+        return tf.constant(values, dtype, shape=None if isinstance(values, float) else
+                           [len(values)])
+    key = (dtype, values if isinstance(values, float) else tuple(values))
+    with _name_lock:
+        t = _consts.get(key)
+        if t is not None:
+            return t
+    t = tf.constant(values, dtype, shape=None if isinstance(values, float) else [len(values)])
+    with _name_lock:
+        _consts[key] = t
+        if len(_consts) > _NAME_CACHE_SIZE:
+            _consts.popitem(last=False)
+    return t
+
+
 def _rank_or_unknown() -> str:
     return str(basics.rank()) if basics.is_initialized() else "?"
 
@@ -100,10 +146,13 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
                         f"average must be a bool, got {average!r}")
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, average, name, device)
-    tensor = _to_tensor(tensor, "allreduce", name)
+    if not isinstance(tensor, tf.Tensor):
+        tensor = _to_tensor(tensor, "allreduce", name)
     _check_dtype(tensor, "allreduce", name, NUMERIC_DTYPES)
-    with _device_scope(device):
-        return _ops.bluefog_allreduce(tensor, tensor_name=name, average=average)
+    if not device:
+        return _ops.bluefog_allreduce(tensor, tensor_name=_name_input(name), average=average)
+    with tf.device(device):
+        return _ops.bluefog_allreduce(tensor, tensor_name=_name_input(name), average=average)
 
 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
@@ -133,7 +182,7 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     with _device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
             outs = _ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
-                                                  tensor_name=f"{name}.{dtype.name}")
+                                                  tensor_name=_name_input(f"{name}.{dtype.name}"))
             for (i, _), out in zip(items, outs):
                 results[i] = out
     return results
@@ -167,7 +216,7 @@ def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None)
         raise ValueError(f"rank {_rank_or_unknown()}: bluefog allgather of tensor '{name}': "
                          "allgather concatenates along dimension 0 and needs a tensor of rank "
                          ">= 1; reshape the scalar to [1] first")
-    return _ops.bluefog_allgather(tensor, tensor_name=name)
+    return _ops.bluefog_allgather(tensor, tensor_name=_name_input(name))
 
 
 def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
@@ -185,7 +234,7 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
     if basics.is_initialized() and not 0 <= root_rank < basics.size():
         raise ValueError(f"rank {basics.rank()}: bluefog broadcast of tensor '{name}': root_rank "
                          f"{root_rank} is outside [0, {basics.size()})")
-    return _ops.bluefog_broadcast(tensor, tensor_name=name, root_rank=root_rank)
+    return _ops.bluefog_broadcast(tensor, tensor_name=_name_input(name), root_rank=root_rank)
 
 
 def _forward_name(op) -> Optional[str]:

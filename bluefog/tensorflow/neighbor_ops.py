@@ -87,12 +87,12 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
 def _neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, recv_weights,
                            send_weights):
     return mpi_ops._ops.bluefog_neighbor_allreduce(
-        tensor, tensor_name=name,
-        send_ranks=tf.constant(send_ranks, tf.int32, shape=[len(send_ranks)]),
-        recv_ranks=tf.constant(recv_ranks, tf.int32, shape=[len(recv_ranks)]),
-        self_weight=tf.constant(self_weight, tf.float64),
-        recv_weights=tf.constant(recv_weights, tf.float64, shape=[len(recv_weights)]),
-        send_weights=tf.constant(send_weights, tf.float64, shape=[len(send_weights)]))
+        tensor, tensor_name=mpi_ops._name_input(name),
+        send_ranks=mpi_ops._const(send_ranks, tf.int32),
+        recv_ranks=mpi_ops._const(recv_ranks, tf.int32),
+        self_weight=mpi_ops._const(float(self_weight), tf.float64),
+        recv_weights=mpi_ops._const(recv_weights, tf.float64),
+        send_weights=mpi_ops._const(send_weights, tf.float64))
 
 
 def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optional[list] = None,
@@ -118,8 +118,8 @@ def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optiona
         recv = _ranks(src_ranks, "src_ranks", name)
         send = _ranks(dst_ranks, "dst_ranks", name)
     return mpi_ops._ops.bluefog_neighbor_allgather(
-        tensor, tensor_name=name, send_ranks=tf.constant(send, tf.int32, shape=[len(send)]),
-        recv_ranks=tf.constant(recv, tf.int32, shape=[len(recv)]))
+        tensor, tensor_name=mpi_ops._name_input(name), send_ranks=mpi_ops._const(send, tf.int32),
+        recv_ranks=mpi_ops._const(recv, tf.int32))
 
 
 def hierarchical_neighbor_allreduce(
