@@ -41,7 +41,7 @@ $(VENV)/.build-stamp: $(VENV)/.deps-stamp $(SOURCES)
 	@touch $@
 
 demo: build
-	$(MPIRUN) -np 2 $(PY) examples/collectives_demo.py
+	$(MPIRUN) -np 2 $(PY) examples/keras_digits.py
 
 test: build test-cpp test-python
 
@@ -51,9 +51,10 @@ test-cpp: $(VENV)/.deps-stamp
 	$(VENV)/bin/ninja -C build/cpp
 	cd build/cpp && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) --output-on-failure --timeout 300
 
-# Pure-Python tests once, then the TF suite on 1, 2, 3 and 4 ranks.
+# Single-process tests (some start mpirun jobs of their own: bfrun, faults, timeline, stalls,
+# stress, fuzzing), then the TF suite on 1, 2, 3 and 4 ranks.
 test-python: build
-	$(PY) -m pytest -q tests/python/test_topology_util.py
+	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi
 	for n in 1 2 3 4; do \
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \

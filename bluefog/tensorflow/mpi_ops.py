@@ -237,10 +237,13 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
     return _ops.bluefog_broadcast(tensor, tensor_name=_name_input(name), root_rank=root_rank)
 
 
-def _forward_name(op) -> Optional[str]:
-    value = tf.get_static_value(op.inputs[-1])
+def _forward_name(op, index: int = -1) -> Optional[str]:
+    """The backward request's name: the forward request's (op input `index`) + ".grad"."""
+    value = tf.get_static_value(op.inputs[index])
     if value is None:
         return None
+    if hasattr(value, "item"):  # a numpy scalar or 0-d array
+        value = value.item()
     return (value.decode() if isinstance(value, bytes) else str(value)) + ".grad"
 
 

@@ -45,6 +45,9 @@ def _weights(mapping, what: str, name: str) -> Dict[int, float]:
                     f"{type(mapping).__name__}")
 
 
+# Plain Python over static arguments: AutoGraph has nothing to convert (and fails on
+# topology_util's walrus operator, warning on every trace).
+@tf.autograph.experimental.do_not_convert
 def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optional[float] = None,
                        src_weights: Optional[Dict[int, float]] = None,
                        dst_weights: Optional[Union[Dict[int, float], list]] = None,
@@ -95,6 +98,7 @@ def _neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, re
         send_weights=mpi_ops._const(send_weights, tf.float64))
 
 
+@tf.autograph.experimental.do_not_convert
 def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optional[list] = None,
                        dst_ranks: Optional[list] = None, name: Optional[str] = None) -> tf.Tensor:
     """Concatenation along dimension 0 of the in-neighbours' tensors, in ascending rank order.
@@ -122,6 +126,7 @@ def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optiona
         recv_ranks=mpi_ops._const(recv, tf.int32))
 
 
+@tf.autograph.experimental.do_not_convert
 def hierarchical_neighbor_allreduce(
         tensor: Union[tf.Tensor, tf.Variable], self_weight: Optional[float] = None,
         neighbor_machine_weights: Optional[Dict[int, float]] = None,
@@ -174,7 +179,8 @@ def hierarchical_neighbor_allreduce(
 def _neighbor_allreduce_grad(op, grad):
     """The transpose exchange: what was received with weight w is sent back scaled by w."""
     send_ranks, recv_ranks, self_weight, recv_weights, send_weights = op.inputs[2:7]
-    base = mpi_ops._forward_name(op)
+    # The forward request's name is input 1 (the last input is send_weights here).
+    base = mpi_ops._forward_name(op, index=1)
     back = mpi_ops._ops.bluefog_neighbor_allreduce(
         grad, tensor_name=base or mpi_ops._request_name("neighbor_allreduce", None),
         send_ranks=recv_ranks, recv_ranks=send_ranks, self_weight=self_weight,

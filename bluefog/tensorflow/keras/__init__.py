@@ -1,0 +1,56 @@
+"""``import bluefog.tensorflow.keras as bfk``: bluefog for Keras 3 users.
+
+The same functions as ``bluefog.tensorflow`` (init, rank, size, collectives,
+``DistributedOptimizer``, ``broadcast_variables``...), plus the callbacks (``bfk.callbacks.X``,
+also as ``bfk.X`` and ``bf.keras.X``) and ``bfk.load_model``.
+"""
+
+from __future__ import annotations
+
+from bluefog.common.basics import (  # noqa: F401
+    BluefogError,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_threads_supported,
+    rank,
+    shutdown,
+    size,
+)
+from bluefog.tensorflow.keras import callbacks  # noqa: F401
+from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
+    BroadcastGlobalVariablesCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
+from bluefog.tensorflow.mpi_ops import allgather, allreduce, broadcast  # noqa: F401
+from bluefog.tensorflow.optimizers import (  # noqa: F401
+    DistributedGradientTape,
+    DistributedOptimizer,
+    broadcast_variables,
+)
+
+
+def load_model(filepath, custom_objects=None, compile: bool = True, **kwargs):
+    """``keras.models.load_model`` whose optimizer comes back wrapped in ``DistributedOptimizer``.
+
+    A model saved with a ``DistributedOptimizer`` is stored with the plain optimizer (so it
+    loads anywhere); this re-wraps it, keeping the saved optimizer state, so that training can
+    resume on N ranks. Every rank may load the file, or rank 0 only followed by
+    ``BroadcastGlobalVariablesCallback(0)`` in ``fit`` (the other ranks then build the same
+    model another way). Extra keyword arguments go to ``keras.models.load_model``.
+    """
+    import keras  # noqa: PLC0415
+
+    model = keras.models.load_model(filepath, custom_objects=custom_objects, compile=compile,
+                                    **kwargs)
+    optimizer = getattr(model, "optimizer", None)
+    if compile and optimizer is not None:
+        from bluefog.tensorflow.optimizers import _DistributedKerasOptimizer  # noqa: PLC0415
+
+        if not isinstance(optimizer, _DistributedKerasOptimizer):
+            model.optimizer = DistributedOptimizer(optimizer)
+            # Functions traced with the old optimizer must not be reused.
+            model.train_function = None
+    return model

@@ -1,0 +1,204 @@
+"""Keras callbacks for data-parallel training with bluefog.
+
+* ``BroadcastGlobalVariablesCallback(root_rank)``: every rank starts from ``root_rank``'s model
+  weights and optimizer state.
+* ``MetricAverageCallback()``: the metrics in the epoch-end logs are averaged over ranks.
+* ``LearningRateWarmupCallback(initial_lr, ...)``: ramps the learning rate from
+  ``initial_lr / size`` up to ``initial_lr`` over the first epochs.
+
+Every rank must run ``fit`` with the same callbacks and the same number of steps per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.optimizers import broadcast_variables
+
+__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+           "LearningRateWarmupCallback"]
+
+
+def _check_root_rank(root_rank, what: str) -> int:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
+        raise TypeError(f"bluefog {what}: root_rank must be an int, got {root_rank!r}")
+    root_rank = int(root_rank)
+    if basics.is_initialized() and not 0 <= root_rank < basics.size():
+        raise ValueError(f"rank {basics.rank()}: bluefog {what}: root_rank {root_rank} is "
+                         f"outside [0, {basics.size()})")
+    if root_rank < 0:
+        raise ValueError(f"bluefog {what}: root_rank must be >= 0, got {root_rank}")
+    return root_rank
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Makes every rank start training from ``root_rank``'s model and optimizer state.
+
+    At the start of ``fit`` it broadcasts the model's weights (trainable and non-trainable),
+    and the optimizer's variables if the optimizer is already built (Keras builds it before
+    training starts; the state of a loaded model is included). An optimizer built later has its
+    variables broadcast at the end of the first batch. Put it first in the callback list.
+    """
+
+    def __init__(self, root_rank: int = 0):
+        super().__init__()
+        self.root_rank = _check_root_rank(root_rank, "BroadcastGlobalVariablesCallback")
+        self._model_done = False
+        self._optimizer_done = False
+
+    def _broadcast_optimizer(self) -> None:
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            self._optimizer_done = True
+        elif getattr(optimizer, "built", False):
+            broadcast_variables(optimizer.variables, self.root_rank)
+            self._optimizer_done = True
+
+    def on_train_begin(self, logs=None):
+        if not self._model_done:
+            broadcast_variables(self.model.weights, self.root_rank)
+            self._model_done = True
+        if not self._optimizer_done:
+            self._broadcast_optimizer()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._optimizer_done:
+            self._broadcast_optimizer()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces each metric in the epoch-end logs with its mean over all ranks.
+
+    Training and validation metrics are computed by each rank on its own data; after this
+    callback, ``History``, the progress bar and callbacks placed after it (``ModelCheckpoint``,
+    ``EarlyStopping``, ``ReduceLROnPlateau``...) see the averages, identical on every rank. Put it
+    before those callbacks. All ranks must log the same metric names.
+    """
+
+    def __init__(self):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        if not keys or basics.size() == 1:
+            return
+        values = np.array([float(np.asarray(logs[k])) for k in keys], dtype=np.float64)
+        averaged = mpi_ops.allreduce(tf.constant(values), average=True,
+                                     name="MetricAverageCallback.epoch_end").numpy()
+        for k, v in zip(keys, averaged):
+            logs[k] = float(v)
+
+
+def _is_number(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, numbers.Number):
+        return True
+    try:
+        a = np.asarray(v)
+    except Exception:  # noqa: BLE001
+        return False
+    return a.shape == () and np.issubdtype(a.dtype, np.number)
+
+
+class LearningRateWarmupCallback(keras.callbacks.Callback):
+    """Gradual learning-rate warmup for large effective batch sizes (Goyal et al., 2017).
+
+    With N ranks the effective batch is N times the per-rank batch, and the usual advice is to
+    scale the learning rate by N: ``initial_lr`` is that scaled rate. Starting at it can
+    destabilise the first epochs, so this callback sets the rate, at the start of every batch of
+    the first ``warmup_epochs`` epochs, to::
+
+        lr = initial_lr / N * (1 + (N - 1) * progress),   progress = (epoch + batch / steps) / warmup_epochs
+
+    i.e. from ``initial_lr / N`` (the single-process rate) at the first batch up to ``initial_lr``
+    at the end of warmup, where it sets exactly ``initial_lr`` and then leaves the rate alone.
+
+    Args:
+        initial_lr: the learning rate reached at the end of warmup (> 0).
+        warmup_epochs: number of warmup epochs (>= 0; 0 sets ``initial_lr`` at once).
+        steps_per_epoch: batches per epoch; by default what ``fit`` reports. When unknown the
+            rate changes once per epoch.
+        verbose: 1 prints (on rank 0) when warmup ends.
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5,
+                 steps_per_epoch: Optional[int] = None, verbose: int = 0):
+        super().__init__()
+        if isinstance(initial_lr, bool) or not isinstance(initial_lr, numbers.Real) \
+                or not math.isfinite(initial_lr) or initial_lr <= 0:
+            raise ValueError(f"bluefog LearningRateWarmupCallback: initial_lr must be a positive "
+                             f"number, got {initial_lr!r}")
+        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, numbers.Integral) \
+                or warmup_epochs < 0:
+            raise ValueError(f"bluefog LearningRateWarmupCallback: warmup_epochs must be an int "
+                             f">= 0, got {warmup_epochs!r}")
+        if steps_per_epoch is not None and (
+                isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch,
+                                                                    numbers.Integral)
+                or steps_per_epoch < 1):
+            raise ValueError(f"bluefog LearningRateWarmupCallback: steps_per_epoch must be an int "
+                             f">= 1 or None, got {steps_per_epoch!r}")
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = int(warmup_epochs)
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self._epoch = 0
+        self._steps = None
+        self._finished = False
+
+    def warmup_lr(self, epoch: float) -> float:
+        """The learning rate at (fractional) `epoch` during warmup."""
+        n = basics.size()
+        if self.warmup_epochs == 0 or epoch >= self.warmup_epochs:
+            return self.initial_lr
+        return self.initial_lr / n * (1.0 + (n - 1) * epoch / self.warmup_epochs)
+
+    def _set_lr(self, lr: float) -> None:
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("bluefog LearningRateWarmupCallback: the model has no optimizer; "
+                             "compile it first")
+        try:
+            optimizer.learning_rate = lr
+        except TypeError as e:
+            raise ValueError("bluefog LearningRateWarmupCallback: cannot set the optimizer's "
+                             "learning rate (it was created with a LearningRateSchedule?); "
+                             f"create the optimizer with a float learning_rate: {e}") from None
+
+    def on_train_begin(self, logs=None):
+        self._steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        # Fails now, on every rank, if the rate cannot be set (a schedule).
+        optimizer = getattr(self.model, "optimizer", None)
+        self._set_lr(None if optimizer is None else float(np.asarray(optimizer.learning_rate)))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if epoch >= self.warmup_epochs:
+            if not self._finished:  # resumed after the warmup (initial_epoch), or no warmup
+                self._set_lr(self.initial_lr)
+                self._finished = True
+        elif not self._steps:
+            self._set_lr(self.warmup_lr(float(epoch)))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch < self.warmup_epochs and self._steps:
+            self._set_lr(self.warmup_lr(self._epoch + batch / self._steps))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.warmup_epochs - 1:
+            self._set_lr(self.initial_lr)
+            self._finished = True
+            if self.verbose and basics.rank() == 0:
+                print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                      f"{self.initial_lr:g}.")

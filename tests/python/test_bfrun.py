@@ -1,0 +1,103 @@
+"""bfrun, end to end: it launches real ranks with mpirun (plain pytest, not under mpirun)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BFRUN = [sys.executable, "-m", "bluefog.run"]
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+
+
+def bfrun(args, env=None, timeout=120):
+    full_env = dict(os.environ)
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    full_env.update(env or {})
+    return subprocess.run(BFRUN + args, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=full_env)
+
+
+RANK_SCRIPT = """
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+import bluefog.tensorflow as bf
+bf.init()
+total = int(bf.allreduce(tf.constant(bf.rank() + 1), average=False).numpy())
+import sys
+sys.stdout.write(f"rank {bf.rank()} of {bf.size()} total {total}\\n")  # one write: no interleaving
+sys.stdout.flush()
+"""
+
+
+@needs_mpirun
+def test_two_ranks_run_a_collective():
+    result = bfrun(["-np", "2", sys.executable, "-c", RANK_SCRIPT], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for r in range(2):
+        assert f"rank {r} of 2 total 3" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+@needs_mpirun
+def test_console_script_if_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "bfrun")
+    if not os.path.exists(script):
+        pytest.skip("the bfrun console script is not installed next to this python")
+    result = subprocess.run([script, "-np", "2", sys.executable, "-c",
+                             "import os, sys; sys.stdout.write('hello %s\\n' % os.environ['OMPI_COMM_WORLD_RANK'])"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "hello 0" in result.stdout and "hello 1" in result.stdout
+
+
+@needs_mpirun
+def test_failing_rank_makes_bfrun_fail():
+    code = "import os, sys; sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '1' else 0)"
+    result = bfrun(["-np", "2", sys.executable, "-c", code])
+    assert result.returncode != 0
+
+
+@needs_mpirun
+def test_environment_and_timeline_reach_the_ranks():
+    code = ("import os, sys; e = os.environ; sys.stdout.write('env %s %s %s\\n' % ("
+            "e.get('BLUEFOG_TIMELINE'), e.get('BLUEFOG_TEST_VALUE'), e.get('MY_SETTING')))")
+    result = bfrun(["-np", "2", "--timeline-filename", "/tmp/bf_timeline", "-x", "MY_SETTING=on",
+                    sys.executable, "-c", code], env={"BLUEFOG_TEST_VALUE": "42"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("env /tmp/bf_timeline 42 on") == 2, result.stdout
+
+
+def test_missing_mpirun_gives_install_hint(tmp_path):
+    # A PATH without mpirun (the python is called by its absolute path).
+    result = bfrun(["-np", "2", "python", "-c", "pass"], env={"PATH": str(tmp_path)})
+    assert result.returncode != 0
+    assert "mpirun was not found" in result.stderr
+    assert "apt-get install openmpi-bin" in result.stderr
+
+
+@needs_mpirun
+def test_dry_run_shows_the_mpirun_command(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=4\n")
+    result = bfrun(["--dry-run", "-np", "4", "-H", "localhost:4", "--hostfile", str(hostfile),
+                    "--mpi-args=--tag-output", "python", "train.py", "--epochs", "3"])
+    assert result.returncode == 0, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    for part in ("-np 4", "--bind-to none", "--oversubscribe", "-H localhost:4",
+                 f"--hostfile {hostfile}", "--tag-output", "-x PATH",
+                 "python train.py --epochs 3"):
+        assert part in line, line
+    if os.geteuid() == 0:
+        assert "--allow-run-as-root" in line
+
+
+def test_bad_arguments():
+    assert bfrun(["-np", "2"]).returncode == 2  # no command
+    result = bfrun(["-np", "0", "python", "-c", "pass"])
+    assert result.returncode == 2 and "-np must be >= 1" in result.stderr
+    result = bfrun(["python", "-c", "pass"])  # no -np
+    assert result.returncode == 2 and "-np" in result.stderr
+    result = bfrun(["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "-c", "pass"])
+    assert result.returncode == 2 and "does not exist" in result.stderr
