@@ -1,0 +1,126 @@
+"""One command for the whole comparison: `make bench` (or `.venv/bin/python bench/run.py`).
+
+Runs, side by side in one go, for 2 and 4 ranks: bluefog's allreduce (eager and tf.function),
+a raw MPI_Allreduce program with buffers allocated once (the MPI floor), TensorFlow's
+MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, and the training-step overhead of
+DistributedGradientTape at 1 rank. Prints markdown tables with times, bandwidths and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = sys.executable
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", TF_CPP_MIN_LOG_LEVEL="2")
+MPIRUN = ["mpirun", "--bind-to", "none"]
+
+
+def records(cmd: list, timeout: float) -> list:
+    out = subprocess.run(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def build_mpi_baseline() -> str:
+    exe = os.path.join(ROOT, "build", "bench", "mpi_allreduce")
+    os.makedirs(os.path.dirname(exe), exist_ok=True)
+    subprocess.run(["mpicxx", "-O2", "-std=c++17", os.path.join(HERE, "mpi_allreduce.cc"), "-o",
+                    exe], check=True)
+    return exe
+
+
+def fmt_time(s: float) -> str:
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def fmt_size(b: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            return f"{b // scale} {unit}"
+    return f"{b} B"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--no-mwms", action="store_true", help="skip MultiWorkerMirroredStrategy")
+    args = p.parse_args()
+    if not shutil.which("mpirun"):
+        raise SystemExit("mpirun not found: run `make deps` (installs openmpi-bin)")
+    mpi_exe = build_mpi_baseline()
+    floors = []
+    for n in args.ranks:
+        common = ["--reps", str(args.reps), "--max-bytes", str(args.max_bytes)]
+        res = records(MPIRUN + ["-np", str(n), PY, "bench/bf_allreduce.py"] + common, 900)
+        res += records(MPIRUN + ["-np", str(n), mpi_exe, "--json"] + common, 600)
+        if not args.no_mwms:
+            res += records([PY, "bench/tf_mwms.py", "--ranks", str(n), "--json"] + common, 900)
+        by = {(r["impl"], r.get("bytes")): r["median_s"] for r in res}
+        busf = 2 * (n - 1) / n
+        print(f"\n### Allreduce, float32, {n} ranks (median per call)\n")
+        print("| size | bf eager | bf tf.function | raw MPI | MWMS | bf busbw (GB/s) | MPI busbw "
+              "| best bf / MPI speed | best bf / MWMS speed |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for (impl, b), _ in sorted(by.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0])):
+            if impl != "bf_eager":
+                continue
+            eager, fn = by[("bf_eager", b)], by[("bf_function", b)]
+            mpi, mwms = by.get(("mpi", b)), by.get(("mwms", b))
+            best = min(eager, fn)
+            bw = lambda t: f"{b * busf / t / 1e9:.2f}" if t else "-"  # noqa: E731
+            print(f"| {fmt_size(b)} | {fmt_time(eager)} | {fmt_time(fn)} | "
+                  f"{fmt_time(mpi) if mpi else '-'} | {fmt_time(mwms) if mwms else '-'} | "
+                  f"{bw(best)} | {bw(mpi)} | {mpi / best:.2f}x | "
+                  f"{(mwms / best) if mwms else 0:.2f}x |")
+            if b >= 1 << 20 and mpi:
+                floors.append((f"{n} ranks {fmt_size(b)}: bf busbw >= 1.0x raw MPI",
+                               mpi / best >= 1.0, f"{mpi / best:.2f}x"))
+            if b >= 1 << 20 and mwms:
+                floors.append((f"{n} ranks {fmt_size(b)}: bf >= 3x MWMS", mwms / best >= 3.0,
+                               f"{mwms / best:.2f}x"))
+        fused = by[("bf_function_100x1KiB", None)]
+        eager100 = by[("bf_eager_100x1KiB", None)]
+        mpi100 = by.get(("mpi_100x1KiB", None))
+        print(f"\n100 x 1 KiB, {n} ranks: one tf.function step {fmt_time(fused)}, 100 eager calls "
+              f"{fmt_time(eager100)} ({eager100 / fused:.1f}x slower), 100 raw MPI_Allreduce "
+              f"{fmt_time(mpi100) if mpi100 else '-'}")
+        floors.append((f"{n} ranks 100x1KiB: tf.function >= 5x faster than eager",
+                       eager100 / fused >= 5, f"{eager100 / fused:.1f}x"))
+        if mpi100:
+            floors.append((f"{n} ranks 100x1KiB: tf.function no slower than raw MPI",
+                           fused <= mpi100, f"{fused / mpi100:.2f}x MPI's time"))
+        ident, lat4 = by[("tf_identity", 4)], by[("bf_eager", 4)]
+        mpi4 = by.get(("mpi", 4), 0.0)
+        over = lat4 - ident - mpi4
+        print(f"\n4-byte eager latency, {n} ranks: bf {fmt_time(lat4)}, tf.identity dispatch "
+              f"{fmt_time(ident)}, raw MPI {fmt_time(mpi4)}; overhead above both "
+              f"{fmt_time(over)}")
+        if n == 2:
+            floors.append(("2 ranks: 4-byte eager overhead < 100 us", over < 100e-6,
+                           fmt_time(over)))
+    tape = records(MPIRUN + ["-np", "1", PY, "bench/tape_overhead.py"], 600)
+    t = {r["impl"]: r["median_s"] for r in tape}
+    ratio = t["distributed_tape"] / t["plain_tape"] - 1
+    print(f"\nTraining step at 1 rank: plain tape {fmt_time(t['plain_tape'])}, "
+          f"DistributedGradientTape {fmt_time(t['distributed_tape'])} ({ratio * 100:+.1f}%)")
+    floors.append(("1 rank: DistributedGradientTape step overhead < 5%", ratio < 0.05,
+                   f"{ratio * 100:+.1f}%"))
+    print("\n### Floors\n")
+    for what, ok, value in floors:
+        print(f"- {'PASS' if ok else 'FAIL'}: {what} ({value})")
+
+
+if __name__ == "__main__":
+    main()
