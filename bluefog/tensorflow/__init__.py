@@ -11,4 +11,44 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
-from bluefog.tensorflow.mpi_ops import allgather, allreduce, broadcast  # noqa: F401
+from bluefog.common.topology import (  # noqa: F401
+    in_neighbor_ranks,
+    is_topo_weighted,
+    load_machine_topology,
+    load_topology,
+    out_neighbor_ranks,
+    set_machine_topology,
+    set_topology,
+    unified_mpi_window_model_supported,
+)
+from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
+    hierarchical_neighbor_allreduce,
+    neighbor_allgather,
+    neighbor_allreduce,
+)
+from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    allgather,
+    allreduce,
+    broadcast,
+    grouped_allreduce,
+)
+from bluefog.tensorflow.optimizers import (  # noqa: F401, E402
+    DistributedGradientTape,
+    DistributedOptimizer,
+    broadcast_variables,
+)
+from bluefog.tensorflow.decentralized import (  # noqa: F401, E402
+    DistributedAdaptThenCombineOptimizer,
+    DistributedAdaptWithCombineOptimizer,
+    DistributedNeighborAllreduceOptimizer,
+)
+
+
+def __getattr__(name):
+    # `bf.keras` (the Keras helpers and callbacks) without importing Keras on
+    # `import bluefog.tensorflow`: the subpackage is imported on first access.
+    if name == "keras":
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module("bluefog.tensorflow.keras")
+    raise AttributeError(f"module 'bluefog.tensorflow' has no attribute {name!r}")

@@ -1,8 +1,10 @@
 """Decentralized collectives: each rank combines its tensor only with its neighbours'.
 
 The exchange and the weighted sum run in C++; this module turns the topology (or per-call
-weights) into the send/receive lists and weights the op takes as inputs, so they may change
-from step to step without retracing a tf.function.
+weights) into the send/receive lists and weights the op takes as inputs. In eager mode they may
+change every call. Inside a tf.function they are fixed when the function is traced: after
+``set_topology`` (or to use a new dynamic schedule step), retrace it (for Keras,
+``model.train_function = None``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,305 @@
+"""Decentralized training: every rank steps on its own gradient and mixes its model with its
+neighbours' models instead of averaging gradients over all ranks.
+
+Two ways of combining the local step with the communication are offered, both as wrappers of a
+Keras 3 optimizer (usable in ``model.compile``/``model.fit`` and in custom loops, eager or inside
+``tf.function``):
+
+* ``DistributedAdaptThenCombineOptimizer`` (ATC): first the local optimizer step
+  ``x' = step(x, g)``, then the variables are replaced by the combination of ``x'`` with the
+  neighbours' ``x'``: ``x_new = combine(x')``.
+* ``DistributedAdaptWithCombineOptimizer`` (AWC): the combination is taken of the values
+  *before* the step (so the exchange can overlap the local step), and the local update is added
+  to it: ``x_new = combine(x) + (step(x, g) - x)``.
+
+``combine`` is chosen by ``communication_type``:
+
+* ``"neighbor_allreduce"``: ``bf.neighbor_allreduce`` over the current virtual topology
+  (``bf.set_topology``), with its weights;
+* ``"hierarchical_neighbor_allreduce"``: mean within each machine, then neighbour combination
+  between machines (``bf.set_machine_topology``);
+* ``"allreduce"``: the mean over all ranks (every rank ends with the same model);
+* ``"empty"``: no communication (independent local training; useful as a baseline).
+
+Communication happens on every ``num_steps_per_communication``-th call of ``apply`` (the
+``n``-th, ``2n``-th, ... call; a ``tf.Variable`` counts the calls, so the schedule also holds
+inside a traced train step). On the other steps the optimizer is just the local optimizer.
+
+Only the variables handed to ``apply`` (in ``model.fit``: the trainable weights) are combined;
+non-trainable state such as batch-normalisation statistics and the optimizer's own slots stays
+local. Variables whose dtype is not floating point are not combined. Ranks should start from the
+same model (``bf.broadcast_variables`` or the ``BroadcastGlobalVariablesCallback``).
+
+Naming: all variables of one dtype are flattened into one buffer and exchanged by a single
+collective named ``"<prefix>.<k>.<dtype>"``, where ``prefix`` is ``name`` (default: the wrapper
+name plus the Keras optimizer's name, e.g. ``"DistributedAdaptThenCombineOptimizer.adam"``) and
+``k`` counts the combinations traced so far in the graph being built (0 in eager mode). Ranks
+must therefore build their optimizers in the same order (or pass the same explicit ``name``).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import mpi_ops, neighbor_ops
+
+__all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
+           "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES"]
+
+COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", "allreduce",
+                       "empty")
+
+_lock = threading.Lock()
+_graph_counters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_classes: Dict[Tuple[type, str], type] = {}
+
+
+def _next_graph_index(prefix: str) -> int:
+    """How many combinations with `prefix` were traced before in the graph being built."""
+    if tf.executing_eagerly():
+        return 0
+    graph = tf.compat.v1.get_default_graph()
+    with _lock:
+        counters = _graph_counters.setdefault(graph, {})
+        k = counters.get(prefix, 0)
+        counters[prefix] = k + 1
+    return k
+
+
+def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str) -> List[tf.Tensor]:
+    """The combination over ranks of every tensor in `tensors` (same structure back)."""
+    if communication_type == "empty" or not tensors:
+        return list(tensors)
+    k = _next_graph_index(prefix)
+    if communication_type == "allreduce":
+        return mpi_ops.grouped_allreduce(tensors, average=True, name=f"{prefix}.{k}")
+    op = (neighbor_ops.neighbor_allreduce if communication_type == "neighbor_allreduce"
+          else neighbor_ops.hierarchical_neighbor_allreduce)
+    out: List[Optional[tf.Tensor]] = list(tensors)
+    by_dtype: Dict[tf.DType, List[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.dtype in neighbor_ops.FLOAT_DTYPES:
+            by_dtype.setdefault(t.dtype, []).append(i)
+    for dtype in sorted(by_dtype, key=lambda d: d.name):
+        idx = by_dtype[dtype]
+        # One exchange per dtype: flatten, concatenate, combine, split back.
+        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], axis=0)
+        mixed = op(flat, name=f"{prefix}.{k}.{dtype.name}")
+        sizes = [tf.size(tensors[i]) for i in idx]
+        for i, piece in zip(idx, tf.split(mixed, sizes, axis=0)):
+            out[i] = tf.reshape(piece, tf.shape(tensors[i]))
+    return out
+
+
+def _read(variable) -> tf.Tensor:
+    """A snapshot of the variable's current value."""
+    return tf.identity(tf.convert_to_tensor(variable))
+
+
+class _DecentralizedKerasOptimizer:
+    """Mixin in front of a Keras optimizer class; ``apply`` adds the neighbour combination.
+
+    Keras 3 sends every update through ``apply`` (``apply_gradients`` and ``model.fit`` call
+    it), so overriding it alone covers all entry points.
+    """
+
+    _bluefog_mode: str = ""  # "atc" or "awc"
+    _bluefog_communication: str = "neighbor_allreduce"
+    _bluefog_every: int = 1
+    _bluefog_prefix: str = ""
+
+    @property
+    def communication_type(self) -> str:
+        return self._bluefog_communication
+
+    @property
+    def num_steps_per_communication(self) -> int:
+        return self._bluefog_every
+
+    def _bluefog_variables(self, grads, trainable_variables):
+        if trainable_variables is not None:
+            return list(trainable_variables)
+        if not self.built:
+            return None  # the base class raises its own error
+        return list(self._trainable_variables)
+
+    def _bluefog_should_communicate(self):
+        """True (Python bool or bool tensor) when this call communicates; counts the call."""
+        counter = self._bluefog_counter
+        step = counter.assign_add(1)
+        if self._bluefog_every == 1:
+            return True
+        if tf.executing_eagerly():
+            return int(step) % self._bluefog_every == 0
+        return tf.equal(tf.math.floormod(step, self._bluefog_every), 0)
+
+    def _bluefog_combine(self, values: List[tf.Tensor], communicate) -> List[tf.Tensor]:
+        """combine(values) when `communicate`, else `values`; `communicate` may be a tensor."""
+        if communicate is True:
+            return _combine(values, self._bluefog_communication, self._bluefog_prefix)
+        if communicate is False:
+            return values
+        return tf.cond(communicate,
+                       lambda: _combine(values, self._bluefog_communication,
+                                        self._bluefog_prefix),
+                       lambda: [tf.identity(v) for v in values])
+
+    @tf.autograph.experimental.do_not_convert
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        variables = self._bluefog_variables(grads, trainable_variables)
+        if not grads or variables is None:
+            return super().apply(grads, trainable_variables)
+        if self._bluefog_mode == "atc":
+            result = super().apply(grads, trainable_variables)
+            communicate = self._bluefog_should_communicate()
+            if communicate is False:
+                return result
+            combined = self._bluefog_combine([_read(v) for v in variables], communicate)
+            for v, c in zip(variables, combined):
+                v.assign(c)
+            return result
+        # Adapt-with-combine: combine the pre-step values, add the local update.
+        communicate = self._bluefog_should_communicate()
+        if communicate is False:
+            return super().apply(grads, trainable_variables)
+        before = [_read(v) for v in variables]
+        combined = self._bluefog_combine(before, communicate)
+        result = super().apply(grads, trainable_variables)
+        for v, b, c in zip(variables, before, combined):
+            v.assign_add(c - b)
+        return result
+
+
+def _decentralized_class(base: type, mode: str) -> type:
+    """The subclass of `base` that combines after ("atc") or with ("awc") the local step.
+
+    It keeps the base's name and module, so Keras saves it as the plain optimizer.
+    """
+    with _lock:
+        cls = _classes.get((base, mode))
+        if cls is None:
+            cls = type(base.__name__, (_DecentralizedKerasOptimizer, base),
+                       {"__module__": base.__module__,
+                        "__qualname__": getattr(base, "__qualname__", base.__name__),
+                        "__doc__": base.__doc__, "_bluefog_mode": mode})
+            _classes[(base, mode)] = cls
+    return cls
+
+
+def _copy_optimizer(optimizer, cls, what: str):
+    """A new `cls` instance with `optimizer`'s configuration and, if it is built, its state."""
+    import keras  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a callable learning rate warns when serialized
+        config = optimizer.get_config()
+    lr = getattr(optimizer, "_learning_rate", None)
+    if "learning_rate" in config and lr is not None and not isinstance(lr, keras.Variable):
+        config["learning_rate"] = lr  # a schedule or callable: pass the object itself
+    try:
+        new = cls.from_config(config)
+    except Exception as e:  # noqa: BLE001 - user optimizers whose config does not round-trip
+        raise ValueError(f"bluefog {what}: cannot re-create {type(optimizer).__name__} from its "
+                         f"get_config() ({type(e).__name__}: {e})") from e
+    if optimizer.built:
+        with keras.name_scope(new.name, caller=new):
+            new.build(list(optimizer._trainable_variables))
+        new.built = True
+        if len(optimizer.variables) != len(new.variables):
+            raise ValueError(f"bluefog {what}: cannot copy the state of the built "
+                             f"{type(optimizer).__name__}; wrap it before it is built")
+        for src, dst in zip(optimizer.variables, new.variables):
+            dst.assign(src)
+    return new
+
+
+def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communication: int,
+          name: Optional[str], what: str):
+    import keras  # noqa: PLC0415
+
+    if not isinstance(communication_type, str) or communication_type not in COMMUNICATION_TYPES:
+        raise ValueError(f"bluefog {what}: communication_type must be one of "
+                         f"{', '.join(repr(c) for c in COMMUNICATION_TYPES)}, got "
+                         f"{communication_type!r}")
+    if (isinstance(num_steps_per_communication, bool)
+            or not isinstance(num_steps_per_communication, int)
+            or num_steps_per_communication < 1):
+        raise ValueError(f"bluefog {what}: num_steps_per_communication must be an int >= 1, got "
+                         f"{num_steps_per_communication!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"bluefog {what}: name must be a non-empty str or None, got {name!r}")
+    if isinstance(optimizer, type):
+        raise ValueError(f"bluefog {what}: pass an optimizer instance such as "
+                         f"keras.optimizers.SGD(0.1), not the class {optimizer.__name__}")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"bluefog {what}: expected a keras.optimizers.Optimizer instance, got "
+                         f"{type(optimizer).__name__}")
+    from bluefog.tensorflow import optimizers as _optimizers  # noqa: PLC0415
+
+    distributed = getattr(_optimizers, "_DistributedKerasOptimizer", None)
+    if isinstance(optimizer, _DecentralizedKerasOptimizer) or (
+            distributed is not None and isinstance(optimizer, distributed)):
+        raise ValueError(f"bluefog {what}: this optimizer already communicates (it is a "
+                         "bluefog distributed optimizer); wrap the plain optimizer once")
+    if not basics.is_initialized():
+        raise ValueError(f"bluefog {what}: bluefog is not initialized; call bf.init() first")
+    new = _copy_optimizer(optimizer, _decentralized_class(type(optimizer), mode), what)
+    new._bluefog_communication = communication_type
+    new._bluefog_every = num_steps_per_communication
+    new._bluefog_prefix = name or f"{what}.{new.name}"
+    with tf.init_scope():
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False,
+                              name=f"{new.name}_bluefog_steps")
+    # Not tracked: the counter only sets the phase of the schedule, it is no optimizer state.
+    object.__setattr__(new, "_bluefog_counter", counter)
+    return new
+
+
+def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "neighbor_allreduce",
+                                         num_steps_per_communication: int = 1,
+                                         name: Optional[str] = None):
+    """Local step, then replace the variables by their combination over neighbours.
+
+    ``x_new = combine(step(x, g))``. Returns a new optimizer of a subclass of ``optimizer``'s
+    class with the same configuration (and state, when already built).
+
+    Args:
+        optimizer: a Keras 3 optimizer instance (not yet wrapped by bluefog).
+        communication_type: ``"neighbor_allreduce"`` (default),
+            ``"hierarchical_neighbor_allreduce"``, ``"allreduce"`` or ``"empty"``.
+        num_steps_per_communication: communicate on every n-th step only (n >= 1).
+        name: prefix of the collective requests' names; must be equal on every rank.
+
+    Raises:
+        ValueError: for an unknown communication type, n < 1, something that is not a Keras
+            optimizer instance, or an optimizer already wrapped by bluefog.
+    """
+    return _wrap(optimizer, "atc", communication_type, num_steps_per_communication, name,
+                 "DistributedAdaptThenCombineOptimizer")
+
+
+def DistributedAdaptWithCombineOptimizer(optimizer, communication_type: str = "neighbor_allreduce",
+                                         num_steps_per_communication: int = 1,
+                                         name: Optional[str] = None):
+    """Combination of the pre-step variables plus the local update.
+
+    ``x_new = combine(x) + (step(x, g) - x)``: the exchange uses the values from before the step,
+    so it does not wait for the local update. Arguments and errors as for
+    ``DistributedAdaptThenCombineOptimizer``.
+    """
+    return _wrap(optimizer, "awc", communication_type, num_steps_per_communication, name,
+                 "DistributedAdaptWithCombineOptimizer")
+
+
+def DistributedNeighborAllreduceOptimizer(optimizer, num_steps_per_communication: int = 1,
+                                          name: Optional[str] = None):
+    """``DistributedAdaptThenCombineOptimizer(optimizer, "neighbor_allreduce", ...)``."""
+    return _wrap(optimizer, "atc", "neighbor_allreduce", num_steps_per_communication, name,
+                 "DistributedNeighborAllreduceOptimizer")
