@@ -30,9 +30,11 @@ def _allow_concurrent_collectives_in_functions() -> None:
     """
     from tensorflow.python.framework import auto_control_deps
 
-    skipped = getattr(auto_control_deps, "SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS", None)
-    if isinstance(skipped, frozenset):
-        auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS = skipped | set(_OP_TYPES)
+    # "Must run, order-insensitive": not chained to other stateful ops, but still run even when
+    # nothing consumes the result (another rank may be waiting for this collective).
+    must_run = getattr(auto_control_deps, "MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS", None)
+    if isinstance(must_run, frozenset):
+        auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = must_run | set(_OP_TYPES)
 
 
 _allow_concurrent_collectives_in_functions()
@@ -279,4 +281,7 @@ def _broadcast_grad(op, grad):
     summed = allreduce(grad, average=False, name=_forward_name(op))
     if basics.rank() == op.get_attr("root_rank"):
         return [summed, None]
-    return [tf.zeros_like(summed), None]
+    # The zeros must wait for the allreduce, or graphs would prune it on non-root ranks and the
+    # root would wait forever.
+    with tf.control_dependencies([summed]):
+        return [tf.zeros_like(summed), None]
