@@ -14,7 +14,7 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build demo test test-cpp test-python bench clean
+.PHONY: all deps build demo test test-cpp test-python sanitize stress bench clean
 
 all: build
 
@@ -59,6 +59,14 @@ test-python: build
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
 	done
+
+# The C++ core's tests under AddressSanitizer + UndefinedBehaviorSanitizer, then ThreadSanitizer.
+sanitize: $(VENV)/.deps-stamp
+	PATH=$(abspath $(VENV)/bin):$$PATH tests/sanitize.sh
+
+# The long randomized run (10,000 collectives on 3 ranks, every result checked).
+stress: build
+	timeout 1800 $(MPIRUN) -np 3 $(PY) tests/stress/stress_collectives.py --count 10000
 
 bench: build
 	$(PY) bench/run.py

@@ -170,6 +170,9 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     if not isinstance(average, bool):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': "
                         f"average must be a bool, got {average!r}")
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': tensors "
+                        f"must be a list or tuple of tensors, got {type(tensors).__name__}")
     results: list = [None] * len(tensors)
     by_dtype: dict = {}
     for i, t in enumerate(tensors):

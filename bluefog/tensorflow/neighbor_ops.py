@@ -36,10 +36,18 @@ def _ranks(values: Iterable, what: str, name: str) -> list:
     return sorted(out)
 
 
+def _weight(value, what: str, name: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': {what} "
+                        f"must be a number, got {value!r}") from None
+
+
 def _weights(mapping, what: str, name: str) -> Dict[int, float]:
     if isinstance(mapping, dict):
         ranks = _ranks(mapping.keys(), what, name)
-        return {r: float(mapping[r]) for r in ranks}
+        return {r: _weight(mapping[r], f"{what}[{r}]", name) for r in ranks}
     if isinstance(mapping, (list, tuple)):
         return {r: 1.0 for r in _ranks(mapping, what, name)}
     raise TypeError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor '{name}': "
@@ -75,7 +83,8 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
     if src_weights is None:
         default_self, recv = topology.recv_weights()
         send = {r: None for r in topology.out_neighbor_ranks()}
-        self_weight = default_self if self_weight is None else float(self_weight)
+        self_weight = (default_self if self_weight is None
+                       else _weight(self_weight, "self_weight", name))
         send_weights: list = []
     else:
         if self_weight is None:
@@ -83,7 +92,7 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
                              f"'{name}': self_weight must be given with src_weights")
         recv = _weights(src_weights, "src_weights", name)
         send = _weights(dst_weights, "dst_weights", name)
-        self_weight = float(self_weight)
+        self_weight = _weight(self_weight, "self_weight", name)
         send_weights = ([send[r] for r in sorted(send)] if isinstance(dst_weights, dict) else [])
     return _neighbor_allreduce_op(tensor, name, sorted(send), sorted(recv),
                                   self_weight, [recv[r] for r in sorted(recv)], send_weights)

@@ -61,7 +61,7 @@ void Runtime::Shutdown() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_ == State::kRunning && !shutdown_requested_) {
       shutdown_requested_ = true;
-      stop_reason_ = Concat("shutdown() was called on rank ", info_.rank);
+      stop_reason_ = Concat("rank ", info_.rank, " shut down: bf.shutdown() was called or its process exited");
     }
   }
   wake_.notify_all();
@@ -221,7 +221,9 @@ bool Runtime::RunRound(bool* anyone_spoke) {
   CheckStalls();
   if (shutdown_rank < 0) return true;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stop_reason_.empty()) stop_reason_ = Concat("shutdown() was called on rank ", shutdown_rank);
+  if (stop_reason_.empty())
+    stop_reason_ = Concat("rank ", shutdown_rank,
+                          " shut down: bf.shutdown() was called or its process exited");
   return false;
 }
 

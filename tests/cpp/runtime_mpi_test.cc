@@ -163,15 +163,21 @@ TEST(RuntimeMpi, LocalValidationBeforeCommunication) {
 
 TEST(RuntimeMpi, DuplicateNameInFlightIsRejected) {
   std::vector<float> in(4, 1.0f);
-  // Rank 0 submits the name twice before anyone else has it: the second is refused locally.
-  std::unique_ptr<Pending> first, second;
-  first = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
+  // Rank 0 submits "dup" twice while the first is surely in flight: the other ranks submit
+  // "dup" only after the "dup.ready" collective, which rank 0 joins after its check. (Submitting
+  // "dup" on every rank at once let the first complete before the second on a slow run, which
+  // then waited forever for a partner.)
+  std::unique_ptr<Pending> first;
   if (Rank() == 0) {
-    second = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
+    first = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
+    auto second = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
     Status s = Wait(*second);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("already in flight"), std::string::npos) << s.message();
   }
+  auto ready = Submit(OpType::kAllreduce, "dup.ready", DataType::kFloat32, {4}, in.data());
+  EXPECT_TRUE(Wait(*ready).ok());
+  if (Rank() != 0) first = Submit(OpType::kAllreduce, "dup", DataType::kFloat32, {4}, in.data());
   EXPECT_TRUE(Wait(*first).ok());
 }
 

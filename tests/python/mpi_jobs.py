@@ -1,0 +1,124 @@
+"""Starting multi-rank jobs from a plain pytest (not itself under mpirun), with a hard timeout.
+
+A job that outlives its timeout is ended with its whole process tree (mpirun and every rank it
+started, found through /proc), so a hang fails the test instead of blocking it or leaving
+orphaned ranks behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON = sys.executable
+
+
+def have_mpirun() -> bool:
+    return shutil.which("mpirun") is not None
+
+
+def bfrun_available() -> bool:
+    return os.path.isfile(os.path.join(REPO, "bluefog", "run", "bfrun.py"))
+
+
+def mpirun_prefix(np_: int, launcher: str = "mpirun", extra: Sequence[str] = ()) -> List[str]:
+    """The launcher command for np_ ranks: Open MPI's mpirun or bluefog's bfrun."""
+    if launcher == "bfrun":
+        cmd = [PYTHON, "-m", "bluefog.run", "-np", str(np_)]
+        if extra:
+            cmd += ["--mpi-args=" + " ".join(extra)]
+        return cmd
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd + list(extra)
+
+
+def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    # The ranks import bluefog from this checkout (the compiled libraries are found through
+    # sys.path, i.e. the installed package).
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclasses.dataclass
+class JobResult:
+    returncode: int
+    output: str  # stdout and stderr, interleaved
+    started: float  # time.time() at start
+    ended: float  # time.time() when the launcher and all its output had ended
+    timed_out: bool
+
+    @property
+    def wall(self) -> float:
+        return self.ended - self.started
+
+    def tail(self, n: int = 6000) -> str:
+        return self.output[-n:]
+
+
+def _descendants(pid: int) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM to the launcher (mpirun then ends its ranks), then SIGKILL to what is left."""
+    victims = _descendants(proc.pid)
+    try:
+        proc.terminate()
+        proc.wait(timeout=10)
+    except (subprocess.TimeoutExpired, OSError):
+        pass
+    for pid in [proc.pid] + victims + _descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run_job(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None,
+            cwd: str = REPO) -> JobResult:
+    started = time.time()
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=job_env(env), cwd=cwd, text=True, errors="replace")
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc)
+        out, _ = proc.communicate()
+    return JobResult(proc.returncode, out or "", started, time.time(), timed_out)

@@ -1,0 +1,53 @@
+"""Multi-host over TCP, on one machine: 3 network-namespace hosts (tests/multihost/run_netns.sh).
+
+Plain pytest (not under mpirun). Runs the seed API tests with one rank per "host" through
+`bfrun -H` (or `mpirun -H` while bfrun is missing), then cuts one host's link mid-run and checks
+that the job ends with an error naming the lost host instead of hanging. Needs root and
+`ip netns`; skipped with the reason otherwise. The script removes its namespaces on exit.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from mpi_jobs import REPO, have_mpirun, kill_tree
+
+SCRIPT = os.path.join(REPO, "tests", "multihost", "run_netns.sh")
+TIMEOUT_S = 1500
+
+
+def _skip_reason():
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root to create network namespaces (ip netns); run the tests as root"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    if not have_mpirun():
+        return "mpirun not installed"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ip netns is not usable here: {probe.stderr.strip()}"
+    return None
+
+
+@pytest.mark.timeout(TIMEOUT_S + 120)
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_three_netns_hosts_api_and_link_cut():
+    proc = subprocess.Popen([SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the script's trap then deletes its namespaces and their processes.
+        kill_tree(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"run_netns.sh did not finish within {TIMEOUT_S} s:\n{out[-6000:]}")
+    lines = [l for l in out.splitlines() if l.startswith("[run_netns]") or "| " in l]
+    print("\n".join(lines))
+    if proc.returncode == 77:
+        pytest.skip(next((l for l in lines if "SKIP" in l), "run_netns.sh skipped"))
+    assert proc.returncode == 0, out[-8000:]
+    assert "[run_netns] all passed" in out
