@@ -352,12 +352,32 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
   for (const Response& g : group) Finish(g.meta.name, Status::Ok());
 }
 
+// Bytes of one slice along dimension 0.
+int64_t Runtime::RowBytes(const TensorMeta& meta) {
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < meta.shape.size(); ++d) row_elems *= meta.shape[d];
+  return row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
+}
+
+// The allgathers' output. This rank must take part in the collective even if its output cannot
+// be allocated, or the other ranks would wait forever: it then receives into `scratch` and
+// reports the error in `status`.
+void* Runtime::AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
+                              std::vector<char>* scratch, Status* status) {
+  try {
+    return req->allocate_output(shape);
+  } catch (const BluefogError& e) {
+    *status = Status(e.code(), Concat("bluefog ", OpTypeName(req->meta.op), " of tensor '",
+                                      req->meta.name, "': ", e.what()));
+    scratch->resize(bytes);
+    return scratch->data();
+  }
+}
+
 void Runtime::ExecuteAllgather(const Response& response) {
   Request* req = Lookup(response.meta.name);
   const TensorMeta& meta = req->meta;
-  int64_t row_elems = 1;
-  for (size_t d = 1; d < meta.shape.size(); ++d) row_elems *= meta.shape[d];
-  const int64_t row_bytes = row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
+  const int64_t row_bytes = RowBytes(meta);
   std::vector<int64_t> bytes_per_rank(info_.size);
   std::vector<int64_t> shape = meta.shape;
   shape[0] = 0;
@@ -365,18 +385,9 @@ void Runtime::ExecuteAllgather(const Response& response) {
     bytes_per_rank[r] = response.first_dims[r] * row_bytes;
     shape[0] += response.first_dims[r];
   }
-  // This rank must take part in the collective even if its output cannot be allocated, or the
-  // other ranks would wait forever; it then receives into scratch memory and reports the error.
   Status status;
-  void* out = nullptr;
   std::vector<char> scratch;
-  try {
-    out = req->allocate_output(shape);
-  } catch (const BluefogError& e) {
-    status = Status(e.code(), Concat("bluefog allgather of tensor '", meta.name, "': ", e.what()));
-    scratch.resize(shape[0] * row_bytes);
-    out = scratch.data();
-  }
+  void* out = AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status);
   transport_.Allgatherv(req->input, out, bytes_per_rank);
   Finish(meta.name, status);
 }
@@ -454,23 +465,13 @@ void Runtime::ExecuteNeighborAllreduce(const Response& response) {
 void Runtime::ExecuteNeighborAllgather(const Response& response) {
   Request* req = Lookup(response.meta.name);
   const TensorMeta& meta = req->meta;
-  int64_t row_elems = 1;
-  for (size_t d = 1; d < meta.shape.size(); ++d) row_elems *= meta.shape[d];
-  const int64_t row_bytes = row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
+  const int64_t row_bytes = RowBytes(meta);
   std::vector<int64_t> shape = meta.shape;
   shape[0] = 0;
   for (int32_t src : meta.recv_ranks) shape[0] += response.first_dims[src];
   Status status;
-  char* out = nullptr;
   std::vector<char> scratch;
-  try {
-    out = static_cast<char*>(req->allocate_output(shape));
-  } catch (const BluefogError& e) {
-    status = Status(e.code(), Concat("bluefog neighbor_allgather of tensor '", meta.name, "': ",
-                                     e.what()));
-    scratch.resize(shape[0] * row_bytes);
-    out = scratch.data();
-  }
+  char* out = static_cast<char*>(AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status));
   std::vector<MpiTransport::PeerBuffer> sends, recvs;
   int64_t offset = 0;
   for (int32_t src : meta.recv_ranks) {

@@ -53,6 +53,9 @@ class Runtime {
   void ExecuteNeighborAllreduce(const Response& response);
   void ExecuteNeighborAllgather(const Response& response);
   Status ValidateNeighbors(const Request& request) const;
+  static int64_t RowBytes(const TensorMeta& meta);
+  static void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
+                              std::vector<char>* scratch, Status* status);
   // Removes the local request for `name` and reports `status` to it.
   void Finish(const std::string& name, const Status& status);
   void FailAll(const Status& status);

@@ -265,6 +265,15 @@ class BroadcastKernel : public CollectiveKernel {
   int root_rank_ = 0;
 };
 
+// Allgathers: the input's shape with an unknown dimension 0.
+absl::Status ConcatenatedShape(shape_inference::InferenceContext* c) {
+  shape_inference::ShapeHandle output;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
+  TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
+  c->set_output(0, output);
+  return absl::OkStatus();
+}
+
 #define BF_NUMERIC_TYPES "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}"
 #define BF_ALL_TYPES \
   "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double, bool}"
@@ -299,13 +308,7 @@ REGISTER_OP("BluefogAllgather")
     .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle output;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
-      TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
-      c->set_output(0, output);
-      return absl::OkStatus();
-    })
+    .SetShapeFn(ConcatenatedShape)
     .Doc("Concatenation along dimension 0 of `tensor` from every rank, in rank order.");
 
 REGISTER_OP("BluefogNeighborAllreduce")
@@ -330,13 +333,7 @@ REGISTER_OP("BluefogNeighborAllgather")
     .Input("recv_ranks: int32")
     .Output("output: T")
     .SetIsStateful()
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle output;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
-      TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
-      c->set_output(0, output);
-      return absl::OkStatus();
-    })
+    .SetShapeFn(ConcatenatedShape)
     .Doc("Concatenation along dimension 0 of the tensors of recv_ranks, in that order.");
 
 REGISTER_OP("BluefogBroadcast")
