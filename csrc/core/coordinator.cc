@@ -111,6 +111,16 @@ Response Coordinator::Complete(Entry& entry) const {
   Response response;
   response.meta = *entry.metas[0];
   response.status = CheckAgreement(entry.metas);
+  if (response.status.ok() && IsNeighborOp(response.meta.op)) {
+    std::string& sig = response.topology_signature;
+    for (const auto& m : entry.metas) {
+      for (const auto* ranks : {&m->send_ranks, &m->recv_ranks}) {
+        sig += std::to_string(ranks->size());
+        for (int32_t r : *ranks) sig += "," + std::to_string(r);
+        sig += ";";
+      }
+    }
+  }
   if (response.status.ok() &&
       (response.meta.op == OpType::kAllgather || response.meta.op == OpType::kNeighborAllgather)) {
     response.first_dims.reserve(size_);

@@ -275,13 +275,14 @@ void Runtime::Execute(std::vector<Response>& responses) {
       continue;
     }
     size_t end = i + 1;
-    if (r.meta.op == OpType::kAllreduce) {
-      // Fuse the run of ready allreduces of one dtype that fits the fusion buffer.
+    if (r.meta.op == OpType::kAllreduce || r.meta.op == OpType::kNeighborAllreduce) {
+      // Fuse the run of ready requests of this op and dtype (and, for neighbor_allreduce, with
+      // every rank exchanging with the same peers) that fits the fusion buffer.
       int64_t bytes = r.meta.NumBytes();
       while (end < responses.size()) {
         const Response& next = responses[end];
-        if (!next.status.ok() || next.meta.op != OpType::kAllreduce ||
-            next.meta.dtype != r.meta.dtype ||
+        if (!next.status.ok() || next.meta.op != r.meta.op || next.meta.dtype != r.meta.dtype ||
+            next.topology_signature != r.topology_signature ||
             bytes + static_cast<int64_t>(next.meta.NumBytes()) > config_.fusion_threshold_bytes)
           break;
         bytes += next.meta.NumBytes();
@@ -296,7 +297,7 @@ void Runtime::Execute(std::vector<Response>& responses) {
         case OpType::kAllreduce: ExecuteAllreduces(group); break;
         case OpType::kAllgather: ExecuteAllgather(r); break;
         case OpType::kBroadcast: ExecuteBroadcast(r); break;
-        case OpType::kNeighborAllreduce: ExecuteNeighborAllreduce(r); break;
+        case OpType::kNeighborAllreduce: ExecuteNeighborAllreduces(group); break;
         case OpType::kNeighborAllgather: ExecuteNeighborAllgather(r); break;
       }
     } catch (const BluefogError& e) {
@@ -320,8 +321,7 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
     Request* req = Lookup(group[0].meta.name);
     const int64_t n = req->meta.NumElements();
     if (n > 0) {
-      if (req->output != req->input) std::memcpy(req->output, req->input, n * elem);
-      transport_.AllreduceSum(req->output, n, dtype);
+      transport_.AllreduceSum(req->input, req->output, n, dtype);
       if (req->average) DivideBy(req->output, n, dtype, info_.size);
     }
     Finish(group[0].meta.name, Status::Ok());
@@ -341,7 +341,7 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
     std::memcpy(buffer + offset, req->input, req->meta.NumBytes());
     offset += req->meta.NumBytes();
   }
-  transport_.AllreduceSum(buffer, static_cast<int64_t>(total / elem), dtype);
+  transport_.AllreduceSum(buffer, buffer, static_cast<int64_t>(total / elem), dtype);
   offset = 0;
   for (Request* req : reqs) {
     const size_t bytes = req->meta.NumBytes();
@@ -431,35 +431,60 @@ Status Runtime::ValidateNeighbors(const Request& request) const {
   return Status::Ok();
 }
 
-void Runtime::ExecuteNeighborAllreduce(const Response& response) {
-  Request* req = Lookup(response.meta.name);
-  const TensorMeta& meta = req->meta;
-  const int64_t n = meta.NumElements();
-  const size_t bytes = meta.NumBytes();
-  if (n > 0) {
-    const size_t nrecv = meta.recv_ranks.size();
-    const size_t nscaled = req->send_weights.empty() ? 0 : meta.send_ranks.size();
-    if (neighbor_buffer_.size() < (nrecv + nscaled) * bytes)
-      neighbor_buffer_.resize((nrecv + nscaled) * bytes);
+// Every request of the group has the same peers on this rank (same topology signature). Their
+// inputs are packed into one buffer, exchanged once, and each output is combined with its own
+// weights from the received copies.
+void Runtime::ExecuteNeighborAllreduces(const std::vector<Response>& group) {
+  const DataType dtype = group[0].meta.dtype;
+  std::vector<Request*> reqs;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  bool scaled_sends = false;
+  for (const Response& g : group) {
+    reqs.push_back(Lookup(g.meta.name));
+    offsets.push_back(total);
+    total += reqs.back()->meta.NumBytes();
+    scaled_sends |= !reqs.back()->send_weights.empty();
+  }
+  const size_t elem = ElementSize(dtype);
+  const std::vector<int32_t>& send_ranks = reqs[0]->meta.send_ranks;
+  const std::vector<int32_t>& recv_ranks = reqs[0]->meta.recv_ranks;
+  if (total > 0) {
+    if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+    char* packed = fusion_buffer_.data();
+    for (size_t k = 0; k < reqs.size(); ++k)
+      std::memcpy(packed + offsets[k], reqs[k]->input, reqs[k]->meta.NumBytes());
+    const size_t nrecv = recv_ranks.size();
+    const size_t nscaled = scaled_sends ? send_ranks.size() : 0;
+    if (neighbor_buffer_.size() < (nrecv + nscaled) * total)
+      neighbor_buffer_.resize((nrecv + nscaled) * total);
     char* scratch = neighbor_buffer_.data();
     std::vector<MpiTransport::PeerBuffer> sends, recvs;
-    for (size_t k = 0; k < nrecv; ++k)
-      recvs.push_back({meta.recv_ranks[k], scratch + k * bytes, static_cast<int64_t>(bytes)});
-    for (size_t k = 0; k < meta.send_ranks.size(); ++k) {
-      void* data = const_cast<void*>(req->input);
-      if (nscaled) {
-        data = scratch + (nrecv + k) * bytes;
-        ScaleAdd(data, req->input, n, meta.dtype, req->send_weights[k], false);
+    for (size_t j = 0; j < nrecv; ++j)
+      recvs.push_back({recv_ranks[j], scratch + j * total, static_cast<int64_t>(total)});
+    for (size_t j = 0; j < send_ranks.size(); ++j) {
+      char* data = packed;
+      if (nscaled) {  // what goes to send_ranks[j] is each tensor scaled by its weight for j
+        data = scratch + (nrecv + j) * total;
+        for (size_t k = 0; k < reqs.size(); ++k) {
+          const double w = reqs[k]->send_weights.empty() ? 1.0 : reqs[k]->send_weights[j];
+          ScaleAdd(data + offsets[k], packed + offsets[k],
+                   static_cast<int64_t>(reqs[k]->meta.NumBytes() / elem), dtype, w, false);
+        }
       }
-      sends.push_back({meta.send_ranks[k], data, static_cast<int64_t>(bytes)});
+      sends.push_back({send_ranks[j], data, static_cast<int64_t>(total)});
     }
     transport_.NeighborExchange(sends, recvs);
-    // After the exchange: the output may share memory with the input.
-    ScaleAdd(req->output, req->input, n, meta.dtype, req->self_weight, false);
-    for (size_t k = 0; k < nrecv; ++k)
-      ScaleAdd(req->output, scratch + k * bytes, n, meta.dtype, req->recv_weights[k], true);
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      Request* req = reqs[k];
+      const int64_t n = static_cast<int64_t>(req->meta.NumBytes() / elem);
+      ScaleAdd(req->output, packed + offsets[k], n, dtype, req->self_weight, false);
+      for (size_t j = 0; j < nrecv; ++j)
+        ScaleAdd(req->output, scratch + j * total + offsets[k], n, dtype, req->recv_weights[j],
+                 true);
+    }
   }
-  Finish(meta.name, Status::Ok());
+  for (const Response& g : group) Finish(g.meta.name, Status::Ok());
 }
 
 void Runtime::ExecuteNeighborAllgather(const Response& response) {

@@ -50,7 +50,7 @@ class Runtime {
   void ExecuteAllreduces(const std::vector<Response>& group);
   void ExecuteAllgather(const Response& response);
   void ExecuteBroadcast(const Response& response);
-  void ExecuteNeighborAllreduce(const Response& response);
+  void ExecuteNeighborAllreduces(const std::vector<Response>& group);
   void ExecuteNeighborAllgather(const Response& response);
   Status ValidateNeighbors(const Request& request) const;
   static int64_t RowBytes(const TensorMeta& meta);

@@ -174,24 +174,26 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
   return out;
 }
 
-void MpiTransport::AllreduceSum(void* buffer, int64_t count, DataType dtype) {
+void MpiTransport::AllreduceSum(const void* in, void* out, int64_t count, DataType dtype) {
   const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
   if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ &&
       count >= size_) {
-    RingAllreduceSum(buffer, count, dtype);
+    RingAllreduceSum(in, out, count, dtype);
   } else {
-    MpiAllreduceSum(buffer, count, dtype);
+    MpiAllreduceSum(in, out, count, dtype);
   }
 }
 
 // Reduce-scatter then allgather around the ring rank -> rank + 1: each rank sends and receives
 // 2 (n - 1) / n of the buffer, the bandwidth optimum, and receives into one persistent scratch
 // segment. (Open MPI's large-message allreduce allocates its scratch on every call, and page
-// faults on fresh memory cost more than the transfer on machines like these.)
-void MpiTransport::RingAllreduceSum(void* buffer, int64_t count, DataType dtype) {
+// faults on fresh memory cost more than the transfer on machines like these.) Out of place, the
+// first step reads `in` and every segment of `out` is written exactly once: no initial copy.
+void MpiTransport::RingAllreduceSum(const void* in, void* out, int64_t count, DataType dtype) {
   constexpr int kTag = 11;
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
-  char* data = static_cast<char*>(buffer);
+  const char* src = static_cast<const char*>(in);
+  char* data = static_cast<char*>(out);
   const int n = size_;
   // Segment k covers elements [begin(k), begin(k + 1)).
   auto begin = [&](int k) { return count * k / n; };
@@ -207,12 +209,16 @@ void MpiTransport::RingAllreduceSum(void* buffer, int64_t count, DataType dtype)
   for (int step = 0; step < n - 1; ++step) {
     const int send_seg = mod(rank_ - step);
     const int recv_seg = mod(rank_ - step - 1);
-    Check(MPI_Sendrecv(data + begin(send_seg) * elem, static_cast<int>(seg_count(send_seg) * elem),
-                       MPI_BYTE, right, kTag, ring_scratch_.data(),
-                       static_cast<int>(seg_count(recv_seg) * elem), MPI_BYTE, left, kTag,
-                       AsComm(comm_), MPI_STATUS_IGNORE),
+    // Step 0 sends this rank's own input; later steps the partial sums made in `out`.
+    const char* send_from = (step == 0 ? src : data) + begin(send_seg) * elem;
+    Check(MPI_Sendrecv(send_from, static_cast<int>(seg_count(send_seg) * elem), MPI_BYTE, right,
+                       kTag, ring_scratch_.data(), static_cast<int>(seg_count(recv_seg) * elem),
+                       MPI_BYTE, left, kTag, AsComm(comm_), MPI_STATUS_IGNORE),
           "MPI_Sendrecv");
-    SumInto(data + begin(recv_seg) * elem, ring_scratch_.data(), seg_count(recv_seg), dtype);
+    char* target = data + begin(recv_seg) * elem;
+    if (target != src + begin(recv_seg) * elem)
+      std::memcpy(target, src + begin(recv_seg) * elem, seg_count(recv_seg) * elem);
+    SumInto(target, ring_scratch_.data(), seg_count(recv_seg), dtype);
   }
   for (int step = 0; step < n - 1; ++step) {
     const int send_seg = mod(rank_ + 1 - step);
@@ -225,16 +231,18 @@ void MpiTransport::RingAllreduceSum(void* buffer, int64_t count, DataType dtype)
   }
 }
 
-void MpiTransport::MpiAllreduceSum(void* buffer, int64_t count, DataType dtype) {
+void MpiTransport::MpiAllreduceSum(const void* in, void* out, int64_t count, DataType dtype) {
   MPI_Op op = MPI_SUM;
   if (dtype == DataType::kFloat16) op = AsOp(half_sum_op_);
   if (dtype == DataType::kBFloat16) op = AsOp(bfloat16_sum_op_);
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int64_t chunk = kMaxChunkBytes / elem;
-  char* p = static_cast<char*>(buffer);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
   for (int64_t done = 0; done < count; done += chunk) {
-    int n = static_cast<int>(std::min(chunk, count - done));
-    Check(MPI_Allreduce(MPI_IN_PLACE, p + done * elem, n, ToMpi(dtype), op, AsComm(comm_)),
+    int len = static_cast<int>(std::min(chunk, count - done));
+    const void* send = src == dst ? MPI_IN_PLACE : src + done * elem;
+    Check(MPI_Allreduce(send, dst + done * elem, len, ToMpi(dtype), op, AsComm(comm_)),
           "MPI_Allreduce");
   }
 }

@@ -37,7 +37,8 @@ class MpiTransport {
                                        const std::function<void()>& on_wait);
   // In-place sum over all ranks. Buffers of at least `ring_threshold_bytes` use our ring
   // algorithm over persistent scratch memory; smaller ones MPI_Allreduce (lowest latency).
-  void AllreduceSum(void* buffer, int64_t count, DataType dtype);
+  // `in` may equal `out` (in place); otherwise `in` is only read, which saves a copy.
+  void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
   void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }
   // Concatenates each rank's bytes in rank order into `out`.
   void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
@@ -54,8 +55,8 @@ class MpiTransport {
 
  private:
   void Check(int code, const char* call) const;
-  void MpiAllreduceSum(void* buffer, int64_t count, DataType dtype);
-  void RingAllreduceSum(void* buffer, int64_t count, DataType dtype);
+  void MpiAllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
+  void RingAllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
 
   bool initialized_ = false;
   bool owns_mpi_ = false;

@@ -181,6 +181,50 @@ TEST(RuntimeMpi, DuplicateNameInFlightIsRejected) {
   EXPECT_TRUE(Wait(*first).ok());
 }
 
+TEST(RuntimeMpi, FusedNeighborAllreducesWithTheirOwnWeights) {
+  // Ring: receive from the left, send to the right; several requests submitted together fuse.
+  // Request k: self weight 1/(k+2), left weight 1 - 1/(k+2), and odd k scale what they send by k.
+  const int n = Size();
+  if (n < 2) return;
+  const int left = (Rank() - 1 + n) % n;
+  const int right = (Rank() + 1) % n;
+  constexpr int kCount = 6;
+  std::vector<std::vector<double>> inputs(kCount);
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (int k = 0; k < kCount; ++k) {
+    inputs[k].assign(k + 3, 10.0 * Rank() + k);
+    auto p = std::make_unique<Pending>();
+    p->output.resize(inputs[k].size() * sizeof(double));
+    Request req;
+    req.meta.name = "nbr." + std::to_string(k);
+    req.meta.op = OpType::kNeighborAllreduce;
+    req.meta.dtype = DataType::kFloat64;
+    req.meta.shape = {static_cast<int64_t>(inputs[k].size())};
+    req.meta.send_ranks = {right};
+    req.meta.recv_ranks = {left};
+    if (n == 2) req.meta.recv_ranks = req.meta.send_ranks;  // left == right
+    req.input = inputs[k].data();
+    req.output = p->output.data();
+    req.self_weight = 1.0 / (k + 2);
+    req.recv_weights = {1.0 - 1.0 / (k + 2)};
+    if (k % 2) req.send_weights = {static_cast<double>(k)};
+    Pending* raw = p.get();
+    req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+    Status s = Runtime::Get().Enqueue(std::move(req));
+    if (!s.ok()) p->promise.set_value(s);
+    pending.push_back(std::move(p));
+  }
+  for (int k = 0; k < kCount; ++k) {
+    Status s = Wait(*pending[k]);
+    ASSERT_TRUE(s.ok()) << s.message();
+    const double* out = reinterpret_cast<const double*>(pending[k]->output.data());
+    const double scale = (k % 2) ? k : 1.0;
+    const double expected = (10.0 * Rank() + k) / (k + 2) +
+                            (1.0 - 1.0 / (k + 2)) * scale * (10.0 * left + k);
+    for (size_t e = 0; e < inputs[k].size(); ++e) ASSERT_DOUBLE_EQ(out[e], expected) << k;
+  }
+}
+
 TEST(RuntimeMpi, ZeroElementTensors) {
   auto p = Submit(OpType::kAllreduce, "empty", DataType::kFloat32, {0, 5}, nullptr);
   EXPECT_TRUE(Wait(*p).ok());
