@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import threading
 import warnings
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow import mpi_ops, neighbor_ops
+from bluefog.tensorflow import mpi_ops, neighbor_ops, optimizers
 
 __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
            "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES"]
@@ -56,7 +55,6 @@ COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", 
                        "empty")
 
 _lock = threading.Lock()
-_graph_counters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _classes: Dict[Tuple[type, str], type] = {}
 
 
@@ -64,12 +62,7 @@ def _next_graph_index(prefix: str) -> int:
     """How many combinations with `prefix` were traced before in the graph being built."""
     if tf.executing_eagerly():
         return 0
-    graph = tf.compat.v1.get_default_graph()
-    with _lock:
-        counters = _graph_counters.setdefault(graph, {})
-        k = counters.get(prefix, 0)
-        counters[prefix] = k + 1
-    return k
+    return optimizers._next_graph_index(prefix)
 
 
 def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str) -> List[tf.Tensor]:
@@ -241,9 +234,8 @@ def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communica
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"bluefog {what}: expected a keras.optimizers.Optimizer instance, got "
                          f"{type(optimizer).__name__}")
-    from bluefog.tensorflow import optimizers as _optimizers  # noqa: PLC0415
 
-    distributed = getattr(_optimizers, "_DistributedKerasOptimizer", None)
+    distributed = getattr(optimizers, "_DistributedKerasOptimizer", None)
     if isinstance(optimizer, _DecentralizedKerasOptimizer) or (
             distributed is not None and isinstance(optimizer, distributed)):
         raise ValueError(f"bluefog {what}: this optimizer already communicates (it is a "

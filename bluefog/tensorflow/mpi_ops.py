@@ -17,7 +17,8 @@ import tensorflow as tf
 from bluefog.common import basics
 
 _ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
-_OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast")
+_OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast",
+             "BluefogNeighborAllreduce", "BluefogNeighborAllgather")
 
 
 def _allow_concurrent_collectives_in_functions() -> None:

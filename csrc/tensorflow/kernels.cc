@@ -209,8 +209,13 @@ std::vector<T> VectorOf(const Tensor& t) {
   return std::vector<T>(flat.data(), flat.data() + flat.size());
 }
 
-// Inputs after (tensor, tensor_name): send_ranks, recv_ranks [, self_weight, recv_weights,
-// send_weights]; the ranks (and weights) may change from call to call without retracing.
+// Neighbor ops' inputs after (tensor, tensor_name): send_ranks, recv_ranks [, self_weight,
+// recv_weights, send_weights]; the ranks (and weights) may change from call to call.
+void ReadPeers(OpKernelContext* ctx, Request* request) {
+  request->meta.send_ranks = VectorOf<int32_t>(ctx->input(2));
+  request->meta.recv_ranks = VectorOf<int32_t>(ctx->input(3));
+}
+
 class NeighborAllreduceKernel : public CollectiveKernel {
  public:
   explicit NeighborAllreduceKernel(OpKernelConstruction* c)
@@ -218,8 +223,7 @@ class NeighborAllreduceKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    request.meta.send_ranks = VectorOf<int32_t>(ctx->input(2));
-    request.meta.recv_ranks = VectorOf<int32_t>(ctx->input(3));
+    ReadPeers(ctx, &request);
     request.self_weight = ctx->input(4).scalar<double>()();
     request.recv_weights = VectorOf<double>(ctx->input(5));
     request.send_weights = VectorOf<double>(ctx->input(6));
@@ -238,8 +242,7 @@ class NeighborAllgatherKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    request.meta.send_ranks = VectorOf<int32_t>(ctx->input(2));
-    request.meta.recv_ranks = VectorOf<int32_t>(ctx->input(3));
+    ReadPeers(ctx, &request);
     request.allocate_output = AllocateLike(ctx);
     Submit(ctx, done, std::move(request));
   }
