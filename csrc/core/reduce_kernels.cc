@@ -87,6 +87,31 @@ void SumHalfLike(void* inout, const void* in, int64_t count) {
 }
 
 template <typename T>
+void SumOfTyped(void* out, const void* a, const void* b, int64_t count, int64_t divisor) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  if (divisor <= 1) {
+    for (int64_t i = 0; i < count; ++i) o[i] = static_cast<T>(x[i] + y[i]);
+    return;
+  }
+  const T d = static_cast<T>(divisor);
+  for (int64_t i = 0; i < count; ++i) o[i] = static_cast<T>(static_cast<T>(x[i] + y[i]) / d);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void SumOfHalfLike(void* out, const void* a, const void* b, int64_t count, int64_t divisor) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  const float d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t sum = FromFloat(ToFloat(x[i]) + ToFloat(y[i]));
+    o[i] = divisor <= 1 ? sum : FromFloat(ToFloat(sum) / d);
+  }
+}
+
+template <typename T>
 void DivideTyped(void* data, int64_t count, int64_t divisor) {
   T* a = static_cast<T*>(data);
   const T d = static_cast<T>(divisor);
@@ -152,6 +177,27 @@ void SumInto(void* inout, const void* in, int64_t count, DataType dtype) {
       return SumHalfLike<BFloat16ToFloat, FloatToBFloat16>(inout, in, count);
     case DataType::kFloat32: return SumTyped<float>(inout, in, count);
     case DataType::kFloat64: return SumTyped<double>(inout, in, count);
+    case DataType::kBool: break;
+  }
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("sum is not defined for dtype ", DataTypeName(dtype)));
+}
+
+void SumOf(void* out, const void* a, const void* b, int64_t count, DataType dtype,
+           int64_t divisor) {
+  switch (dtype) {
+    case DataType::kUInt8: return SumOfTyped<uint8_t>(out, a, b, count, divisor);
+    case DataType::kInt8: return SumOfTyped<int8_t>(out, a, b, count, divisor);
+    case DataType::kUInt16: return SumOfTyped<uint16_t>(out, a, b, count, divisor);
+    case DataType::kInt16: return SumOfTyped<int16_t>(out, a, b, count, divisor);
+    case DataType::kInt32: return SumOfTyped<int32_t>(out, a, b, count, divisor);
+    case DataType::kInt64: return SumOfTyped<int64_t>(out, a, b, count, divisor);
+    case DataType::kFloat16:
+      return SumOfHalfLike<HalfToFloat, FloatToHalf>(out, a, b, count, divisor);
+    case DataType::kBFloat16:
+      return SumOfHalfLike<BFloat16ToFloat, FloatToBFloat16>(out, a, b, count, divisor);
+    case DataType::kFloat32: return SumOfTyped<float>(out, a, b, count, divisor);
+    case DataType::kFloat64: return SumOfTyped<double>(out, a, b, count, divisor);
     case DataType::kBool: break;
   }
   throw BluefogError(StatusCode::kInvalidArgument,

@@ -15,6 +15,11 @@ uint16_t FloatToBFloat16(float f);
 
 // inout[i] += in[i] for i < count. Throws kInvalidArgument for dtypes without a sum (bool).
 void SumInto(void* inout, const void* in, int64_t count, DataType dtype);
+// out[i] = a[i] + b[i], then divided by `divisor` when it is above 1, with the same rounding
+// as SumInto followed by DivideBy (so every path gives identical results). `out` may equal `a`.
+// One pass over memory instead of a copy, a sum and a division.
+void SumOf(void* out, const void* a, const void* b, int64_t count, DataType dtype,
+           int64_t divisor);
 // data[i] /= divisor. Integers use truncating division, as C++ does.
 void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor);
 // out[i] = weight * in[i] (+ out[i] when accumulate). Floating-point dtypes only; `in` may

@@ -321,17 +321,18 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
     Request* req = Lookup(group[0].meta.name);
     const int64_t n = req->meta.NumElements();
     if (n > 0) {
-      transport_.AllreduceSum(req->input, req->output, n, dtype);
-      if (req->average) DivideBy(req->output, n, dtype, info_.size);
+      transport_.AllreduceSum(req->input, req->output, n, dtype, req->average ? info_.size : 1);
     }
     Finish(group[0].meta.name, Status::Ok());
     return;
   }
   std::vector<Request*> reqs;
   size_t total = 0;
+  bool all_average = true;
   for (const Response& g : group) {
     reqs.push_back(Lookup(g.meta.name));
     total += reqs.back()->meta.NumBytes();
+    all_average &= reqs.back()->average;
   }
   // Grown to the largest fused size seen, never shrunk: no allocation per step.
   if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
@@ -341,11 +342,14 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
     std::memcpy(buffer + offset, req->input, req->meta.NumBytes());
     offset += req->meta.NumBytes();
   }
-  transport_.AllreduceSum(buffer, buffer, static_cast<int64_t>(total / elem), dtype);
+  // When every request averages, the transport divides as part of the sum.
+  transport_.AllreduceSum(buffer, buffer, static_cast<int64_t>(total / elem), dtype,
+                          all_average ? info_.size : 1);
   offset = 0;
   for (Request* req : reqs) {
     const size_t bytes = req->meta.NumBytes();
-    if (req->average) DivideBy(buffer + offset, req->meta.NumElements(), dtype, info_.size);
+    if (req->average && !all_average)
+      DivideBy(buffer + offset, req->meta.NumElements(), dtype, info_.size);
     std::memcpy(req->output, buffer + offset, bytes);
     offset += bytes;
   }

@@ -35,10 +35,12 @@ class MpiTransport {
   // `on_wait` runs periodically while other ranks have not yet joined.
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait);
-  // In-place sum over all ranks. Buffers of at least `ring_threshold_bytes` use our ring
-  // algorithm over persistent scratch memory; smaller ones MPI_Allreduce (lowest latency).
-  // `in` may equal `out` (in place); otherwise `in` is only read, which saves a copy.
-  void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
+  // Sum over all ranks, divided by `divisor` when it is above 1 (the average). Buffers of at
+  // least `ring_threshold_bytes` use our ring algorithm over persistent scratch memory, which
+  // folds the division into its last summing pass; smaller ones MPI_Allreduce (lowest
+  // latency). `in` may equal `out` (in place); otherwise `in` is only read, which saves a copy.
+  void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
+                    int64_t divisor = 1);
   void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }
   // Concatenates each rank's bytes in rank order into `out`.
   void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
@@ -56,7 +58,8 @@ class MpiTransport {
  private:
   void Check(int code, const char* call) const;
   void MpiAllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
-  void RingAllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
+  void RingAllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
+                        int64_t divisor);
 
   bool initialized_ = false;
   bool owns_mpi_ = false;
@@ -71,7 +74,7 @@ class MpiTransport {
   std::vector<int> counts_;
   std::vector<int> displs_;
   std::vector<char> requests_;  // MPI_Request storage, reused
-  std::vector<char> ring_scratch_;  // one incoming segment; grow-only, so no per-call faults
+  std::vector<char> ring_scratch_;  // one incoming chunk; allocated once, so no per-call faults
   int64_t ring_threshold_bytes_ = int64_t{1} << 20;
 };
 

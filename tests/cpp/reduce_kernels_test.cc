@@ -59,6 +59,42 @@ TEST(ReduceKernels, FloatSumAndAverage) {
   EXPECT_EQ(HalfToFloat(h[1]), -1.0f);
 }
 
+// SumOf must give exactly what SumInto then DivideBy give, in place or not, for every dtype.
+template <typename T>
+void CheckSumOfMatchesTwoPasses(DataType dtype, std::vector<T> a, const std::vector<T>& b) {
+  const int64_t n = static_cast<int64_t>(a.size());
+  for (int64_t divisor : {1, 3}) {
+    std::vector<T> expected = a;
+    SumInto(expected.data(), b.data(), n, dtype);
+    DivideBy(expected.data(), n, dtype, divisor);
+    std::vector<T> out(a.size());
+    SumOf(out.data(), a.data(), b.data(), n, dtype, divisor);
+    EXPECT_EQ(0, std::memcmp(out.data(), expected.data(), n * sizeof(T))) << divisor;
+    std::vector<T> inplace = a;
+    SumOf(inplace.data(), inplace.data(), b.data(), n, dtype, divisor);
+    EXPECT_EQ(0, std::memcmp(inplace.data(), expected.data(), n * sizeof(T))) << divisor;
+  }
+}
+
+TEST(ReduceKernels, SumOfMatchesSumThenDivide) {
+  CheckSumOfMatchesTwoPasses<uint8_t>(DataType::kUInt8, {1, 200, 3}, {4, 100, 250});
+  CheckSumOfMatchesTwoPasses<int8_t>(DataType::kInt8, {1, -100, 3}, {-4, -100, 120});
+  CheckSumOfMatchesTwoPasses<uint16_t>(DataType::kUInt16, {1, 2, 3}, {4, 5, 65535});
+  CheckSumOfMatchesTwoPasses<int16_t>(DataType::kInt16, {1, -7, 3}, {4, 5, 6});
+  CheckSumOfMatchesTwoPasses<int32_t>(DataType::kInt32, {1, -7, 3}, {4, 5, 6});
+  CheckSumOfMatchesTwoPasses<int64_t>(DataType::kInt64, {1, -7, 3}, {4, 5, 6});
+  CheckSumOfMatchesTwoPasses<float>(DataType::kFloat32, {0.1f, -7.5f, 1e30f}, {0.2f, 5, 1e30f});
+  CheckSumOfMatchesTwoPasses<double>(DataType::kFloat64, {0.1, -7.5, 3}, {0.2, 5, 1.0 / 3});
+  CheckSumOfMatchesTwoPasses<uint16_t>(
+      DataType::kFloat16, {FloatToHalf(0.1f), FloatToHalf(-7.5f), FloatToHalf(60000.0f)},
+      {FloatToHalf(0.2f), FloatToHalf(5.0f), FloatToHalf(60000.0f)});
+  CheckSumOfMatchesTwoPasses<uint16_t>(
+      DataType::kBFloat16, {FloatToBFloat16(0.1f), FloatToBFloat16(-7.5f), FloatToBFloat16(3)},
+      {FloatToBFloat16(0.2f), FloatToBFloat16(5.0f), FloatToBFloat16(1.0f / 3)});
+  bool a[1] = {true}, b[1] = {true};
+  EXPECT_THROW(SumOf(a, a, b, 1, DataType::kBool, 1), BluefogError);
+}
+
 TEST(ReduceKernels, BoolHasNoSum) {
   bool a[1] = {true}, b[1] = {true};
   EXPECT_THROW(SumInto(a, b, 1, DataType::kBool), BluefogError);

@@ -75,6 +75,32 @@ TEST(RuntimeMpi, AllreduceSumAndAverageFloat) {
   }
 }
 
+// Over the ring threshold and the ring's 1 MiB chunk, with a count that splits unevenly into
+// segments and chunks: the chunked reduce-scatter and the folded average must be exact.
+TEST(RuntimeMpi, LargeAllreduceSumAndAverageAcrossChunks) {
+  const int64_t count = int64_t{3} * 400007 + Size() - 1;  // ~4.8 MB of floats
+  std::vector<float> in(count);
+  for (int64_t i = 0; i < count; ++i) in[i] = static_cast<float>((i % 101) * (Rank() + 1));
+  auto sum = Submit(OpType::kAllreduce, "large.sum", DataType::kFloat32, {count}, in.data());
+  auto avg = Submit(OpType::kAllreduce, "large.avg", DataType::kFloat32, {count}, in.data(), true);
+  std::vector<int32_t> ints(count, Rank() + 1);
+  auto iavg = Submit(OpType::kAllreduce, "large.int", DataType::kInt32, {count}, ints.data(),
+                     true);
+  ASSERT_TRUE(Wait(*sum).ok());
+  ASSERT_TRUE(Wait(*avg).ok());
+  ASSERT_TRUE(Wait(*iavg).ok());
+  const int n = Size();
+  const float* s = reinterpret_cast<const float*>(sum->output.data());
+  const float* a = reinterpret_cast<const float*>(avg->output.data());
+  const int32_t* ia = reinterpret_cast<const int32_t*>(iavg->output.data());
+  for (int64_t i = 0; i < count; ++i) {
+    const float expected = static_cast<float>((i % 101) * n * (n + 1) / 2);
+    ASSERT_EQ(s[i], expected) << i;
+    ASSERT_EQ(a[i], expected / static_cast<float>(n)) << i;
+    ASSERT_EQ(ia[i], (n * (n + 1) / 2) / n) << i;
+  }
+}
+
 TEST(RuntimeMpi, AllreduceHalfAndInt) {
   std::vector<uint16_t> h(64, FloatToHalf(static_cast<float>(Rank() + 1)));
   std::vector<int64_t> i(64, Rank() + 1);
