@@ -2,10 +2,14 @@
 
 Measured the way a training step pays for it: per-call time from Python, eager and inside a
 tf.function, median over repetitions of a batch of calls, the batch time being the slowest
-rank's. Started by bench/run.py; see docs/benchmarks.md.
+rank's. With --mpi-lib (bench/mpi_allreduce.cc built as a library), raw MPI_Allreduce on
+buffers allocated once is timed in this same process, its batches interleaved with bluefog's,
+so both see the same machine: these VMs drift by 2-4x within minutes. Started by
+bench/run.py; see docs/benchmarks.md.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import time
@@ -34,23 +38,42 @@ def slowest(seconds: float) -> float:
     return float(tf.reduce_max(bf.allgather(tf.constant([seconds]), name="bench.max")).numpy())
 
 
-def timed(step, budget: float, reps: int) -> float:
-    """Median seconds per call of `step` over `reps` batches, each rank agreeing on batch size."""
-    for _ in range(3):
-        step()
-    t0 = time.perf_counter()
-    step()
-    step()
-    estimate = slowest((time.perf_counter() - t0) / 2)
-    iters = max(1, min(10000, int(budget / reps / max(estimate, 1e-7))))
-    samples = []
-    for _ in range(reps):
-        bf.allreduce(tf.constant(0.0), name="bench.barrier")
+def per_call(step):
+    """A batch runner for a Python callable: (iterations) -> this rank's seconds."""
+    def run(iters: int) -> float:
         t0 = time.perf_counter()
         for _ in range(iters):
             step()
-        samples.append(slowest((time.perf_counter() - t0) / iters))
-    return float(np.median(samples))
+        return time.perf_counter() - t0
+    return run
+
+
+def timed(batches: dict, budget: float, reps: int) -> dict:
+    """Median seconds per call of each batch runner, their batches interleaved rep by rep.
+
+    Every rank derives the same iteration counts (from the slowest rank's estimate), so the
+    collectives inside stay matched.
+    """
+    iters = {}
+    for name, run in batches.items():
+        run(3)
+        iters[name] = max(1, min(10000, int(budget / reps / max(slowest(run(2) / 2), 1e-7))))
+    samples = {name: [] for name in batches}
+    for _ in range(reps):
+        for name, run in batches.items():
+            bf.allreduce(tf.constant(0.0), name="bench.barrier")
+            samples[name].append(slowest(run(iters[name]) / iters[name]))
+    return {name: float(np.median(v)) for name, v in samples.items()}
+
+
+def raw_mpi(lib, nbytes: int, calls: int = 1):
+    """A batch runner for `calls` raw MPI_Allreduce of `nbytes` each, looped in C++."""
+    def run(iters: int) -> float:
+        seconds = lib.bench_mpi_allreduce(nbytes, calls, iters)
+        if seconds < 0:
+            raise SystemExit("raw MPI_Allreduce failed")
+        return seconds
+    return run
 
 
 def main() -> None:
@@ -58,8 +81,14 @@ def main() -> None:
     p.add_argument("--max-bytes", type=int, default=64 << 20)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--budget", type=float, default=0.5)
+    p.add_argument("--mpi-lib", help="bench/mpi_allreduce.cc built with -DBENCH_LIBRARY")
     args = p.parse_args()
     bf.init()
+    lib = None
+    if args.mpi_lib:
+        lib = ctypes.CDLL(args.mpi_lib)
+        lib.bench_mpi_allreduce.restype = ctypes.c_double
+        lib.bench_mpi_allreduce.argtypes = [ctypes.c_longlong] * 3
     n, me = bf.size(), bf.rank()
     out = []
 
@@ -80,15 +109,21 @@ def main() -> None:
         expected = n * (n + 1) / 2
         got = bf.allreduce(x, average=False, name=f"check.{nbytes}").numpy()
         assert np.all(got == expected), f"wrong allreduce result at {nbytes} bytes"
-        emit(impl="bf_eager", bytes=nbytes, median_s=timed(
-            lambda x=x, nb=nbytes: bf.allreduce(x, average=False, name=f"e.{nb}"),
-            args.budget, args.reps))
         fn = tf.function(lambda t, nb=nbytes: bf.allreduce(t, average=False, name=f"f.{nb}"))
-        emit(impl="bf_function", bytes=nbytes, median_s=timed(lambda: fn(x), args.budget, args.reps))
+        batches = {
+            "bf_eager": per_call(
+                lambda x=x, nb=nbytes: bf.allreduce(x, average=False, name=f"e.{nb}")),
+            "bf_function": per_call(lambda x=x, fn=fn: fn(x)),
+        }
+        if lib:
+            batches["mpi_inproc"] = raw_mpi(lib, nbytes)
+        for impl, t in timed(batches, args.budget, args.reps).items():
+            emit(impl=impl, bytes=nbytes, median_s=t)
 
     # Eager dispatch floor: what any TF op costs from Python, for the latency comparison.
     tiny = tf.constant([1.0])
-    emit(impl="tf_identity", bytes=4, median_s=timed(lambda: tf.identity(tiny), args.budget, args.reps))
+    emit(impl="tf_identity", bytes=4,
+         median_s=timed({"id": per_call(lambda: tf.identity(tiny))}, args.budget, args.reps)["id"])
 
     # Many small tensors: 100 x 1 KiB in one tf.function step vs 100 separate eager calls. The
     # tensors are captured variables, as gradients are computed inside a real training step
@@ -110,15 +145,19 @@ def main() -> None:
     for step in (fused_step, grouped_step):
         res = step()
         assert all(np.all(r.numpy() == n * (n - 1) / 2 + n * k) for k, r in enumerate(res))
-    emit(impl="bf_function_100x1KiB", median_s=timed(fused_step, args.budget, args.reps))
-    emit(impl="bf_grouped_100x1KiB", median_s=timed(grouped_step, args.budget, args.reps))
-    emit(impl="tf_function_100_ops", median_s=timed(tf_only_step, args.budget, args.reps))
 
     def eager_step():
         for k, t in enumerate(smalls):
             bf.allreduce(t, average=False, name=f"small_eager.{k}")
 
-    emit(impl="bf_eager_100x1KiB", median_s=timed(eager_step, args.budget, args.reps))
+    batches = {"bf_function_100x1KiB": per_call(fused_step),
+               "bf_grouped_100x1KiB": per_call(grouped_step),
+               "tf_function_100_ops": per_call(tf_only_step),
+               "bf_eager_100x1KiB": per_call(eager_step)}
+    if lib:
+        batches["mpi_inproc_100x1KiB"] = raw_mpi(lib, 1024, calls=100)
+    for impl, t in timed(batches, args.budget, args.reps).items():
+        emit(impl=impl, median_s=t)
     bf.shutdown()
 
 

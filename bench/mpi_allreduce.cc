@@ -13,6 +13,11 @@
 // where the batch time is the slowest rank's, since a collective is only
 // finished when every rank is.
 
+// Built a second time with -DBENCH_LIBRARY -shared, the same file is a library whose one
+// function bench/bf_allreduce.py calls from inside the bluefog benchmark process, so the MPI
+// floor is measured interleaved with bluefog's calls (these VMs drift by 2-4x within minutes;
+// only measurements taken side by side in time can be compared).
+//
 // Only the C API is used; skipping the deprecated C++ bindings avoids their
 // warnings under -Wextra.
 #define OMPI_SKIP_MPICXX 1
@@ -148,6 +153,25 @@ void Verify(float* buf, long long count, int rank, int nranks) {
 
 }  // namespace
 
+#ifdef BENCH_LIBRARY
+// `iters` repetitions of `calls` in-place MPI_Allreduce(SUM, float32) of `bytes` each, on
+// distinct slices of one buffer that is allocated and touched once and only ever grown.
+// MPI_COMM_WORLD, no barrier: the caller synchronizes ranks and takes the slowest time.
+// Returns this rank's elapsed seconds, or -1 on an MPI error. Needs MPI initialized with
+// MPI_THREAD_MULTIPLE (bluefog does) and no bluefog collective in flight.
+extern "C" double bench_mpi_allreduce(long long bytes, long long calls, long long iters) {
+  static std::vector<float> buf;
+  const long long count = bytes / 4;
+  if ((long long)buf.size() < count * calls) buf.assign(count * calls, 0.0f);
+  const double t0 = MPI_Wtime();
+  for (long long it = 0; it < iters; ++it)
+    for (long long i = 0; i < calls; ++i)
+      if (MPI_Allreduce(MPI_IN_PLACE, buf.data() + i * count, (int)count, MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD) != MPI_SUCCESS)
+        return -1;
+  return MPI_Wtime() - t0;
+}
+#else
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -220,3 +244,4 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return 0;
 }
+#endif  // BENCH_LIBRARY

@@ -1,9 +1,11 @@
 """One command for the whole comparison: `make bench` (or `.venv/bin/python bench/run.py`).
 
 Runs, side by side in one go, for 2 and 4 ranks: bluefog's allreduce (eager and tf.function),
-a raw MPI_Allreduce program with buffers allocated once (the MPI floor), TensorFlow's
-MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, and the training-step overhead of
-DistributedGradientTape at 1 rank. Prints markdown tables with times, bandwidths and ratios.
+raw MPI_Allreduce with buffers allocated once (the MPI floor; timed inside the bluefog process
+with its batches interleaved with bluefog's, which the ratios use, and as its own program),
+TensorFlow's MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, and the
+training-step overhead of DistributedGradientTape at 1 rank. Prints markdown tables with times,
+bandwidths and ratios.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ def records(cmd: list, timeout: float) -> list:
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def build_mpi_baseline() -> str:
-    exe = os.path.join(ROOT, "build", "bench", "mpi_allreduce")
-    os.makedirs(os.path.dirname(exe), exist_ok=True)
-    subprocess.run(["mpicxx", "-O2", "-std=c++17", os.path.join(HERE, "mpi_allreduce.cc"), "-o",
-                    exe], check=True)
-    return exe
+def build_mpi_baseline() -> tuple:
+    """The raw MPI program, and the same source as a library for in-process timing."""
+    out = os.path.join(ROOT, "build", "bench")
+    os.makedirs(out, exist_ok=True)
+    src = os.path.join(HERE, "mpi_allreduce.cc")
+    exe, lib = os.path.join(out, "mpi_allreduce"), os.path.join(out, "libmpi_allreduce.so")
+    subprocess.run(["mpicxx", "-O2", "-std=c++17", src, "-o", exe], check=True)
+    subprocess.run(["mpicxx", "-O2", "-std=c++17", "-shared", "-fPIC", "-DBENCH_LIBRARY", src,
+                    "-o", lib], check=True)
+    return exe, lib
 
 
 def fmt_time(s: float) -> str:
@@ -59,32 +65,33 @@ def main() -> None:
     args = p.parse_args()
     if not shutil.which("mpirun"):
         raise SystemExit("mpirun not found: run `make deps` (installs openmpi-bin)")
-    mpi_exe = build_mpi_baseline()
+    mpi_exe, mpi_lib = build_mpi_baseline()
     floors = []
     for n in args.ranks:
         common = ["--reps", str(args.reps), "--max-bytes", str(args.max_bytes)]
-        res = records(MPIRUN + ["-np", str(n), PY, "bench/bf_allreduce.py"] + common, 900)
+        res = records(MPIRUN + ["-np", str(n), PY, "bench/bf_allreduce.py", "--mpi-lib", mpi_lib]
+                      + common, 900)
         res += records(MPIRUN + ["-np", str(n), mpi_exe, "--json"] + common, 600)
         if not args.no_mwms:
             res += records([PY, "bench/tf_mwms.py", "--ranks", str(n), "--json"] + common, 900)
         by = {(r["impl"], r.get("bytes")): r["median_s"] for r in res}
         busf = 2 * (n - 1) / n
         print(f"\n### Allreduce, float32, {n} ranks (median per call)\n")
-        print("| size | bf eager | bf tf.function | raw MPI | MWMS | bf busbw (GB/s) | MPI busbw "
-              "| best bf / MPI speed | best bf / MWMS speed |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| size | bf eager | bf tf.function | raw MPI, interleaved | raw MPI, own program "
+              "| MWMS | bf busbw (GB/s) | MPI busbw | best bf / MPI speed | best bf / MWMS speed |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for (impl, b), _ in sorted(by.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0])):
             if impl != "bf_eager":
                 continue
             eager, fn = by[("bf_eager", b)], by[("bf_function", b)]
-            mpi, mwms = by.get(("mpi", b)), by.get(("mwms", b))
+            mpi, own, mwms = by[("mpi_inproc", b)], by.get(("mpi", b)), by.get(("mwms", b))
             best = min(eager, fn)
             bw = lambda t: f"{b * busf / t / 1e9:.2f}" if t else "-"  # noqa: E731
-            print(f"| {fmt_size(b)} | {fmt_time(eager)} | {fmt_time(fn)} | "
-                  f"{fmt_time(mpi) if mpi else '-'} | {fmt_time(mwms) if mwms else '-'} | "
+            print(f"| {fmt_size(b)} | {fmt_time(eager)} | {fmt_time(fn)} | {fmt_time(mpi)} | "
+                  f"{fmt_time(own) if own else '-'} | {fmt_time(mwms) if mwms else '-'} | "
                   f"{bw(best)} | {bw(mpi)} | {mpi / best:.2f}x | "
                   f"{(mwms / best) if mwms else 0:.2f}x |")
-            if b >= 1 << 20 and mpi:
+            if b >= 1 << 20:
                 floors.append((f"{n} ranks {fmt_size(b)}: bf busbw >= 1.0x raw MPI",
                                mpi / best >= 1.0, f"{mpi / best:.2f}x"))
             if b >= 1 << 20 and mwms:
@@ -92,21 +99,20 @@ def main() -> None:
                                f"{mwms / best:.2f}x"))
         fused = by[("bf_function_100x1KiB", None)]
         eager100 = by[("bf_eager_100x1KiB", None)]
-        mpi100 = by.get(("mpi_100x1KiB", None))
+        mpi100 = by[("mpi_inproc_100x1KiB", None)]
         grouped = by[("bf_grouped_100x1KiB", None)]
         tf_only = by[("tf_function_100_ops", None)]
         print(f"\n100 x 1 KiB, {n} ranks: one tf.function step {fmt_time(fused)} (grouped_allreduce "
               f"{fmt_time(grouped)}), 100 eager calls {fmt_time(eager100)} "
               f"({eager100 / fused:.1f}x slower), 100 raw MPI_Allreduce "
-              f"{fmt_time(mpi100) if mpi100 else '-'}; TensorFlow alone runs a tf.function of "
+              f"{fmt_time(mpi100)}; TensorFlow alone runs a tf.function of "
               f"100 trivial ops in {fmt_time(tf_only)}")
         floors.append((f"{n} ranks 100x1KiB: tf.function >= 5x faster than eager",
                        eager100 / fused >= 5, f"{eager100 / fused:.1f}x"))
-        if mpi100:
-            floors.append((f"{n} ranks 100x1KiB: tf.function no slower than raw MPI",
-                           fused <= mpi100, f"{fused / mpi100:.2f}x MPI's time"))
+        floors.append((f"{n} ranks 100x1KiB: tf.function no slower than raw MPI",
+                       fused <= mpi100, f"{fused / mpi100:.2f}x MPI's time"))
         ident, lat4 = by[("tf_identity", 4)], by[("bf_eager", 4)]
-        mpi4 = by.get(("mpi", 4), 0.0)
+        mpi4 = by[("mpi_inproc", 4)]
         over = lat4 - ident - mpi4
         print(f"\n4-byte eager latency, {n} ranks: bf {fmt_time(lat4)}, tf.identity dispatch "
               f"{fmt_time(ident)}, raw MPI {fmt_time(mpi4)}; overhead above both "
