@@ -14,7 +14,7 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build demo test test-cpp test-python sanitize stress bench clean
+.PHONY: all deps build cpp-build demo test test-cpp test-python sanitize stress bench clean
 
 all: build
 
@@ -45,10 +45,12 @@ demo: build
 
 test: build test-cpp test-python
 
-test-cpp: $(VENV)/.deps-stamp
+cpp-build: $(VENV)/.deps-stamp
 	$(VENV)/bin/cmake -S . -B build/cpp -G Ninja -DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=ON \
 	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
 	$(VENV)/bin/ninja -C build/cpp
+
+test-cpp: cpp-build
 	cd build/cpp && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) --output-on-failure --timeout 300
 
 # Single-process tests (some start mpirun jobs of their own: bfrun, faults, timeline, stalls,
@@ -68,7 +70,7 @@ sanitize: $(VENV)/.deps-stamp
 stress: build
 	timeout 1800 $(MPIRUN) -np 3 $(PY) tests/stress/stress_collectives.py --count 10000
 
-bench: build
+bench: build cpp-build
 	$(PY) bench/run.py
 
 clean:

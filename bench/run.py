@@ -97,6 +97,14 @@ def main() -> None:
             if b >= 1 << 20 and mwms:
                 floors.append((f"{n} ranks {fmt_size(b)}: bf >= 3x MWMS", mwms / best >= 3.0,
                                f"{mwms / best:.2f}x"))
+        transport = os.path.join(ROOT, "build", "cpp", "transport_bench")
+        if os.path.exists(transport):  # built by `make bench` (make cpp-build)
+            rows = records(MPIRUN + ["-np", str(n), transport], 600)
+            print(f"\nThe ring alone, from C++ without TensorFlow or negotiation, {n} ranks "
+                  "(batches interleaved with MPI_Allreduce): "
+                  + "; ".join(f"{fmt_size(r['bytes'])} {fmt_time(r['ring_s'])} vs "
+                              f"{fmt_time(r['mpi_s'])} ({r['mpi_s'] / r['ring_s']:.2f}x)"
+                              for r in rows))
         fused = by[("bf_function_100x1KiB", None)]
         eager100 = by[("bf_eager_100x1KiB", None)]
         mpi100 = by[("mpi_inproc_100x1KiB", None)]

@@ -1,0 +1,55 @@
+// bluefog's large-buffer allreduce (MpiTransport::AllreduceSum: the chunked ring) against
+// MPI_Allreduce, both from C++ on buffers allocated once, their batches interleaved repetition
+// by repetition so both see the same machine. No TensorFlow, no negotiation: this isolates the
+// algorithm from bluefog's per-call cost. Built by `make bench` (target transport_bench), run
+// by bench/run.py under mpirun; rank 0 prints one JSON line per size.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "mpi/transport.h"
+
+int main() {
+  bluefog::MpiTransport transport;
+  const bluefog::TransportInfo info = transport.Init();
+  constexpr int kReps = 7;
+  for (long long bytes : {1LL << 20, 4LL << 20, 16LL << 20, 64LL << 20}) {
+    const long long count = bytes / 4;
+    std::vector<float> in(count, static_cast<float>(info.rank + 1)), out(count, 0.0f);
+    std::vector<float> mpi_buf(count, 0.0f);
+    const int iters = static_cast<int>(std::clamp(200e6 / bytes, 3.0, 200.0));
+    std::vector<double> ring, mpi;
+    for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up both
+      for (int which = 0; which < 2; ++which) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        for (int i = 0; i < iters; ++i) {
+          if (which == 0) {
+            transport.AllreduceSum(in.data(), out.data(), count, bluefog::DataType::kFloat32);
+          } else {
+            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT,
+                          MPI_SUM, MPI_COMM_WORLD);
+          }
+        }
+        double t = (MPI_Wtime() - t0) / iters;
+        MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (rep > 0) (which == 0 ? ring : mpi).push_back(t);
+      }
+    }
+    const float want = info.size * (info.size + 1) / 2.0f;
+    if (out[count / 3] != want || out[count - 1] != want) {
+      std::fprintf(stderr, "rank %d: wrong sum at %lld bytes\n", info.rank, bytes);
+      return 1;
+    }
+    std::sort(ring.begin(), ring.end());
+    std::sort(mpi.begin(), mpi.end());
+    if (info.rank == 0)
+      std::printf("{\"impl\":\"transport\",\"ranks\":%d,\"bytes\":%lld,\"ring_s\":%.9g,"
+                  "\"mpi_s\":%.9g}\n",
+                  info.size, bytes, ring[kReps / 2], mpi[kReps / 2]);
+  }
+  transport.Shutdown();
+  return 0;
+}
