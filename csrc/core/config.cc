@@ -20,7 +20,7 @@ int64_t ParseBytes(const char* var, const char* text) {
   char* end = nullptr;
   long long value = std::strtoll(text, &end, 10);
   BF_ENFORCE(end != text && *end == '\0' && value >= 0, StatusCode::kInvalidArgument,
-             "environment variable ", var, "='", text, "' is not a byte count >= 0");
+             "environment variable ", var, "='", text, "' is not a whole number >= 0");
   return value;
 }
 
@@ -44,6 +44,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_RING_THRESHOLD"))
     config.ring_threshold_bytes = ParseBytes("BLUEFOG_RING_THRESHOLD", v);
+  if (const char* v = lookup("BLUEFOG_CACHE_CAPACITY"))
+    config.cache_capacity = ParseBytes("BLUEFOG_CACHE_CAPACITY", v);
   if (const char* v = lookup("BLUEFOG_CYCLE_TIME"))
     config.cycle_time_ms = ParseDouble("BLUEFOG_CYCLE_TIME", v, 0.0);
   if (const char* v = lookup("BLUEFOG_STALL_CHECK_TIME"))

@@ -16,6 +16,8 @@ struct Config {
   int64_t ring_threshold_bytes = 1024 * 1024;
   // Extra time the background thread waits after the first new request, to batch more of them.
   double cycle_time_ms = 0.0;
+  // Agreed requests remembered so that repeating one costs a bit per round (0: no cache).
+  int64_t cache_capacity = 1024;
   // A request some ranks submitted and others did not is reported after this long (0: never).
   double stall_check_seconds = 60.0;
   // With a value > 0, such a request fails after this long instead of waiting forever.

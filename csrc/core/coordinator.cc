@@ -126,6 +126,10 @@ Response Coordinator::Complete(Entry& entry) const {
     response.first_dims.reserve(size_);
     for (const auto& m : entry.metas) response.first_dims.push_back(m->shape[0]);
   }
+  if (response.status.ok()) {
+    response.rank_metas.reserve(size_);
+    for (auto& m : entry.metas) response.rank_metas.push_back(std::move(*m));  // entry is erased next
+  }
   return response;
 }
 

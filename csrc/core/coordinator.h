@@ -21,6 +21,8 @@ struct Response {
   // exchanges with the same peers, so the runtime may fuse those requests.
   std::string topology_signature;
   Status status;
+  // Every rank's announcement, in rank order (status ok only): what the response cache keeps.
+  std::vector<TensorMeta> rank_metas;
 };
 
 struct WaitingTensor {

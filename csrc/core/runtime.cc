@@ -121,6 +121,7 @@ void Runtime::Loop(std::promise<void>* started) {
     return;
   }
   coordinator_ = std::make_unique<Coordinator>(info_.size);
+  cache_ = std::make_unique<ResponseCache>(static_cast<size_t>(config_.cache_capacity), info_.size);
   SetLogContext(config_.log_level, info_.rank);
   if (!config_.timeline_prefix.empty()) {
     try {
@@ -169,7 +170,8 @@ void Runtime::Loop(std::promise<void>* started) {
     if (!keep_going) break;
   }
   BF_LOG(LogLevel::kDebug, "stopping after ", stats_.rounds, " negotiation rounds for ",
-         stats_.announced, " requests; ", stats_.collectives, " collectives ran");
+         stats_.announced, " requests (", stats_.announced_cached, " announced as cache bits); ",
+         stats_.collectives, " collectives ran");
   FailAll(Status(StatusCode::kAborted, Concat("bluefog has been shut down (", stop_reason_,
                                               "); no collective can run after shutdown")));
   timeline_.Close();
@@ -178,15 +180,31 @@ void Runtime::Loop(std::promise<void>* started) {
 
 bool Runtime::RunRound(bool* anyone_spoke) {
   RoundMessage mine;
+  std::vector<TensorMeta> fresh;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    mine.announcements.assign(unannounced_.begin(), unannounced_.end());
+    fresh.assign(unannounced_.begin(), unannounced_.end());
     unannounced_.clear();
     mine.shutdown = shutdown_requested_;
   }
+  // A request agreed before with this exact metadata goes out as its cache slot's bit.
+  for (TensorMeta& m : fresh) {
+    const int64_t slot = cache_->Find(m, info_.rank);
+    if (slot >= 0) {
+      mine.cached.push_back(static_cast<uint32_t>(slot));
+    } else {
+      mine.announcements.push_back(std::move(m));
+    }
+  }
+  std::sort(mine.cached.begin(), mine.cached.end());
   const double round_start = NowSeconds();
   if (timeline_.enabled()) {
     std::lock_guard<std::mutex> lock(mutex_);
+    for (uint32_t slot : mine.cached) {
+      Request& r = in_flight_.at(cache_->Get(slot, info_.rank).name);
+      r.announced_at = round_start;
+      timeline_.Phase(r.meta.name, "QUEUE", r.enqueued_at, round_start);
+    }
     for (const TensorMeta& m : mine.announcements) {
       Request& r = in_flight_.at(m.name);
       r.announced_at = round_start;
@@ -199,10 +217,13 @@ bool Runtime::RunRound(bool* anyone_spoke) {
   for (int r = 0; r < info_.size; ++r) {
     RoundMessage theirs = DecodeRound(all[r].data(), all[r].size());
     if (theirs.shutdown && shutdown_rank < 0) shutdown_rank = r;
-    *anyone_spoke |= !theirs.announcements.empty();
+    *anyone_spoke |= !theirs.announcements.empty() || !theirs.cached.empty();
+    for (uint32_t slot : theirs.cached) coordinator_->Announce(r, cache_->Get(slot, r));
     for (const TensorMeta& meta : theirs.announcements) coordinator_->Announce(r, meta);
   }
   std::vector<Response> ready = coordinator_->TakeReady();
+  // Every rank records the same ready list, so the caches stay identical.
+  cache_->Record(ready);
   if (timeline_.enabled()) {
     const double now = NowSeconds();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -213,10 +234,12 @@ bool Runtime::RunRound(bool* anyone_spoke) {
     }
   }
   ++stats_.rounds;
-  stats_.announced += mine.announcements.size();
+  stats_.announced += mine.announcements.size() + mine.cached.size();
+  stats_.announced_cached += mine.cached.size();
   stats_.completed += ready.size();
-  BF_LOG(LogLevel::kTrace, "round ", stats_.rounds, ": announced ", mine.announcements.size(),
-         ", ready ", ready.size());
+  BF_LOG(LogLevel::kTrace, "round ", stats_.rounds, ": announced ",
+         mine.announcements.size() + mine.cached.size(), " (", mine.cached.size(),
+         " as cache bits), ready ", ready.size());
   Execute(ready);
   CheckStalls();
   if (shutdown_rank < 0) return true;

@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "core/coordinator.h"
 #include "core/request.h"
+#include "core/response_cache.h"
 #include "core/timeline.h"
 #include "mpi/transport.h"
 
@@ -67,6 +68,7 @@ class Runtime {
   TransportInfo info_;
   MpiTransport transport_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<ResponseCache> cache_;  // only the background thread touches it
   std::thread thread_;
 
   std::mutex mutex_;  // guards the members below
@@ -79,6 +81,7 @@ class Runtime {
   struct Stats {
     uint64_t rounds = 0;
     uint64_t announced = 0;
+    uint64_t announced_cached = 0;  // of those, as a cache bit
     uint64_t completed = 0;
     uint64_t collectives = 0;  // after fusion
   } stats_;

@@ -48,6 +48,12 @@ class Reader {
 std::string EncodeRound(const RoundMessage& message) {
   std::string out;
   Put<uint32_t>(out, message.shutdown ? kFlagShutdown : 0u);
+  // The cached slots as a bit set, as long as the highest slot needs.
+  const uint32_t bits_bytes = message.cached.empty() ? 0 : message.cached.back() / 8 + 1;
+  Put<uint32_t>(out, bits_bytes);
+  const size_t bits_at = out.size();
+  out.append(bits_bytes, '\0');
+  for (uint32_t slot : message.cached) out[bits_at + slot / 8] |= static_cast<char>(1u << (slot % 8));
   Put<uint32_t>(out, static_cast<uint32_t>(message.announcements.size()));
   for (const TensorMeta& m : message.announcements) {
     Put<uint32_t>(out, static_cast<uint32_t>(m.name.size()));
@@ -69,6 +75,10 @@ RoundMessage DecodeRound(const char* data, size_t size) {
   Reader in(data, size);
   RoundMessage message;
   message.shutdown = (in.Get<uint32_t>() & kFlagShutdown) != 0;
+  const std::string bits = in.GetString(in.Get<uint32_t>());
+  for (uint32_t byte = 0; byte < bits.size(); ++byte)
+    for (uint32_t bit = 0; bit < 8; ++bit)
+      if (static_cast<uint8_t>(bits[byte]) & (1u << bit)) message.cached.push_back(byte * 8 + bit);
   uint32_t count = in.Get<uint32_t>();
   message.announcements.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {

@@ -11,6 +11,8 @@ namespace bluefog {
 struct RoundMessage {
   bool shutdown = false;  // this rank is shutting down; every rank stops after this round
   std::vector<TensorMeta> announcements;
+  // Announcements of requests the response cache holds, by slot, ascending: a bit set on the wire.
+  std::vector<uint32_t> cached;
 };
 
 std::string EncodeRound(const RoundMessage& message);

@@ -20,6 +20,7 @@ Config FromMap(const std::map<std::string, std::string>& vars) {
 TEST(Config, Defaults) {
   Config c = FromMap({});
   EXPECT_EQ(c.fusion_threshold_bytes, 64 * 1024 * 1024);
+  EXPECT_EQ(c.cache_capacity, 1024);
   EXPECT_EQ(c.cycle_time_ms, 0.0);
   EXPECT_EQ(c.stall_check_seconds, 60.0);
   EXPECT_EQ(c.log_level, LogLevel::kWarning);
@@ -30,6 +31,7 @@ TEST(Config, ParsesValues) {
   Config c = FromMap({{"BLUEFOG_FUSION_THRESHOLD", "1024"},
                       {"BLUEFOG_CYCLE_TIME", "2.5"},
                       {"BLUEFOG_RING_THRESHOLD", "0"},
+                      {"BLUEFOG_CACHE_CAPACITY", "7"},
                       {"BLUEFOG_STALL_CHECK_TIME", "5"},
                       {"BLUEFOG_STALL_SHUTDOWN_TIME", "10"},
                       {"BLUEFOG_LOG_LEVEL", "debug"},
@@ -37,6 +39,7 @@ TEST(Config, ParsesValues) {
   EXPECT_EQ(c.fusion_threshold_bytes, 1024);
   EXPECT_EQ(c.cycle_time_ms, 2.5);
   EXPECT_EQ(c.ring_threshold_bytes, 0);
+  EXPECT_EQ(c.cache_capacity, 7);
   EXPECT_EQ(c.stall_check_seconds, 5.0);
   EXPECT_EQ(c.stall_shutdown_seconds, 10.0);
   EXPECT_EQ(c.log_level, LogLevel::kDebug);

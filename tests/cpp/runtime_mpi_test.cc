@@ -175,6 +175,35 @@ TEST(RuntimeMpi, ShapeMismatchFailsEveryRankThenRecovers) {
   EXPECT_EQ(reinterpret_cast<const float*>(good->output.data())[0], static_cast<float>(Size()));
 }
 
+// Repeated names go out as response-cache bits after their first agreement. A cached name with
+// new metadata on every rank is agreed again; one on some ranks only fails on every rank, as
+// an uncached mismatch does, and the cached entry keeps working afterwards.
+TEST(RuntimeMpi, RepeatedNamesThroughTheResponseCache) {
+  std::vector<float> in(64);
+  for (int step = 0; step < 6; ++step) {
+    for (int k = 0; k < 20; ++k) {
+      std::fill(in.begin(), in.end(), static_cast<float>(Rank() + step + k));
+      const int64_t len = step < 3 ? 16 : 32;  // every rank changes shape at step 3
+      auto p = Submit(OpType::kAllreduce, "cached." + std::to_string(k), DataType::kFloat32,
+                      {len}, in.data(), k % 2 == 1);
+      ASSERT_TRUE(Wait(*p).ok()) << step << " " << k;
+      const float sum = static_cast<float>(Size() * (step + k) + Size() * (Size() - 1) / 2);
+      const float* out = reinterpret_cast<const float*>(p->output.data());
+      for (int64_t e = 0; e < len; ++e)
+        ASSERT_EQ(out[e], k % 2 == 1 ? sum / static_cast<float>(Size()) : sum) << step << k;
+    }
+  }
+  auto bad = Submit(OpType::kAllreduce, "cached.0", DataType::kFloat32,
+                    {Rank() == 0 ? 32 : 16}, in.data());
+  Status s = Wait(*bad);
+  if (Size() > 1) {
+    EXPECT_EQ(s.code(), StatusCode::kPrecondition) << s.message();
+    EXPECT_NE(s.message().find("'cached.0'"), std::string::npos) << s.message();
+  }
+  auto again = Submit(OpType::kAllreduce, "cached.0", DataType::kFloat32, {32}, in.data());
+  ASSERT_TRUE(Wait(*again).ok());
+}
+
 TEST(RuntimeMpi, LocalValidationBeforeCommunication) {
   std::vector<float> in(4, 1.0f);
   auto root = Submit(OpType::kBroadcast, "badroot", DataType::kFloat32, {4}, in.data(), false,

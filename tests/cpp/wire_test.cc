@@ -32,6 +32,24 @@ TEST(Wire, RoundTrip) {
   EXPECT_TRUE(back.announcements[1].shape.empty());
 }
 
+TEST(Wire, CachedSlotsTravelAsABitSet) {
+  RoundMessage m;
+  m.cached = {0, 7, 8, 1023};
+  m.announcements.resize(1);
+  m.announcements[0].name = "new";
+  std::string bytes = EncodeRound(m);
+  // 4 bytes of flags, 4 of bit-set length, 128 of bits, then the one full announcement.
+  EXPECT_LT(bytes.size(), 4u + 4u + 128u + 64u);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  EXPECT_EQ(back.cached, m.cached);
+  ASSERT_EQ(back.announcements.size(), 1u);
+  EXPECT_EQ(back.announcements[0].name, "new");
+  // A hundred cached requests fit in 13 bytes, far below one 1 KiB exchange slot.
+  RoundMessage hundred;
+  for (uint32_t s = 0; s < 100; ++s) hundred.cached.push_back(s);
+  EXPECT_EQ(EncodeRound(hundred).size(), 4u + 4u + 13u + 4u);
+}
+
 TEST(Wire, EmptyAndTruncated) {
   std::string bytes = EncodeRound(RoundMessage{});
   EXPECT_EQ(DecodeRound(bytes.data(), bytes.size()).announcements.size(), 0u);
