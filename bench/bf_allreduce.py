@@ -66,10 +66,10 @@ def timed(batches: dict, budget: float, reps: int) -> dict:
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
-def raw_mpi(lib, nbytes: int, calls: int = 1):
+def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
     """A batch runner for `calls` raw MPI_Allreduce of `nbytes` each, looped in C++."""
     def run(iters: int) -> float:
-        seconds = lib.bench_mpi_allreduce(nbytes, calls, iters)
+        seconds = lib.bench_mpi_allreduce(nbytes, calls, iters, int(out_of_place))
         if seconds < 0:
             raise SystemExit("raw MPI_Allreduce failed")
         return seconds
@@ -88,7 +88,7 @@ def main() -> None:
     if args.mpi_lib:
         lib = ctypes.CDLL(args.mpi_lib)
         lib.bench_mpi_allreduce.restype = ctypes.c_double
-        lib.bench_mpi_allreduce.argtypes = [ctypes.c_longlong] * 3
+        lib.bench_mpi_allreduce.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int]
     n, me = bf.size(), bf.rank()
     out = []
 
@@ -117,6 +117,7 @@ def main() -> None:
         }
         if lib:
             batches["mpi_inproc"] = raw_mpi(lib, nbytes)
+            batches["mpi_inproc_oop"] = raw_mpi(lib, nbytes, out_of_place=True)
         for impl, t in timed(batches, args.budget, args.reps).items():
             emit(impl=impl, bytes=nbytes, median_s=t)
 

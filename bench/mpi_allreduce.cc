@@ -154,20 +154,25 @@ void Verify(float* buf, long long count, int rank, int nranks) {
 }  // namespace
 
 #ifdef BENCH_LIBRARY
-// `iters` repetitions of `calls` in-place MPI_Allreduce(SUM, float32) of `bytes` each, on
-// distinct slices of one buffer that is allocated and touched once and only ever grown.
+// `iters` repetitions of `calls` MPI_Allreduce(SUM, float32) of `bytes` each, on distinct
+// slices of buffers that are allocated and touched once and only ever grown: in place, like the
+// program, or with `out_of_place` from one buffer into another, as a framework must when the
+// caller keeps its input (twice the memory touched, which costs once it outgrows the caches).
 // MPI_COMM_WORLD, no barrier: the caller synchronizes ranks and takes the slowest time.
 // Returns this rank's elapsed seconds, or -1 on an MPI error. Needs MPI initialized with
 // MPI_THREAD_MULTIPLE (bluefog does) and no bluefog collective in flight.
-extern "C" double bench_mpi_allreduce(long long bytes, long long calls, long long iters) {
-  static std::vector<float> buf;
+extern "C" double bench_mpi_allreduce(long long bytes, long long calls, long long iters,
+                                      int out_of_place) {
+  static std::vector<float> buf, out;
   const long long count = bytes / 4;
   if ((long long)buf.size() < count * calls) buf.assign(count * calls, 0.0f);
+  if (out_of_place && (long long)out.size() < count * calls) out.assign(count * calls, 0.0f);
   const double t0 = MPI_Wtime();
   for (long long it = 0; it < iters; ++it)
     for (long long i = 0; i < calls; ++i)
-      if (MPI_Allreduce(MPI_IN_PLACE, buf.data() + i * count, (int)count, MPI_FLOAT, MPI_SUM,
-                        MPI_COMM_WORLD) != MPI_SUCCESS)
+      if (MPI_Allreduce(out_of_place ? buf.data() + i * count : MPI_IN_PLACE,
+                        (out_of_place ? out.data() : buf.data()) + i * count, (int)count,
+                        MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
         return -1;
   return MPI_Wtime() - t0;
 }

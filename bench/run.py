@@ -1,8 +1,9 @@
 """One command for the whole comparison: `make bench` (or `.venv/bin/python bench/run.py`).
 
 Runs, side by side in one go, for 2 and 4 ranks: bluefog's allreduce (eager and tf.function),
-raw MPI_Allreduce with buffers allocated once (the MPI floor; timed inside the bluefog process
-with its batches interleaved with bluefog's, which the ratios use, and as its own program),
+raw MPI_Allreduce with buffers allocated once (the MPI floor, in place; timed inside the bluefog
+process with its batches interleaved with bluefog's, which the ratios use, and as its own
+program; plus, interleaved, out of place, as bluefog must work when the caller keeps its input),
 TensorFlow's MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, and the
 training-step overhead of DistributedGradientTape at 1 rank. Prints markdown tables with times,
 bandwidths and ratios.
@@ -78,19 +79,21 @@ def main() -> None:
         busf = 2 * (n - 1) / n
         print(f"\n### Allreduce, float32, {n} ranks (median per call)\n")
         print("| size | bf eager | bf tf.function | raw MPI, interleaved | raw MPI, own program "
-              "| MWMS | bf busbw (GB/s) | MPI busbw | best bf / MPI speed | best bf / MWMS speed |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| MWMS | bf busbw (GB/s) | MPI busbw | best bf / MPI speed | best bf / MWMS speed "
+              "| raw MPI out of place | best bf / that |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for (impl, b), _ in sorted(by.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0])):
             if impl != "bf_eager":
                 continue
             eager, fn = by[("bf_eager", b)], by[("bf_function", b)]
             mpi, own, mwms = by[("mpi_inproc", b)], by.get(("mpi", b)), by.get(("mwms", b))
+            oop = by[("mpi_inproc_oop", b)]
             best = min(eager, fn)
             bw = lambda t: f"{b * busf / t / 1e9:.2f}" if t else "-"  # noqa: E731
             print(f"| {fmt_size(b)} | {fmt_time(eager)} | {fmt_time(fn)} | {fmt_time(mpi)} | "
                   f"{fmt_time(own) if own else '-'} | {fmt_time(mwms) if mwms else '-'} | "
                   f"{bw(best)} | {bw(mpi)} | {mpi / best:.2f}x | "
-                  f"{(mwms / best) if mwms else 0:.2f}x |")
+                  f"{(mwms / best) if mwms else 0:.2f}x | {fmt_time(oop)} | {oop / best:.2f}x |")
             if b >= 1 << 20:
                 floors.append((f"{n} ranks {fmt_size(b)}: bf busbw >= 1.0x raw MPI",
                                mpi / best >= 1.0, f"{mpi / best:.2f}x"))
