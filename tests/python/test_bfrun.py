@@ -91,6 +91,19 @@ def test_dry_run_shows_the_mpirun_command(tmp_path):
         assert part in line, line
     if os.geteuid() == 0:
         assert "--allow-run-as-root" in line
+    # Other hosts: keepalive settings, so a lost host ends the job in seconds, not minutes.
+    assert "--mca oob_tcp_keepalive_time 10" in line, line
+    assert "--mca oob_tcp_keepalive_probes 3" in line, line
+
+
+def test_keepalive_defaults_only_with_hosts_and_never_over_the_users():
+    local = bfrun(["--dry-run", "-np", "2", "python", "train.py"])
+    assert local.returncode == 0 and "keepalive" not in local.stderr, local.stderr
+    mine = bfrun(["--dry-run", "-np", "2", "-H", "a:1,b:1",
+                  "--mpi-args=--mca oob_tcp_keepalive_time 60", "python", "train.py"])
+    line = mine.stderr.strip().splitlines()[-1]
+    assert line.count("oob_tcp_keepalive_time") == 1 and "keepalive_time 60" in line, line
+    assert "--mca oob_tcp_keepalive_intvl 5" in line, line
 
 
 def test_bad_arguments():
