@@ -289,6 +289,18 @@ void Runtime::FailAll(const Status& status) {
 }
 
 void Runtime::Execute(std::vector<Response>& responses) {
+  // An allreduce big enough for the ring runs alone, out of place, straight from its input to
+  // its output: packing it into the fusion buffer would add a copy in and a copy out for no
+  // saving (measured at 2 ranks: 16 x 1 MiB 11.0 -> 5.5 ms, 8 x 8 MiB 25-35 -> 15-18 ms). Those
+  // go last, so that the small ones between them still form one run. Every rank reorders the
+  // same list the same way.
+  const int64_t solo_bytes = config_.ring_threshold_bytes;
+  auto solo = [solo_bytes](const Response& r) {
+    return solo_bytes > 0 && r.status.ok() && r.meta.op == OpType::kAllreduce &&
+           static_cast<int64_t>(r.meta.NumBytes()) >= solo_bytes;
+  };
+  std::stable_partition(responses.begin(), responses.end(),
+                        [&solo](const Response& r) { return !solo(r); });
   size_t i = 0;
   while (i < responses.size()) {
     const Response& r = responses[i];
@@ -298,13 +310,14 @@ void Runtime::Execute(std::vector<Response>& responses) {
       continue;
     }
     size_t end = i + 1;
-    if (r.meta.op == OpType::kAllreduce || r.meta.op == OpType::kNeighborAllreduce) {
+    if ((r.meta.op == OpType::kAllreduce || r.meta.op == OpType::kNeighborAllreduce) && !solo(r)) {
       // Fuse the run of ready requests of this op and dtype (and, for neighbor_allreduce, with
       // every rank exchanging with the same peers) that fits the fusion buffer.
       int64_t bytes = r.meta.NumBytes();
       while (end < responses.size()) {
         const Response& next = responses[end];
-        if (!next.status.ok() || next.meta.op != r.meta.op || next.meta.dtype != r.meta.dtype ||
+        if (!next.status.ok() || solo(next) || next.meta.op != r.meta.op ||
+            next.meta.dtype != r.meta.dtype ||
             next.topology_signature != r.topology_signature ||
             bytes + static_cast<int64_t>(next.meta.NumBytes()) > config_.fusion_threshold_bytes)
           break;

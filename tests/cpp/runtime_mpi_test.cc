@@ -101,6 +101,27 @@ TEST(RuntimeMpi, LargeAllreduceSumAndAverageAcrossChunks) {
   }
 }
 
+// Large allreduces run alone (not fused) and last; the small ones around them still fuse. Mixed
+// and submitted together, every result must be right whatever the order of execution.
+TEST(RuntimeMpi, LargeAndSmallAllreducesSubmittedTogether) {
+  std::vector<std::vector<float>> inputs;
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (int k = 0; k < 12; ++k) {
+    const int64_t count = k % 4 == 1 ? (int64_t{1} << 18) + k : 100 + k;  // 1 MiB+ or small
+    inputs.emplace_back(count, static_cast<float>(Rank() + k));
+    pending.push_back(Submit(OpType::kAllreduce, "mixed." + std::to_string(k),
+                             DataType::kFloat32, {count}, inputs.back().data(), k % 3 == 0));
+  }
+  const int n = Size();
+  for (int k = 0; k < 12; ++k) {
+    ASSERT_TRUE(Wait(*pending[k]).ok()) << k;
+    const float sum = static_cast<float>(n * k + n * (n - 1) / 2);
+    const float want = k % 3 == 0 ? sum / static_cast<float>(n) : sum;
+    const float* out = reinterpret_cast<const float*>(pending[k]->output.data());
+    for (size_t e = 0; e < inputs[k].size(); ++e) ASSERT_EQ(out[e], want) << k << " " << e;
+  }
+}
+
 TEST(RuntimeMpi, AllreduceHalfAndInt) {
   std::vector<uint16_t> h(64, FloatToHalf(static_cast<float>(Rank() + 1)));
   std::vector<int64_t> i(64, Rank() + 1);
