@@ -1,5 +1,7 @@
 #include "core/response_cache.h"
 
+#include <utility>
+
 #include "core/status.h"
 
 namespace bluefog {
@@ -25,9 +27,9 @@ const TensorMeta& ResponseCache::Get(uint32_t slot, int rank) const {
   return slots_[slot].rank_metas[rank];
 }
 
-void ResponseCache::Record(const std::vector<Response>& ready) {
+void ResponseCache::Record(std::vector<Response>& ready) {
   if (capacity_ == 0) return;
-  for (const Response& r : ready) {
+  for (Response& r : ready) {
     if (!r.status.ok() || static_cast<int>(r.rank_metas.size()) != size_) continue;
     ++clock_;
     uint32_t slot;
@@ -43,7 +45,7 @@ void ResponseCache::Record(const std::vector<Response>& ready) {
         if (slots_[s].last_used < slots_[slot].last_used) slot = s;
       by_name_.erase(slots_[slot].rank_metas[0].name);
     }
-    slots_[slot].rank_metas = r.rank_metas;
+    slots_[slot].rank_metas = std::move(r.rank_metas);
     slots_[slot].last_used = clock_;
     by_name_[r.meta.name] = slot;
   }

@@ -26,7 +26,8 @@ class ResponseCache {
   const TensorMeta& Get(uint32_t slot, int rank) const;
   // After a round, the requests every rank agreed on, in ready order. A new name takes a free
   // slot, or the least recently agreed one's when full; a known name's entry is replaced.
-  void Record(const std::vector<Response>& ready);
+  // Takes each response's rank_metas (moved, not copied: this runs for every request).
+  void Record(std::vector<Response>& ready);
   size_t size() const { return by_name_.size(); }
 
  private:

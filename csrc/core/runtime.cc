@@ -299,8 +299,9 @@ void Runtime::Execute(std::vector<Response>& responses) {
     return solo_bytes > 0 && r.status.ok() && r.meta.op == OpType::kAllreduce &&
            static_cast<int64_t>(r.meta.NumBytes()) >= solo_bytes;
   };
-  std::stable_partition(responses.begin(), responses.end(),
-                        [&solo](const Response& r) { return !solo(r); });
+  if (std::any_of(responses.begin(), responses.end(), solo))  // stable_partition allocates
+    std::stable_partition(responses.begin(), responses.end(),
+                          [&solo](const Response& r) { return !solo(r); });
   size_t i = 0;
   while (i < responses.size()) {
     const Response& r = responses[i];

@@ -23,10 +23,12 @@ std::vector<Response> Agree(const std::vector<std::vector<TensorMeta>>& per_rank
   return c.TakeReady();
 }
 
+void Record(ResponseCache& cache, std::vector<Response> ready) { cache.Record(ready); }
+
 TEST(ResponseCache, RemembersExactlyWhatEveryRankAgreedOn) {
   ResponseCache cache(8, 2);
   EXPECT_EQ(cache.Find(Meta("a", {4}), 0), -1);
-  cache.Record(Agree({{Meta("a", {4}), Meta("a", {4})}, {Meta("b", {2}), Meta("b", {2})}}));
+  Record(cache, Agree({{Meta("a", {4}), Meta("a", {4})}, {Meta("b", {2}), Meta("b", {2})}}));
   EXPECT_EQ(cache.Find(Meta("a", {4}), 0), 0);
   EXPECT_EQ(cache.Find(Meta("b", {2}), 1), 1);
   EXPECT_EQ(cache.Get(1, 0).name, "b");
@@ -36,7 +38,7 @@ TEST(ResponseCache, RemembersExactlyWhatEveryRankAgreedOn) {
   bcast.op = OpType::kBroadcast;
   EXPECT_EQ(cache.Find(bcast, 0), -1);
   // Agreeing on the new metadata replaces the entry in place.
-  cache.Record(Agree({{Meta("a", {5}), Meta("a", {5})}}));
+  Record(cache, Agree({{Meta("a", {5}), Meta("a", {5})}}));
   EXPECT_EQ(cache.Find(Meta("a", {5}), 1), 0);
   EXPECT_EQ(cache.Find(Meta("a", {4}), 1), -1);
   EXPECT_THROW(cache.Get(5, 0), BluefogError);
@@ -49,7 +51,7 @@ TEST(ResponseCache, KeepsEachRanksOwnNeighborLists) {
   r0.send_ranks = r0.recv_ranks = {1};
   r1.send_ranks = r1.recv_ranks = {0};
   ResponseCache cache(4, 2);
-  cache.Record(Agree({{r0, r1}}));
+  Record(cache, Agree({{r0, r1}}));
   EXPECT_EQ(cache.Find(r0, 0), 0);
   EXPECT_EQ(cache.Find(r1, 1), 0);
   EXPECT_EQ(cache.Find(r1, 0), -1);  // rank 0 with rank 1's lists is a different request
@@ -58,16 +60,16 @@ TEST(ResponseCache, KeepsEachRanksOwnNeighborLists) {
 
 TEST(ResponseCache, SkipsFailuresAndEvictsTheLeastRecentlyAgreed) {
   ResponseCache cache(2, 2);
-  cache.Record(Agree({{Meta("bad", {1}), Meta("bad", {2})}}));  // shape mismatch
+  Record(cache, Agree({{Meta("bad", {1}), Meta("bad", {2})}}));  // shape mismatch
   EXPECT_EQ(cache.size(), 0u);
-  cache.Record(Agree({{Meta("x", {1}), Meta("x", {1})}, {Meta("y", {1}), Meta("y", {1})}}));
-  cache.Record(Agree({{Meta("x", {1}), Meta("x", {1})}}));  // x is now the more recent
-  cache.Record(Agree({{Meta("z", {1}), Meta("z", {1})}}));  // full: y goes, z takes its slot
+  Record(cache, Agree({{Meta("x", {1}), Meta("x", {1})}, {Meta("y", {1}), Meta("y", {1})}}));
+  Record(cache, Agree({{Meta("x", {1}), Meta("x", {1})}}));  // x is now the more recent
+  Record(cache, Agree({{Meta("z", {1}), Meta("z", {1})}}));  // full: y goes, z takes its slot
   EXPECT_EQ(cache.Find(Meta("y", {1}), 0), -1);
   EXPECT_EQ(cache.Find(Meta("z", {1}), 0), 1);
   EXPECT_EQ(cache.Find(Meta("x", {1}), 0), 0);
   ResponseCache off(0, 2);
-  off.Record(Agree({{Meta("x", {1}), Meta("x", {1})}}));
+  Record(off, Agree({{Meta("x", {1}), Meta("x", {1})}}));
   EXPECT_EQ(off.Find(Meta("x", {1}), 0), -1);
 }
 
