@@ -18,7 +18,8 @@ from bluefog.common import basics
 
 _ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
 _OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast",
-             "BluefogNeighborAllreduce", "BluefogNeighborAllgather")
+             "BluefogNeighborAllreduce", "BluefogNeighborAllgather",
+             "BluefogNeighborAllgatherGrad")
 
 
 def _allow_concurrent_collectives_in_functions() -> None:

@@ -203,6 +203,13 @@ def _neighbor_allreduce_grad(op, grad):
 
 @tf.RegisterGradient("BluefogNeighborAllgather")
 def _neighbor_allgather_grad(op, grad):
-    raise NotImplementedError(
-        "the gradient of neighbor_allgather is not available; use neighbor_allreduce in "
-        "differentiated code")
+    """Each in-neighbour's slice of the upstream gradient goes back to it; every rank sums the
+    slices its out-neighbours send back."""
+    tensor, _, send_ranks, recv_ranks = op.inputs
+    base = mpi_ops._forward_name(op, index=1)
+    back = mpi_ops._ops.bluefog_neighbor_allgather_grad(
+        tf.convert_to_tensor(grad),
+        tensor_name=base or mpi_ops._request_name("neighbor_allgather.grad", None),
+        send_ranks=recv_ranks, recv_ranks=send_ranks,
+        first_dim=tf.shape(tensor, out_type=tf.int64)[0])
+    return [back, None, None, None]

@@ -26,7 +26,20 @@ std::string TrailingShape(const TensorMeta& m) {
   return Concat("rank ", m.shape.size(), " with trailing dimensions ", ShapeString(rest));
 }
 
+std::string RanksString(const std::vector<int32_t>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
 }  // namespace
+
+bool HasPerRankFirstDim(OpType op) {
+  return op == OpType::kAllgather || op == OpType::kNeighborAllgather ||
+         op == OpType::kNeighborAllgatherGrad;
+}
 
 Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
   const TensorMeta& m0 = *metas[0];
@@ -74,11 +87,25 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
       }
     }
   }
-  if (m0.op == OpType::kAllgather || m0.op == OpType::kNeighborAllgather) {
+  if (HasPerRankFirstDim(m0.op)) {
     for (const auto& m : metas) {
       if (TrailingShape(*m) != TrailingShape(m0))
         return fail("shape", DescribeDifference(metas, TrailingShape),
                     "allgather tensors may differ only in their first dimension.");
+    }
+    if (m0.op == OpType::kNeighborAllgatherGrad) {
+      // Each rank's input holds one block per destination, sized like that destination's output
+      // (the forward input it gathered); anything else would send misaligned blocks.
+      for (size_t r = 0; r < metas.size(); ++r) {
+        int64_t rows = 0;
+        for (int32_t dst : metas[r]->send_ranks) rows += metas[dst]->shape[0];
+        if (rows != metas[r]->input_rows)
+          return fail("shape", Concat("rank ", r, "'s upstream gradient has ",
+                                      metas[r]->input_rows, " rows, but the tensors it gathered "
+                                      "from ranks ", RanksString(metas[r]->send_ranks), " have ",
+                                      rows, " rows in all"),
+                      "The gradient of neighbor_allgather must have the shape of its output.");
+      }
     }
   } else {
     for (const auto& m : metas) {
@@ -121,8 +148,7 @@ Response Coordinator::Complete(Entry& entry) const {
       }
     }
   }
-  if (response.status.ok() &&
-      (response.meta.op == OpType::kAllgather || response.meta.op == OpType::kNeighborAllgather)) {
+  if (response.status.ok() && HasPerRankFirstDim(response.meta.op)) {
     response.first_dims.reserve(size_);
     for (const auto& m : entry.metas) response.first_dims.push_back(m->shape[0]);
   }

@@ -16,7 +16,7 @@ namespace bluefog {
 // A request every rank has announced: run it (status ok) or fail it on every rank.
 struct Response {
   TensorMeta meta;                  // as announced by rank 0
-  std::vector<int64_t> first_dims;  // allgather: each rank's size of dimension 0
+  std::vector<int64_t> first_dims;  // HasPerRankFirstDim ops: each rank's size of dimension 0
   // Neighbor ops: every rank's send and receive lists, encoded; equal signatures mean every rank
   // exchanges with the same peers, so the runtime may fuse those requests.
   std::string topology_signature;
@@ -58,5 +58,7 @@ class Coordinator {
 
 // Checks that ranks' metadata agree under the op's rules; returns the error for every rank, or ok.
 Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas);
+// The allgathers and neighbor_allgather's gradient: ranks may differ in dimension 0.
+bool HasPerRankFirstDim(OpType op);
 
 }  // namespace bluefog

@@ -336,6 +336,7 @@ void Runtime::Execute(std::vector<Response>& responses) {
         case OpType::kBroadcast: ExecuteBroadcast(r); break;
         case OpType::kNeighborAllreduce: ExecuteNeighborAllreduces(group); break;
         case OpType::kNeighborAllgather: ExecuteNeighborAllgather(r); break;
+        case OpType::kNeighborAllgatherGrad: ExecuteNeighborAllgatherGrad(r); break;
       }
     } catch (const BluefogError& e) {
       for (const Response& g : group)
@@ -468,6 +469,11 @@ Status Runtime::ValidateNeighbors(const Request& request) const {
                         meta.send_ranks.size(), " destination ranks"));
   } else if (meta.shape.empty()) {
     return bad("neighbor_allgather concatenates along dimension 0 and needs a tensor of rank >= 1");
+  } else if (meta.op == OpType::kNeighborAllgatherGrad) {
+    if (!IsFloatingPoint(meta.dtype))
+      return bad(Concat("dtype ", DataTypeName(meta.dtype), " has no gradient"));
+    if (meta.input_rows < 0 || meta.shape[0] < 0)
+      return bad(Concat("negative rows: input ", meta.input_rows, ", output ", meta.shape[0]));
   }
   return Status::Ok();
 }
@@ -550,6 +556,37 @@ void Runtime::ExecuteNeighborAllgather(const Response& response) {
     sends.push_back({dst, const_cast<void*>(req->input), my_bytes});
   transport_.NeighborExchange(sends, recvs);
   Finish(meta.name, status);
+}
+
+// Block k of the input (sized like send_ranks[k]'s output) goes to send_ranks[k]; the output is
+// the sum of the blocks received from recv_ranks (zeros when there are none).
+void Runtime::ExecuteNeighborAllgatherGrad(const Response& response) {
+  Request* req = Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  const int64_t row_bytes = RowBytes(meta);
+  const int64_t out_bytes = meta.shape[0] * row_bytes;
+  const char* in = static_cast<const char*>(req->input);
+  std::vector<MpiTransport::PeerBuffer> sends, recvs;
+  int64_t offset = 0;
+  for (int32_t dst : meta.send_ranks) {
+    const int64_t b = response.first_dims[dst] * row_bytes;
+    sends.push_back({dst, const_cast<char*>(in + offset), b});
+    offset += b;
+  }
+  const size_t nrecv = meta.recv_ranks.size();
+  // The first block lands in the output; the others in scratch, summed into it afterwards.
+  const size_t extra = nrecv > 1 ? (nrecv - 1) * static_cast<size_t>(out_bytes) : 0;
+  if (neighbor_buffer_.size() < extra) neighbor_buffer_.resize(extra);
+  char* out = static_cast<char*>(req->output);
+  for (size_t j = 0; j < nrecv; ++j)
+    recvs.push_back({meta.recv_ranks[j], j == 0 ? out : neighbor_buffer_.data() + (j - 1) * out_bytes,
+                     out_bytes});
+  transport_.NeighborExchange(sends, recvs);
+  if (nrecv == 0 && out_bytes > 0) std::memset(out, 0, static_cast<size_t>(out_bytes));
+  const int64_t count = meta.NumElements();
+  for (size_t j = 1; j < nrecv; ++j)
+    SumInto(out, neighbor_buffer_.data() + (j - 1) * out_bytes, count, meta.dtype);
+  Finish(meta.name, Status::Ok());
 }
 
 void Runtime::CheckStalls() {

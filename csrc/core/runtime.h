@@ -53,6 +53,7 @@ class Runtime {
   void ExecuteBroadcast(const Response& response);
   void ExecuteNeighborAllreduces(const std::vector<Response>& group);
   void ExecuteNeighborAllgather(const Response& response);
+  void ExecuteNeighborAllgatherGrad(const Response& response);
   Status ValidateNeighbors(const Request& request) const;
   static int64_t RowBytes(const TensorMeta& meta);
   static void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,

@@ -49,6 +49,7 @@ const char* OpTypeName(OpType op) {
     case OpType::kBroadcast: return "broadcast";
     case OpType::kNeighborAllreduce: return "neighbor_allreduce";
     case OpType::kNeighborAllgather: return "neighbor_allgather";
+    case OpType::kNeighborAllgatherGrad: return "neighbor_allgather gradient";
   }
   return "unknown";
 }
@@ -61,7 +62,8 @@ bool IsFloatingPoint(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 bool IsNeighborOp(OpType op) {
-  return op == OpType::kNeighborAllreduce || op == OpType::kNeighborAllgather;
+  return op == OpType::kNeighborAllreduce || op == OpType::kNeighborAllgather ||
+         op == OpType::kNeighborAllgatherGrad;
 }
 
 int64_t TensorMeta::NumElements() const {

@@ -29,8 +29,12 @@ enum class OpType : uint8_t {
   kBroadcast,
   kNeighborAllreduce,
   kNeighborAllgather,
+  // The transpose of neighbor_allgather (its gradient): the input is the concatenation of one
+  // block per send rank, block k sized like send_ranks[k]'s output; each rank sums the blocks
+  // addressed to it by its recv ranks.
+  kNeighborAllgatherGrad,
 };
-constexpr int kNumOpTypes = 5;
+constexpr int kNumOpTypes = 6;
 bool IsNeighborOp(OpType op);
 
 size_t ElementSize(DataType dtype);
@@ -52,6 +56,8 @@ struct TensorMeta {
   // Neighbor ops: the ranks this rank sends to and receives from in this call, ascending.
   std::vector<int32_t> send_ranks;
   std::vector<int32_t> recv_ranks;
+  // neighbor_allgather_grad only: dimension 0 of the input (shape holds the output's shape).
+  int64_t input_rows = -1;
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * ElementSize(dtype); }

@@ -67,6 +67,7 @@ std::string EncodeRound(const RoundMessage& message) {
       Put<uint32_t>(out, static_cast<uint32_t>(ranks->size()));
       for (int32_t r : *ranks) Put<int32_t>(out, r);
     }
+    if (m.op == OpType::kNeighborAllgatherGrad) Put<int64_t>(out, m.input_rows);
   }
   return out;
 }
@@ -100,6 +101,7 @@ RoundMessage DecodeRound(const char* data, size_t size) {
       ranks->resize(n);
       for (uint32_t k = 0; k < n; ++k) (*ranks)[k] = in.Get<int32_t>();
     }
+    if (m.op == OpType::kNeighborAllgatherGrad) m.input_rows = in.Get<int64_t>();
     message.announcements.push_back(std::move(m));
   }
   BF_ENFORCE(in.done(), StatusCode::kInternal, "malformed negotiation message: trailing bytes");

@@ -248,6 +248,34 @@ class NeighborAllgatherKernel : public CollectiveKernel {
   }
 };
 
+// The gradient of neighbor_allgather. Input 0 is the upstream gradient (one block per send
+// rank); input 4 is dimension 0 of this rank's forward input, which the output takes.
+class NeighborAllgatherGradKernel : public CollectiveKernel {
+ public:
+  explicit NeighborAllgatherGradKernel(OpKernelConstruction* c)
+      : CollectiveKernel(c, OpType::kNeighborAllgatherGrad) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    ReadPeers(ctx, &request);
+    const Tensor& grad = ctx->input(0);
+    const int64_t rows = ctx->input(4).scalar<int64_t>()();
+    OP_REQUIRES_ASYNC(ctx, grad.dims() >= 1 && rows >= 0,
+                      absl::InvalidArgumentError(
+                          "bluefog neighbor_allgather gradient of tensor '" + request.meta.name +
+                          "': needs a gradient of rank >= 1 and a non-negative first dimension"),
+                      done);
+    TensorShape shape = grad.shape();
+    shape.set_dim(0, rows);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, shape, &output), done);
+    request.meta.input_rows = grad.dim_size(0);
+    request.meta.shape[0] = rows;
+    request.output = DataOf(output);
+    Submit(ctx, done, std::move(request));
+  }
+};
+
 class BroadcastKernel : public CollectiveKernel {
  public:
   explicit BroadcastKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kBroadcast) {
@@ -339,6 +367,27 @@ REGISTER_OP("BluefogNeighborAllgather")
     .SetShapeFn(ConcatenatedShape)
     .Doc("Concatenation along dimension 0 of the tensors of recv_ranks, in that order.");
 
+REGISTER_OP("BluefogNeighborAllgatherGrad")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Input("grad: T")
+    .Input("tensor_name: string")
+    .Input("send_ranks: int32")
+    .Input("recv_ranks: int32")
+    .Input("first_dim: int64")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle output;
+      shape_inference::DimensionHandle rows;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &rows));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, rows, &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    })
+    .Doc("Gradient of BluefogNeighborAllgather: block k of `grad` (sized like send_ranks[k]'s "
+         "first_dim) goes to send_ranks[k]; the output sums the blocks from recv_ranks.");
+
 REGISTER_OP("BluefogBroadcast")
     .Attr("T: " BF_ALL_TYPES)
     .Attr("root_rank: int")
@@ -357,6 +406,8 @@ REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllreduce").Device(::tensorflow::DE
                         NeighborAllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllgather").Device(::tensorflow::DEVICE_CPU),
                         NeighborAllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllgatherGrad").Device(::tensorflow::DEVICE_CPU),
+                        NeighborAllgatherGradKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogBroadcast").Device(::tensorflow::DEVICE_CPU), BroadcastKernel);
 
 }  // namespace tf_bridge

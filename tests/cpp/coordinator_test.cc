@@ -86,6 +86,35 @@ TEST(Coordinator, AllgatherFirstDimensionMayDiffer) {
   EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
 }
 
+// Rank r's gradient holds one block per send rank k, sized like rank k's output (shape[0]).
+TEST(Coordinator, NeighborAllgatherGradChecksEachRanksBlocks) {
+  auto announce = [](Coordinator& c, const std::string& name, int64_t rank0_rows) {
+    // A ring of 3: rank r sends to r + 1 and receives from r - 1; output rows are r + 1.
+    for (int r = 0; r < 3; ++r) {
+      TensorMeta m = Meta(name, OpType::kNeighborAllgatherGrad, {r + 1, 2});
+      m.send_ranks = {(r + 1) % 3};
+      m.recv_ranks = {(r + 2) % 3};
+      m.input_rows = r == 0 ? rank0_rows : (r + 1) % 3 + 1;
+      c.Announce(r, m);
+    }
+  };
+  Coordinator c(3);
+  announce(c, "ok", 2);
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_TRUE(ready[0].status.ok()) << ready[0].status.message();
+  EXPECT_EQ(ready[0].first_dims, std::vector<int64_t>({1, 2, 3}));
+
+  announce(c, "bad", 5);
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
+  EXPECT_NE(ready[0].status.message().find("rank 0's upstream gradient has 5 rows"),
+            std::string::npos) << ready[0].status.message();
+  EXPECT_NE(ready[0].status.message().find("ranks [1] have 2 rows"), std::string::npos)
+      << ready[0].status.message();
+}
+
 TEST(Coordinator, DuplicateAnnouncementIsInternalError) {
   Coordinator c(2);
   c.Announce(0, Meta("d", OpType::kAllreduce, {1}));

@@ -37,6 +37,9 @@ TEST(ResponseCache, RemembersExactlyWhatEveryRankAgreedOn) {
   TensorMeta bcast = Meta("a", {4});
   bcast.op = OpType::kBroadcast;
   EXPECT_EQ(cache.Find(bcast, 0), -1);
+  TensorMeta rows = Meta("a", {4});
+  rows.input_rows = 7;  // the neighbor_allgather gradient's input rows are part of the meta
+  EXPECT_EQ(cache.Find(rows, 0), -1);
   // Agreeing on the new metadata replaces the entry in place.
   Record(cache, Agree({{Meta("a", {5}), Meta("a", {5})}}));
   EXPECT_EQ(cache.Find(Meta("a", {5}), 1), 0);

@@ -301,6 +301,41 @@ TEST(RuntimeMpi, FusedNeighborAllreducesWithTheirOwnWeights) {
   }
 }
 
+TEST(RuntimeMpi, NeighborAllgatherGradSendsEachBlockHome) {
+  // Rank r's output has r + 1 rows of 2. Rank r "gathered" from every other rank, so its input
+  // holds one block per other rank k (k + 1 rows) filled with 100 * r + k; rank k's output is
+  // the sum over r != k of 100 * r + k. A lone rank has nothing to receive: zeros.
+  const int n = Size();
+  std::vector<int32_t> others;
+  int64_t in_rows = 0;
+  for (int k = 0; k < n; ++k)
+    if (k != Rank()) others.push_back(k), in_rows += k + 1;
+  std::vector<float> in;
+  for (int k : others) in.insert(in.end(), (k + 1) * 2, 100.0f * Rank() + k);
+  auto p = std::make_unique<Pending>();
+  p->output.assign((Rank() + 1) * 2 * sizeof(float), 1);  // garbage: must be overwritten
+  Request req;
+  req.meta.name = "nag.grad";
+  req.meta.op = OpType::kNeighborAllgatherGrad;
+  req.meta.dtype = DataType::kFloat32;
+  req.meta.shape = {Rank() + 1, 2};
+  req.meta.send_ranks = others;
+  req.meta.recv_ranks = others;
+  req.meta.input_rows = in_rows;
+  req.input = in.data();
+  req.output = p->output.data();
+  Pending* raw = p.get();
+  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+  Status s = Runtime::Get().Enqueue(std::move(req));
+  if (!s.ok()) p->promise.set_value(s);
+  s = Wait(*p);
+  ASSERT_TRUE(s.ok()) << s.message();
+  float expected = 0;
+  for (int r : others) expected += 100.0f * r + Rank();
+  const float* out = reinterpret_cast<const float*>(p->output.data());
+  for (int e = 0; e < (Rank() + 1) * 2; ++e) ASSERT_EQ(out[e], expected) << e;
+}
+
 TEST(RuntimeMpi, ZeroElementTensors) {
   auto p = Submit(OpType::kAllreduce, "empty", DataType::kFloat32, {0, 5}, nullptr);
   EXPECT_TRUE(Wait(*p).ok());

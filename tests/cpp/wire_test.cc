@@ -32,6 +32,30 @@ TEST(Wire, RoundTrip) {
   EXPECT_TRUE(back.announcements[1].shape.empty());
 }
 
+TEST(Wire, NeighborAllgatherGradCarriesItsInputRows) {
+  RoundMessage m;
+  TensorMeta g;
+  g.name = "x.grad";
+  g.op = OpType::kNeighborAllgatherGrad;
+  g.dtype = DataType::kFloat64;
+  g.shape = {2, 3};
+  g.send_ranks = {1, 4};
+  g.recv_ranks = {4};
+  g.input_rows = 9;
+  TensorMeta other = g;
+  other.op = OpType::kNeighborAllgather;
+  other.input_rows = 9;  // not carried: only the gradient op has input rows
+  m.announcements = {g, other};
+  std::string bytes = EncodeRound(m);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  ASSERT_EQ(back.announcements.size(), 2u);
+  EXPECT_EQ(back.announcements[0].input_rows, 9);
+  EXPECT_EQ(back.announcements[0].send_ranks, g.send_ranks);
+  EXPECT_EQ(back.announcements[0].recv_ranks, g.recv_ranks);
+  EXPECT_EQ(back.announcements[1].input_rows, -1);
+  EXPECT_EQ(back.announcements[1].op, OpType::kNeighborAllgather);
+}
+
 TEST(Wire, CachedSlotsTravelAsABitSet) {
   RoundMessage m;
   m.cached = {0, 7, 8, 1023};
