@@ -21,6 +21,7 @@ from bluefog.common.topology import (  # noqa: F401
     set_topology,
     unified_mpi_window_model_supported,
 )
+from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     hierarchical_neighbor_allreduce,
     neighbor_allgather,

@@ -15,6 +15,8 @@ from typing import Optional, Union
 import tensorflow as tf
 
 from bluefog.common import basics
+from bluefog.tensorflow.compression import Compression
+from bluefog.tensorflow.compression import check as compression_check
 
 _ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
 _OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast",
@@ -136,55 +138,70 @@ def _to_tensor(tensor, op: str, name: str) -> tf.Tensor:
 
 
 def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: bool = True,
-              name: Optional[str] = None, device: str = "") -> Union[tf.Tensor, tf.IndexedSlices]:
+              name: Optional[str] = None, device: str = "",
+              compression=Compression.none) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
     shape. Integer averages truncate toward zero. A ``tf.IndexedSlices`` is reduced by gathering
     its values and indices from every rank; the result is an ``IndexedSlices`` representing the
-    sum (or mean) of the dense tensors.
+    sum (or mean) of the dense tensors. ``compression`` (``bf.Compression.fp16``/``.bf16``)
+    sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
     """
     name = _request_name("allreduce", name)
     if not isinstance(average, bool):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}': "
                         f"average must be a bool, got {average!r}")
+    if compression is not Compression.none:
+        compression = compression_check(
+            compression, f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}'")
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, average, name, device)
+        return _allreduce_indexed_slices(tensor, average, name, device, compression)
     if not isinstance(tensor, tf.Tensor):
         tensor = _to_tensor(tensor, "allreduce", name)
     _check_dtype(tensor, "allreduce", name, NUMERIC_DTYPES)
-    if not device:
+    if compression is Compression.none and not device:  # the common path, kept lean
         return _ops.bluefog_allreduce(tensor, tensor_name=_name_input(name), average=average)
-    with tf.device(device):
-        return _ops.bluefog_allreduce(tensor, tensor_name=_name_input(name), average=average)
+    sent, context = compression.compress(tensor)
+    with _device_scope(device):
+        out = _ops.bluefog_allreduce(sent, tensor_name=_name_input(name), average=average)
+    return compression.decompress(out, context)
 
 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
-                      device: str = "") -> list:
+                      device: str = "", compression=Compression.none) -> list:
     """Allreduce of every tensor in ``tensors``, as few TF ops and collectives as possible.
 
-    Equivalent to ``[allreduce(t, average) for t in tensors]`` but dense tensors of one dtype go
-    through a single op, so the runtime receives them together and fuses them. Every rank must
-    pass the same number of tensors with the same shapes and dtypes in the same order.
-    ``IndexedSlices`` and ``None`` entries are handled one by one (``None`` stays ``None``).
+    Equivalent to ``[allreduce(t, average, compression=...) for t in tensors]`` but dense
+    tensors of one dtype (after compression) go through a single op, so the runtime receives
+    them together and fuses them. Every rank must pass the same number of tensors with the same
+    shapes and dtypes in the same order. ``IndexedSlices`` and ``None`` entries are handled one
+    by one (``None`` stays ``None``).
     """
     name = _request_name("grouped_allreduce", name)
     if not isinstance(average, bool):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': "
                         f"average must be a bool, got {average!r}")
+    if compression is not Compression.none:
+        compression = compression_check(
+            compression, f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}'")
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': tensors "
                         f"must be a list or tuple of tensors, got {type(tensors).__name__}")
     results: list = [None] * len(tensors)
+    contexts: list = [None] * len(tensors)
     by_dtype: dict = {}
     for i, t in enumerate(tensors):
         if t is None:
             continue
         if isinstance(t, tf.IndexedSlices):
-            results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device)
+            results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device,
+                                                   compression)
             continue
         t = _to_tensor(t, "grouped_allreduce", f"{name}.{i}")
         _check_dtype(t, "grouped_allreduce", f"{name}.{i}", NUMERIC_DTYPES)
+        if compression is not Compression.none:
+            t, contexts[i] = compression.compress(t)
         by_dtype.setdefault(t.dtype, []).append((i, t))
     with _device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
@@ -192,13 +209,17 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
                                                   tensor_name=_name_input(f"{name}.{dtype.name}"))
             for (i, _), out in zip(items, outs):
                 results[i] = out
+    if compression is not Compression.none:
+        for i, _ in (item for items in by_dtype.values() for item in items):
+            results[i] = compression.decompress(results[i], contexts[i])
     return results
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,
-                              device: str) -> tf.IndexedSlices:
+                              device: str, compression=Compression.none) -> tf.IndexedSlices:
+    sent, context = compression.compress(slices.values)
     with _device_scope(device):
-        values = allgather(slices.values, name=name + ".values")
+        values = compression.decompress(allgather(sent, name=name + ".values"), context)
         indices = allgather(slices.indices, name=name + ".indices")
     if average:
         values = _divide(values, basics.size())

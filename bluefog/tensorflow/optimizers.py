@@ -36,6 +36,8 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.compression import Compression
+from bluefog.tensorflow.compression import check as compression_check
 
 __all__ = ["DistributedGradientTape", "DistributedOptimizer", "broadcast_variables"]
 
@@ -77,21 +79,21 @@ def _check_initialized(what: str) -> None:
 # Gradient averaging
 # --------------------------------------------------------------------------------------------
 
-def _allreduce_in_graph(tensors: Sequence, prefix: str, device: str) -> List:
+def _allreduce_in_graph(tensors: Sequence, prefix: str, device: str, compression) -> List:
     # One grouped request: the dense gradients of one dtype go through a single op, so the
     # runtime gets them together and fuses them.
     k = _next_graph_index(prefix)
     return mpi_ops.grouped_allreduce(list(tensors), average=True, name=f"{prefix}.{k}",
-                                     device=device)
+                                     device=device, compression=compression)
 
 
-def _eager_allreduce_fn(prefix: str, device: str) -> Callable:
-    key = ("allreduce", prefix, device)
+def _eager_allreduce_fn(prefix: str, device: str, compression) -> Callable:
+    key = ("allreduce", prefix, device, compression)
     with _lock:
         fn = _eager_functions.get(key)
         if fn is None:
             def average(tensors):
-                return _allreduce_in_graph(tensors, prefix, device)
+                return _allreduce_in_graph(tensors, prefix, device, compression)
 
             fn = tf.function(average, reduce_retracing=True, autograph=False)
             _eager_functions[key] = fn
@@ -108,7 +110,8 @@ def _to_gradient(g, prefix: str, j: int):
                         f"{type(g).__name__}, which is not a tensor: {e}") from None
 
 
-def _average_gradients(grads: Sequence, prefix: str, device: str) -> List:
+def _average_gradients(grads: Sequence, prefix: str, device: str,
+                       compression=Compression.none) -> List:
     """The mean over ranks of every non-None entry of `grads`; None entries stay None."""
     grads = [_to_gradient(g, prefix, j) for j, g in enumerate(grads)]
     if basics.size() == 1:
@@ -118,9 +121,9 @@ def _average_gradients(grads: Sequence, prefix: str, device: str) -> List:
         return grads
     values = [grads[j] for j in present]
     if tf.executing_eagerly():
-        reduced = _eager_allreduce_fn(prefix, device)(values)
+        reduced = _eager_allreduce_fn(prefix, device, compression)(values)
     else:
-        reduced = _allreduce_in_graph(values, prefix, device)
+        reduced = _allreduce_in_graph(values, prefix, device, compression)
     out = list(grads)
     for j, r in zip(present, reduced):
         out[j] = r
@@ -166,11 +169,12 @@ class _DistributedGradientTape(tf.GradientTape):
     _watched_variables = _delegated_state("_watched_variables")
     _recording = _delegated_state("_recording")
 
-    def __init__(self, tape: tf.GradientTape, device: str, prefix: str):
+    def __init__(self, tape: tf.GradientTape, device: str, prefix: str, compression):
         # tf.GradientTape.__init__ is not called: its state is the wrapped tape's.
         object.__setattr__(self, "_bf_tape", tape)
         object.__setattr__(self, "_bf_device", device)
         object.__setattr__(self, "_bf_prefix", prefix)
+        object.__setattr__(self, "_bf_compression", compression)
 
     def __enter__(self):
         self._bf_tape.__enter__()
@@ -210,7 +214,8 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = self._bf_tape.gradient(target, sources, output_gradients=output_gradients,
                                        unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        averaged = _average_gradients(flat, self._bf_prefix, self._bf_device)
+        averaged = _average_gradients(flat, self._bf_prefix, self._bf_device,
+                                      self._bf_compression)
         return tf.nest.pack_sequence_as(grads, averaged)
 
     def __getattr__(self, name):
@@ -223,7 +228,8 @@ class _DistributedGradientTape(tf.GradientTape):
         return f"DistributedGradientTape({self._bf_tape!r})"
 
 
-def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "") -> tf.GradientTape:
+def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
+                            compression=Compression.none) -> tf.GradientTape:
     """Wraps ``gradtape`` so that ``gradient()`` returns gradients averaged over all ranks.
 
     Works with persistent and non-persistent tapes, ``watch_accessed_variables=False``, in eager
@@ -241,6 +247,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "") -> tf.G
     Args:
         gradtape: a ``tf.GradientTape``.
         device: device for the allreduce ops ('' = default placement).
+        compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
+            (returned in their own dtype); ``bf.Compression.none`` (default) sends them as they
+            are. Ranks must agree on it.
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
@@ -252,8 +261,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "") -> tf.G
         raise ValueError("bluefog DistributedGradientTape: this tape is already a "
                          "DistributedGradientTape; wrap the tf.GradientTape only once")
     device = _check_device(device, "DistributedGradientTape")
+    compression = compression_check(compression, "bluefog DistributedGradientTape")
     _check_initialized("DistributedGradientTape")
-    return _DistributedGradientTape(gradtape, device, "DistributedGradientTape")
+    return _DistributedGradientTape(gradtape, device, "DistributedGradientTape", compression)
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,11 +280,12 @@ class _DistributedKerasOptimizer:
 
     _bluefog_name: str = "Distributed"
     _bluefog_device: str = ""
+    _bluefog_compression = Compression.none
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         prefix = f"{self._bluefog_name}.{self.name}"
-        grads = _average_gradients(grads, prefix, self._bluefog_device)
+        grads = _average_gradients(grads, prefix, self._bluefog_device, self._bluefog_compression)
         return super().apply(grads, trainable_variables)
 
 
@@ -382,15 +393,16 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
     on averaged gradients too. Everything else is the wrapped optimizer's.
     """
 
-    def __init__(self, optimizer, name: str, use_locking: bool, device: str):
+    def __init__(self, optimizer, name: str, use_locking: bool, device: str, compression):
         super().__init__(use_locking=use_locking, name=name)
         self._optimizer = optimizer
         self._bluefog_device = device
+        self._bluefog_compression = compression
 
     def compute_gradients(self, *args, **kwargs):
         grads_and_vars = list(self._optimizer.compute_gradients(*args, **kwargs))
         grads = _average_gradients([g for g, _ in grads_and_vars], self._name,
-                                   self._bluefog_device)
+                                   self._bluefog_device, self._bluefog_compression)
         return [(g, v) for g, (_, v) in zip(grads, grads_and_vars)]
 
     def apply_gradients(self, *args, **kwargs):
@@ -411,7 +423,7 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
 # --------------------------------------------------------------------------------------------
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
-                         device: str = ""):
+                         device: str = "", compression=Compression.none):
     """An optimizer that averages gradients over all ranks before applying them.
 
     * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
@@ -430,6 +442,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
             optimizer's class name). Ranks must agree on it.
         use_locking: passed to ``tf.compat.v1.train.Optimizer``; unused for Keras optimizers.
         device: device for the allreduce ops ('' = default placement).
+        compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
+            (applied in their own dtype); ``bf.Compression.none`` (default) sends them as they
+            are. Ranks must agree on it.
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"bluefog DistributedOptimizer: name must be a non-empty str or None, "
@@ -438,13 +453,15 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         raise ValueError(f"bluefog DistributedOptimizer: use_locking must be a bool, got "
                          f"{use_locking!r}")
     device = _check_device(device, "DistributedOptimizer")
+    compression = compression_check(compression, "bluefog DistributedOptimizer")
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if isinstance(optimizer, _DistributedV1Optimizer):
             raise ValueError("bluefog DistributedOptimizer: this optimizer is already "
                              "distributed; wrap the optimizer only once")
         _check_initialized("DistributedOptimizer")
         return _DistributedV1Optimizer(optimizer, name or "Distributed" +
-                                       type(optimizer).__name__, use_locking, device)
+                                       type(optimizer).__name__, use_locking, device,
+                                       compression)
 
     keras = _keras()
     if isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
@@ -469,6 +486,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     new = _copy_keras_optimizer(optimizer, _distributed_keras_class(base))
     new._bluefog_name = name or "Distributed" + base.__name__
     new._bluefog_device = device
+    new._bluefog_compression = compression
     return new
 
 

@@ -24,6 +24,7 @@ from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
+from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.mpi_ops import allgather, allreduce, broadcast  # noqa: F401
 from bluefog.tensorflow.optimizers import (  # noqa: F401
     DistributedGradientTape,
