@@ -200,9 +200,12 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
             continue
         t = _to_tensor(t, "grouped_allreduce", f"{name}.{i}")
         _check_dtype(t, "grouped_allreduce", f"{name}.{i}", NUMERIC_DTYPES)
+        # Grouped and named by the dtype before compression: ranks that disagree on compression
+        # then meet under one name and get a dtype error, instead of waiting for each other.
+        dtype = t.dtype
         if compression is not Compression.none:
             t, contexts[i] = compression.compress(t)
-        by_dtype.setdefault(t.dtype, []).append((i, t))
+        by_dtype.setdefault(dtype, []).append((i, t))
     with _device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
             outs = _ops.bluefog_grouped_allreduce([t for _, t in items], average=average,

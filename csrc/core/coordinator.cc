@@ -58,7 +58,8 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
     if (m->dtype != m0.dtype)
       return fail("dtype",
                   DescribeDifference(metas, [](const TensorMeta& x) { return std::string(DataTypeName(x.dtype)); }),
-                  "Cast the tensor to one dtype on every rank.");
+                  "Cast the tensor to one dtype on every rank (and give every rank the same "
+                  "compression).");
   }
   for (const auto& m : metas) {
     if (m->root_rank != m0.root_rank)

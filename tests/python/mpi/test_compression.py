@@ -142,6 +142,20 @@ def test_a_user_compressor_is_used(rank, size):
     assert got.numpy()[0] == size * (size + 1) / 2
 
 
+@pytest.mark.skipif(bf.size() < 2, reason="needs 2 ranks")
+def test_ranks_that_disagree_on_compression_get_an_error_not_a_hang(rank, size):
+    compression = bf.Compression.fp16 if rank == 0 else bf.Compression.none
+    v = tf.Variable(np.ones(3, np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * v)
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="ranks disagree on the dtype: rank 0 has float16, rank 1 has "
+                             "float32.*same compression"):
+        bf.DistributedGradientTape(tape, compression=compression).gradient(loss, v)
+    assert bf.allreduce(tf.constant(1.0), average=False, name="compress.mixed.after").numpy() \
+        == size
+
+
 def test_bad_compression_names_the_call(rank):
     with pytest.raises(TypeError, match=rf"rank {rank}: bluefog allreduce of tensor "
                                         r"'compress.bad': compression must be"):
