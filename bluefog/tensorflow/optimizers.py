@@ -276,6 +276,11 @@ class _DistributedKerasOptimizer:
     Keras 3 routes every update through ``apply``: ``apply_gradients`` (what ``model.fit``
     calls) calls it, and so does ``LossScaleOptimizer`` for its inner optimizer. Overriding it
     alone averages each step's gradients exactly once.
+
+    With gradient accumulation (Keras' ``gradient_accumulation_steps``, which
+    ``backward_passes_per_step`` sets), only every N-th ``apply`` updates the variables, from
+    the mean of the N local gradients; Keras clips that mean first, so ``_clip_gradients``
+    averages it over ranks, and the steps in between communicate nothing.
     """
 
     _bluefog_name: str = "Distributed"
@@ -284,9 +289,16 @@ class _DistributedKerasOptimizer:
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
-        prefix = f"{self._bluefog_name}.{self.name}"
-        grads = _average_gradients(grads, prefix, self._bluefog_device, self._bluefog_compression)
+        if not self.gradient_accumulation_steps:
+            grads = _average_gradients(grads, f"{self._bluefog_name}.{self.name}",
+                                       self._bluefog_device, self._bluefog_compression)
         return super().apply(grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        if self.gradient_accumulation_steps:  # an update step: grads is the local mean
+            grads = _average_gradients(list(grads), f"{self._bluefog_name}.{self.name}",
+                                       self._bluefog_device, self._bluefog_compression)
+        return super()._clip_gradients(grads)
 
 
 _keras_classes: Dict[type, type] = {}
@@ -348,13 +360,15 @@ def _distributed_keras_class(base: type) -> type:
     return cls
 
 
-def _copy_keras_optimizer(optimizer, cls):
-    """A new instance of `cls` with the configuration (and state, if built) of `optimizer`."""
+def _copy_keras_optimizer(optimizer, cls, overrides: Dict[str, Any]):
+    """A new instance of `cls` with the configuration (and state, if built) of `optimizer`,
+    with `overrides` applied to the configuration."""
     keras = _keras()
     with warnings.catch_warnings():
         # A callable learning rate warns when serialized; it is passed on as is below.
         warnings.simplefilter("ignore")
         config = optimizer.get_config()
+    config.update(overrides)
     lr = getattr(optimizer, "_learning_rate", None)
     if "learning_rate" in config and lr is not None and not isinstance(lr, keras.Variable):
         # A schedule or callable: keep the very object (no serialization round trip).
@@ -423,7 +437,8 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
 # --------------------------------------------------------------------------------------------
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
-                         device: str = "", compression=Compression.none):
+                         device: str = "", compression=Compression.none,
+                         backward_passes_per_step: int = 1):
     """An optimizer that averages gradients over all ranks before applying them.
 
     * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
@@ -445,6 +460,11 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
             (applied in their own dtype); ``bf.Compression.none`` (default) sends them as they
             are. Ranks must agree on it.
+        backward_passes_per_step: Keras optimizers only. Above 1, gradients are accumulated
+            locally (Keras' ``gradient_accumulation_steps``) and averaged over ranks once every
+            that many steps, when the variables are updated; the steps in between do not
+            communicate. An optimizer created with ``gradient_accumulation_steps`` behaves the
+            same way without this argument.
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"bluefog DistributedOptimizer: name must be a non-empty str or None, "
@@ -454,7 +474,14 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
                          f"{use_locking!r}")
     device = _check_device(device, "DistributedOptimizer")
     compression = compression_check(compression, "bluefog DistributedOptimizer")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step must be an int "
+                         f">= 1, got {backward_passes_per_step!r}")
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if backward_passes_per_step > 1:
+            raise ValueError("bluefog DistributedOptimizer: backward_passes_per_step > 1 needs a "
+                             "Keras optimizer (it uses Keras' gradient accumulation)")
         if isinstance(optimizer, _DistributedV1Optimizer):
             raise ValueError("bluefog DistributedOptimizer: this optimizer is already "
                              "distributed; wrap the optimizer only once")
@@ -483,7 +510,20 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     _check_initialized("DistributedOptimizer")
     _patch_loss_scale_optimizer(keras)
     base = type(optimizer)
-    new = _copy_keras_optimizer(optimizer, _distributed_keras_class(base))
+    overrides: Dict[str, Any] = {}
+    if backward_passes_per_step > 1:
+        current = optimizer.gradient_accumulation_steps
+        if current and current != backward_passes_per_step:
+            raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step="
+                             f"{backward_passes_per_step} but the optimizer already accumulates "
+                             f"over gradient_accumulation_steps={current}; give one of them")
+        if optimizer.built and not current:
+            raise ValueError("bluefog DistributedOptimizer: backward_passes_per_step needs "
+                             "gradient accumulators, which a built optimizer does not have; wrap "
+                             "the optimizer before it is built (before compile/fit or the first "
+                             "apply)")
+        overrides["gradient_accumulation_steps"] = backward_passes_per_step
+    new = _copy_keras_optimizer(optimizer, _distributed_keras_class(base), overrides)
     new._bluefog_name = name or "Distributed" + base.__name__
     new._bluefog_device = device
     new._bluefog_compression = compression

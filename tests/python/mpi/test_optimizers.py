@@ -284,6 +284,58 @@ def test_fit_matches_training_on_averaged_gradients(rank, size, opt_name, run_ea
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_fit_with_backward_passes_per_step(rank, size, run_eagerly):
+    """Two half batches accumulated per update: the same as full-batch training on the mean
+    gradient (MSE over equal halves), with one allreduce per update."""
+    make_optimizer = OPTIMIZERS["adam"]
+    model = make_model()
+    opt = bf.DistributedOptimizer(make_optimizer(), backward_passes_per_step=2)
+    assert opt.gradient_accumulation_steps == 2
+    model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+    x, y = rank_data(rank)
+    steps = 2
+    model.fit(x, y, batch_size=N_SAMPLES // 2, epochs=steps, shuffle=False, verbose=0)
+    assert_same_on_all_ranks(model.get_weights())
+    for got, want in zip(model.get_weights(), reference_weights(make_optimizer, steps, size)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_accumulating_optimizer_communicates_on_update_steps_only(rank, size, monkeypatch):
+    from bluefog.tensorflow import optimizers
+
+    calls = []
+    average = optimizers._average_gradients
+    monkeypatch.setattr(optimizers, "_average_gradients",
+                        lambda *a, **k: calls.append(1) or average(*a, **k))
+    v = tf.Variable(W)
+    # Created with Keras' own option: the same behaviour as backward_passes_per_step=3.
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0, gradient_accumulation_steps=3))
+    for k in (1, 2, 3):
+        opt.apply_gradients([(tf.constant(k * (rank + 1) * W), v)])
+        assert len(calls) == (1 if k == 3 else 0)
+        if k < 3:
+            np.testing.assert_array_equal(v.numpy(), W)
+    # The mean over 3 steps (k = 1, 2, 3: mean 2) of the mean over ranks.
+    np.testing.assert_allclose(v.numpy(), W - 2 * mean_factor(size) * W, rtol=1e-6)
+
+
+def test_backward_passes_per_step_bad_arguments():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="backward_passes_per_step must be an int"):
+            bf.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=bad)
+    with pytest.raises(ValueError, match="needs a Keras optimizer"):
+        bf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="give one of them"):
+        bf.DistributedOptimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=3),
+                                backward_passes_per_step=2)
+    built = keras.optimizers.SGD(0.1)
+    built.build([tf.Variable(W)])
+    with pytest.raises(ValueError, match="before it is built"):
+        bf.DistributedOptimizer(built, backward_passes_per_step=2)
+
+
 def test_loss_scale_optimizer_around_distributed_optimizer(rank, size):
     make_optimizer = OPTIMIZERS["sgd"]
     model = make_model()
