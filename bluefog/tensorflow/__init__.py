@@ -28,6 +28,11 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     neighbor_allreduce,
 )
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
     allgather,
     allreduce,
     broadcast,

@@ -43,6 +43,27 @@ def _allow_concurrent_collectives_in_functions() -> None:
 
 _allow_concurrent_collectives_in_functions()
 
+# The reductions of allreduce's `op` (Horovod's names). Average and Sum are `average=True/False`.
+Average = "average"
+Sum = "sum"
+Min = "min"
+Max = "max"
+Product = "product"
+_REDUCE_OPS = (Average, Sum, Min, Max, Product)
+
+
+def _reduce_op(op, average: bool, what: str):
+    """(average, reduce_op attr) for `op` (None: `average` decides)."""
+    if op is None:
+        return average, "sum"
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"{what}: op must be one of bf.Average, bf.Sum, bf.Min, bf.Max, "
+                         f"bf.Product, got {op!r}")
+    if op in (Average, Sum):
+        return op == Average, "sum"
+    return False, op
+
+
 NUMERIC_DTYPES = frozenset([tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
                             tf.float16, tf.bfloat16, tf.float32, tf.float64])
 ALL_DTYPES = NUMERIC_DTYPES | {tf.bool}
@@ -139,7 +160,7 @@ def _to_tensor(tensor, op: str, name: str) -> tf.Tensor:
 
 def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: bool = True,
               name: Optional[str] = None, device: str = "",
-              compression=Compression.none) -> Union[tf.Tensor, tf.IndexedSlices]:
+              compression=Compression.none, op=None) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
@@ -147,44 +168,56 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     its values and indices from every rank; the result is an ``IndexedSlices`` representing the
     sum (or mean) of the dense tensors. ``compression`` (``bf.Compression.fp16``/``.bf16``)
     sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
+    ``op`` (``bf.Average``, ``bf.Sum``, ``bf.Min``, ``bf.Max``, ``bf.Product``), when given,
+    decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
+    and max return NaN where any rank has NaN.
     """
     name = _request_name("allreduce", name)
     if not isinstance(average, bool):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}': "
                         f"average must be a bool, got {average!r}")
+    what = f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}'"
+    if op is not None:
+        average, reduce_op = _reduce_op(op, average, what)
+    else:
+        reduce_op = "sum"
     if compression is not Compression.none:
-        compression = compression_check(
-            compression, f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}'")
+        compression = compression_check(compression, what)
     if isinstance(tensor, tf.IndexedSlices):
+        if reduce_op != "sum":
+            raise ValueError(f"{what}: op {reduce_op} is not defined for tf.IndexedSlices; "
+                             "convert it to a dense tensor first (tf.convert_to_tensor)")
         return _allreduce_indexed_slices(tensor, average, name, device, compression)
     if not isinstance(tensor, tf.Tensor):
         tensor = _to_tensor(tensor, "allreduce", name)
     _check_dtype(tensor, "allreduce", name, NUMERIC_DTYPES)
-    if compression is Compression.none and not device:  # the common path, kept lean
+    if compression is Compression.none and not device and op is None:  # the common path, lean
         return _ops.bluefog_allreduce(tensor, tensor_name=_name_input(name), average=average)
     sent, context = compression.compress(tensor)
     with _device_scope(device):
-        out = _ops.bluefog_allreduce(sent, tensor_name=_name_input(name), average=average)
+        out = _ops.bluefog_allreduce(sent, tensor_name=_name_input(name), average=average,
+                                     reduce_op=reduce_op)
     return compression.decompress(out, context)
 
 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
-                      device: str = "", compression=Compression.none) -> list:
+                      device: str = "", compression=Compression.none, op=None) -> list:
     """Allreduce of every tensor in ``tensors``, as few TF ops and collectives as possible.
 
     Equivalent to ``[allreduce(t, average, compression=...) for t in tensors]`` but dense
     tensors of one dtype (after compression) go through a single op, so the runtime receives
     them together and fuses them. Every rank must pass the same number of tensors with the same
     shapes and dtypes in the same order. ``IndexedSlices`` and ``None`` entries are handled one
-    by one (``None`` stays ``None``).
+    by one (``None`` stays ``None``). ``op`` as for ``allreduce``.
     """
     name = _request_name("grouped_allreduce", name)
     if not isinstance(average, bool):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': "
                         f"average must be a bool, got {average!r}")
+    what = f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}'"
+    average, reduce_op = _reduce_op(op, average, what)
     if compression is not Compression.none:
-        compression = compression_check(
-            compression, f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}'")
+        compression = compression_check(compression, what)
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': tensors "
                         f"must be a list or tuple of tensors, got {type(tensors).__name__}")
@@ -195,6 +228,9 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
         if t is None:
             continue
         if isinstance(t, tf.IndexedSlices):
+            if reduce_op != "sum":
+                raise ValueError(f"{what}: op {reduce_op} is not defined for tf.IndexedSlices "
+                                 f"(tensor {i}); convert it to a dense tensor first")
             results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device,
                                                    compression)
             continue
@@ -209,7 +245,8 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     with _device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
             outs = _ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
-                                                  tensor_name=_name_input(f"{name}.{dtype.name}"))
+                                                  tensor_name=_name_input(f"{name}.{dtype.name}"),
+                                                  reduce_op=reduce_op)
             for (i, _), out in zip(items, outs):
                 results[i] = out
     if compression is not Compression.none:
@@ -279,17 +316,54 @@ def _forward_name(op, index: int = -1) -> Optional[str]:
 
 
 
+def _reduce_op_attr(op) -> str:
+    value = op.get_attr("reduce_op")
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _extremum_or_product_grad(x, y, grad, reduce_op: str, base: Optional[str]):
+    """d(sum over ranks of loss_r)/dx for y = min/max/product over ranks of x.
+
+    min, max: the summed upstream gradient goes to the ranks whose x equals the result, split
+    evenly between ties. product: it is multiplied by the product of the other ranks' x,
+    computed from every rank's x (so zeros are handled exactly).
+    """
+    def sub(suffix):
+        return None if base is None else base + suffix
+
+    summed = allreduce(grad, average=False, name=sub(""))
+    if reduce_op in (Min, Max):
+        hit = tf.cast(tf.equal(x, y), grad.dtype)
+        ties = allreduce(hit, average=False, name=sub(".ties"))
+        return summed * hit / tf.maximum(ties, tf.ones_like(ties))
+    everyone = allgather(tf.expand_dims(x, 0), name=sub(".inputs"))  # [size, ...]
+    before = tf.math.cumprod(everyone, axis=0, exclusive=True)
+    after = tf.math.cumprod(everyone, axis=0, exclusive=True, reverse=True)
+    others = (before * after)[basics.rank()]
+    return summed * tf.cast(others, grad.dtype)
+
+
 @tf.RegisterGradient("BluefogAllreduce")
 def _allreduce_grad(op, grad):
     """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
-    return [allreduce(grad, average=op.get_attr("average"), name=_forward_name(op)), None]
+    reduce_op = _reduce_op_attr(op)
+    if reduce_op == "sum":
+        return [allreduce(grad, average=op.get_attr("average"), name=_forward_name(op)), None]
+    return [_extremum_or_product_grad(op.inputs[0], op.outputs[0], grad, reduce_op,
+                                      _forward_name(op)), None]
 
 
 @tf.RegisterGradient("BluefogGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
     base = _forward_name(op)
-    reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base)
-    return reduced + [None]
+    reduce_op = _reduce_op_attr(op)
+    if reduce_op == "sum":
+        reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base)
+        return reduced + [None]
+    return [None if g is None else
+            _extremum_or_product_grad(op.inputs[i], op.outputs[i], tf.convert_to_tensor(g),
+                                      reduce_op, None if base is None else f"{base}.{i}")
+            for i, g in enumerate(grads)] + [None]
 
 
 @tf.RegisterGradient("BluefogAllgather")

@@ -67,6 +67,12 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
                   DescribeDifference(metas, [](const TensorMeta& x) { return std::to_string(x.root_rank); }),
                   "Pass the same root_rank on every rank.");
   }
+  for (const auto& m : metas) {
+    if (m->reduce_op != m0.reduce_op)
+      return fail("reduction",
+                  DescribeDifference(metas, [](const TensorMeta& x) { return std::string(ReduceOpName(x.reduce_op)); }),
+                  "Pass the same op on every rank.");
+  }
   if (IsNeighborOp(m0.op)) {
     // Every receive must be matched by the sender's send and vice versa, or the exchange hangs.
     const int n = static_cast<int>(metas.size());

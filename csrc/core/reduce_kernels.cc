@@ -1,6 +1,7 @@
 #include "core/reduce_kernels.h"
 
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -256,7 +257,75 @@ void ScaleAddHalfLike(void* out, const void* in, int64_t count, double weight, b
     o[i] = FromFloat((accumulate ? ToFloat(o[i]) : 0.0f) + w * ToFloat(x[i]));
 }
 
+template <typename T>
+struct MinOp {
+  static T Apply(T x, T y) {
+    // x != x: NaN (floating point only; never true for integers).
+    if constexpr (std::is_floating_point_v<T>) return (x < y || x != x) ? x : y;
+    return x < y ? x : y;
+  }
+};
+template <typename T>
+struct MaxOp {
+  static T Apply(T x, T y) {
+    if constexpr (std::is_floating_point_v<T>) return (x > y || x != x) ? x : y;
+    return x > y ? x : y;
+  }
+};
+template <typename T>
+struct ProductOp {
+  static T Apply(T x, T y) { return static_cast<T>(x * y); }
+};
+
+template <template <typename> class Op, typename T>
+void ReduceTyped(void* out, const void* a, const void* b, int64_t count) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t i = 0; i < count; ++i) o[i] = Op<T>::Apply(x[i], y[i]);
+}
+
+template <template <typename> class Op, float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void ReduceHalfLike(void* out, const void* a, const void* b, int64_t count) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (int64_t i = 0; i < count; ++i) o[i] = FromFloat(Op<float>::Apply(ToFloat(x[i]), ToFloat(y[i])));
+}
+
+template <template <typename> class Op>
+void ReduceDispatch(void* out, const void* a, const void* b, int64_t count, DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return ReduceTyped<Op, uint8_t>(out, a, b, count);
+    case DataType::kInt8: return ReduceTyped<Op, int8_t>(out, a, b, count);
+    case DataType::kUInt16: return ReduceTyped<Op, uint16_t>(out, a, b, count);
+    case DataType::kInt16: return ReduceTyped<Op, int16_t>(out, a, b, count);
+    case DataType::kInt32: return ReduceTyped<Op, int32_t>(out, a, b, count);
+    case DataType::kInt64: return ReduceTyped<Op, int64_t>(out, a, b, count);
+    case DataType::kFloat16:
+      return ReduceHalfLike<Op, HalfToFloat, FloatToHalf>(out, a, b, count);
+    case DataType::kBFloat16:
+      return ReduceHalfLike<Op, BFloat16ToFloat, FloatToBFloat16>(out, a, b, count);
+    case DataType::kFloat32: return ReduceTyped<Op, float>(out, a, b, count);
+    case DataType::kFloat64: return ReduceTyped<Op, double>(out, a, b, count);
+    case DataType::kBool: break;
+  }
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("reductions are not defined for dtype ", DataTypeName(dtype)));
+}
+
 }  // namespace
+
+void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype,
+              ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return SumOf(out, a, b, count, dtype, 1);
+    case ReduceOp::kMin: return ReduceDispatch<MinOp>(out, a, b, count, dtype);
+    case ReduceOp::kMax: return ReduceDispatch<MaxOp>(out, a, b, count, dtype);
+    case ReduceOp::kProduct: return ReduceDispatch<ProductOp>(out, a, b, count, dtype);
+  }
+  throw BluefogError(StatusCode::kInternal, "unknown reduce op");
+}
 
 void ScaleAdd(void* out, const void* in, int64_t count, DataType dtype, double weight,
               bool accumulate) {

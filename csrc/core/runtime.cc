@@ -82,6 +82,9 @@ Status Runtime::Enqueue(Request request) {
   if (meta.op == OpType::kAllreduce && !SupportsSum(meta.dtype))
     return invalid(Concat("dtype ", DataTypeName(meta.dtype),
                           " cannot be summed; cast it to an integer or float dtype first"));
+  if (meta.reduce_op != ReduceOp::kSum && (meta.op != OpType::kAllreduce || request.average))
+    return invalid(Concat("reduction ", ReduceOpName(meta.reduce_op),
+                          " applies to allreduce without averaging only"));
   if (meta.op == OpType::kAllgather && meta.shape.empty())
     return invalid("allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "
                    "reshape the scalar to [1] first");
@@ -318,7 +321,7 @@ void Runtime::Execute(std::vector<Response>& responses) {
       while (end < responses.size()) {
         const Response& next = responses[end];
         if (!next.status.ok() || solo(next) || next.meta.op != r.meta.op ||
-            next.meta.dtype != r.meta.dtype ||
+            next.meta.dtype != r.meta.dtype || next.meta.reduce_op != r.meta.reduce_op ||
             next.topology_signature != r.topology_signature ||
             bytes + static_cast<int64_t>(next.meta.NumBytes()) > config_.fusion_threshold_bytes)
           break;
@@ -359,7 +362,8 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
     Request* req = Lookup(group[0].meta.name);
     const int64_t n = req->meta.NumElements();
     if (n > 0) {
-      transport_.AllreduceSum(req->input, req->output, n, dtype, req->average ? info_.size : 1);
+      transport_.Allreduce(req->input, req->output, n, dtype, req->meta.reduce_op,
+                           req->average ? info_.size : 1);
     }
     Finish(group[0].meta.name, Status::Ok());
     return;
@@ -381,8 +385,8 @@ void Runtime::ExecuteAllreduces(const std::vector<Response>& group) {
     offset += req->meta.NumBytes();
   }
   // When every request averages, the transport divides as part of the sum.
-  transport_.AllreduceSum(buffer, buffer, static_cast<int64_t>(total / elem), dtype,
-                          all_average ? info_.size : 1);
+  transport_.Allreduce(buffer, buffer, static_cast<int64_t>(total / elem), dtype,
+                       group[0].meta.reduce_op, all_average ? info_.size : 1);
   offset = 0;
   for (Request* req : reqs) {
     const size_t bytes = req->meta.NumBytes();

@@ -54,6 +54,17 @@ const char* OpTypeName(OpType op) {
   return "unknown";
 }
 
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "unknown";
+}
+
+bool IsValidReduceOp(int value) { return value >= 0 && value < kNumReduceOps; }
 bool IsValidDataType(int value) { return value >= 0 && value < kNumDataTypes; }
 bool IsValidOpType(int value) { return value >= 0 && value < kNumOpTypes; }
 bool SupportsSum(DataType dtype) { return dtype != DataType::kBool; }

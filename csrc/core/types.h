@@ -37,6 +37,18 @@ enum class OpType : uint8_t {
 constexpr int kNumOpTypes = 6;
 bool IsNeighborOp(OpType op);
 
+// How allreduce combines the ranks' values (elementwise). Averaging is a sum divided by the
+// number of ranks.
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kMin,
+  kMax,
+  kProduct,
+};
+constexpr int kNumReduceOps = 4;
+const char* ReduceOpName(ReduceOp op);
+bool IsValidReduceOp(int value);
+
 size_t ElementSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 const char* OpTypeName(OpType op);
@@ -52,6 +64,7 @@ struct TensorMeta {
   OpType op = OpType::kAllreduce;
   DataType dtype = DataType::kFloat32;
   int32_t root_rank = -1;  // broadcast only; -1 otherwise
+  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce only
   std::vector<int64_t> shape;
   // Neighbor ops: the ranks this rank sends to and receives from in this call, ascending.
   std::vector<int32_t> send_ranks;

@@ -68,6 +68,7 @@ std::string EncodeRound(const RoundMessage& message) {
       for (int32_t r : *ranks) Put<int32_t>(out, r);
     }
     if (m.op == OpType::kNeighborAllgatherGrad) Put<int64_t>(out, m.input_rows);
+    if (m.op == OpType::kAllreduce) Put<uint8_t>(out, static_cast<uint8_t>(m.reduce_op));
   }
   return out;
 }
@@ -102,6 +103,12 @@ RoundMessage DecodeRound(const char* data, size_t size) {
       for (uint32_t k = 0; k < n; ++k) (*ranks)[k] = in.Get<int32_t>();
     }
     if (m.op == OpType::kNeighborAllgatherGrad) m.input_rows = in.Get<int64_t>();
+    if (m.op == OpType::kAllreduce) {
+      const int reduce_op = in.Get<uint8_t>();
+      BF_ENFORCE(IsValidReduceOp(reduce_op), StatusCode::kInternal,
+                 "malformed negotiation message: reduce op ", reduce_op);
+      m.reduce_op = static_cast<ReduceOp>(reduce_op);
+    }
     message.announcements.push_back(std::move(m));
   }
   BF_ENFORCE(in.done(), StatusCode::kInternal, "malformed negotiation message: trailing bytes");

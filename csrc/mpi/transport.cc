@@ -37,6 +37,17 @@ void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
 void BFloat16Sum(void* in, void* inout, int* len, MPI_Datatype*) {
   SumInto(inout, in, *len, DataType::kBFloat16);
 }
+// Min, max and product go through bluefog's own kernels, so that both allreduce paths (this one
+// and the ring) give the same results, NaN included. MPI calls the function on the thread that
+// called MPI_Allreduce, the background thread, which sets the context just before.
+struct ReduceContext {
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+};
+thread_local ReduceContext reduce_context;
+void OtherReduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceOf(inout, inout, in, *len, reduce_context.dtype, reduce_context.op);
+}
 
 MPI_Datatype ToMpi(DataType dtype) {
   switch (dtype) {
@@ -102,6 +113,7 @@ TransportInfo MpiTransport::Init() {
   Check(MPI_Comm_size(AsComm(local_comm_), &info.local_size), "MPI_Comm_size");
   Check(MPI_Op_create(&HalfSum, 1, &AsOp(half_sum_op_)), "MPI_Op_create");
   Check(MPI_Op_create(&BFloat16Sum, 1, &AsOp(bfloat16_sum_op_)), "MPI_Op_create");
+  Check(MPI_Op_create(&OtherReduce, 1, &AsOp(other_reduce_op_)), "MPI_Op_create");
 
   exchange_send_.assign(kSlotBytes, 0);
   exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * size_, 0);
@@ -118,6 +130,7 @@ void MpiTransport::Shutdown() {
   initialized_ = false;
   MPI_Op_free(&AsOp(half_sum_op_));
   MPI_Op_free(&AsOp(bfloat16_sum_op_));
+  MPI_Op_free(&AsOp(other_reduce_op_));
   MPI_Comm_free(&AsComm(local_comm_));
   MPI_Comm_free(&AsComm(comm_));
   if (owns_mpi_) {
@@ -189,14 +202,15 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
   return out;
 }
 
-void MpiTransport::AllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
-                                int64_t divisor) {
+void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
+                             ReduceOp op, int64_t divisor) {
+  if (op != ReduceOp::kSum) divisor = 1;
   const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
   if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ &&
       count >= size_) {
-    RingAllreduceSum(in, out, count, dtype, divisor);
+    RingAllreduce(in, out, count, dtype, op, divisor);
   } else {
-    MpiAllreduceSum(in, out, count, dtype);
+    MpiAllreduce(in, out, count, dtype, op);
     if (divisor > 1) DivideBy(out, count, dtype, divisor);
   }
 }
@@ -209,8 +223,8 @@ void MpiTransport::AllreduceSum(const void* in, void* out, int64_t count, DataTy
 // pass, so each step reads and writes memory once. The first step reads `in` and every segment
 // of `out` is written exactly once: out of place, no initial copy. The last summing pass also
 // divides (the average), and the allgather then sends finished segments straight into `out`.
-void MpiTransport::RingAllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
-                                    int64_t divisor) {
+void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                 ReduceOp op, int64_t divisor) {
   constexpr int kTag = 11;
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const char* src = static_cast<const char*>(in);
@@ -252,8 +266,13 @@ void MpiTransport::RingAllreduceSum(const void* in, void* out, int64_t count, Da
                          right, kTag, ring_scratch_.data(), static_cast<int>(recv_n * elem),
                          MPI_BYTE, left, kTag, AsComm(comm_), MPI_STATUS_IGNORE),
             "MPI_Sendrecv");
-      SumOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n, dtype,
-            last_divisor);
+      if (op == ReduceOp::kSum) {
+        SumOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n, dtype,
+              last_divisor);
+      } else {
+        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n,
+                 dtype, op);
+      }
     }
   }
   for (int step = 0; step < n - 1; ++step) {
@@ -267,10 +286,15 @@ void MpiTransport::RingAllreduceSum(const void* in, void* out, int64_t count, Da
   }
 }
 
-void MpiTransport::MpiAllreduceSum(const void* in, void* out, int64_t count, DataType dtype) {
+void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                ReduceOp reduce) {
   MPI_Op op = MPI_SUM;
   if (dtype == DataType::kFloat16) op = AsOp(half_sum_op_);
   if (dtype == DataType::kBFloat16) op = AsOp(bfloat16_sum_op_);
+  if (reduce != ReduceOp::kSum) {
+    op = AsOp(other_reduce_op_);
+    reduce_context = {dtype, reduce};
+  }
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int64_t chunk = kMaxChunkBytes / elem;
   const char* src = static_cast<const char*>(in);

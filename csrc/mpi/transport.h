@@ -40,7 +40,12 @@ class MpiTransport {
   // folds the division into its last summing pass; smaller ones MPI_Allreduce (lowest
   // latency). `in` may equal `out` (in place); otherwise `in` is only read, which saves a copy.
   void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
-                    int64_t divisor = 1);
+                    int64_t divisor = 1) {
+    Allreduce(in, out, count, dtype, ReduceOp::kSum, divisor);
+  }
+  // The same for any reduction; `divisor` applies to kSum only.
+  void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                 int64_t divisor = 1);
   void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }
   // Concatenates each rank's bytes in rank order into `out`.
   void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
@@ -57,9 +62,9 @@ class MpiTransport {
 
  private:
   void Check(int code, const char* call) const;
-  void MpiAllreduceSum(const void* in, void* out, int64_t count, DataType dtype);
-  void RingAllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
-                        int64_t divisor);
+  void MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+  void RingAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                     int64_t divisor);
 
   bool initialized_ = false;
   bool owns_mpi_ = false;
@@ -69,6 +74,7 @@ class MpiTransport {
   void* local_comm_ = nullptr;
   void* half_sum_op_ = nullptr;  // MPI_Op
   void* bfloat16_sum_op_ = nullptr;
+  void* other_reduce_op_ = nullptr;  // min, max, product of any dtype (see ReduceContext)
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;

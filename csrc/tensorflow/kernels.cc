@@ -53,6 +53,17 @@ bool ToCoreType(::tensorflow::DataType dt, DataType* out) {
 
 char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
+// The allreduce ops' reduce_op attr (the registration restricts its values).
+ReduceOp ReduceOpAttr(OpKernelConstruction* c) {
+  std::string name;
+  absl::Status s = c->GetAttr("reduce_op", &name);
+  if (!s.ok()) c->SetStatus(s);
+  if (name == "min") return ReduceOp::kMin;
+  if (name == "max") return ReduceOp::kMax;
+  if (name == "product") return ReduceOp::kProduct;
+  return ReduceOp::kSum;
+}
+
 // For ops whose output shape is known only after negotiation (the allgathers).
 std::function<void*(const std::vector<int64_t>&)> AllocateLike(OpKernelContext* ctx) {
   return [ctx](const std::vector<int64_t>& shape) -> void* {
@@ -109,7 +120,8 @@ class CollectiveKernel : public AsyncOpKernel {
 
 class AllreduceKernel : public CollectiveKernel {
  public:
-  explicit AllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAllreduce) {
+  explicit AllreduceKernel(OpKernelConstruction* c)
+      : CollectiveKernel(c, OpType::kAllreduce), reduce_op_(ReduceOpAttr(c)) {
     OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -121,18 +133,21 @@ class AllreduceKernel : public CollectiveKernel {
         ctx, ctx->forward_input_or_allocate_output({0}, 0, ctx->input(0).shape(), &output), done);
     request.output = DataOf(output);
     request.average = average_;
+    request.meta.reduce_op = reduce_op_;
     Submit(ctx, done, std::move(request));
   }
 
  private:
   bool average_ = false;
+  ReduceOp reduce_op_;
 };
 
 // Allreduces N tensors in one kernel: one executor node per step instead of N, and the runtime
 // sees all N requests at once, so they fuse into as few collectives as the threshold allows.
 class GroupedAllreduceKernel : public AsyncOpKernel {
  public:
-  explicit GroupedAllreduceKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit GroupedAllreduceKernel(OpKernelConstruction* c)
+      : AsyncOpKernel(c), reduce_op_(ReduceOpAttr(c)) {
     OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -179,6 +194,7 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
       request.input = input.tensor_data().data();
       request.output = s.ok() ? DataOf(output) : nullptr;
       request.average = average_;
+      request.meta.reduce_op = reduce_op_;
       request.done = [finish_one](const Status& st) { finish_one(ToTfStatus(st)); };
       if (s.ok()) {
         Status q = Runtime::Get().Enqueue(std::move(request));
@@ -190,6 +206,7 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
 
  private:
   bool average_ = false;
+  ReduceOp reduce_op_;
 };
 
 class AllgatherKernel : public CollectiveKernel {
@@ -312,17 +329,20 @@ absl::Status ConcatenatedShape(shape_inference::InferenceContext* c) {
 REGISTER_OP("BluefogAllreduce")
     .Attr("T: " BF_NUMERIC_TYPES)
     .Attr("average: bool")
+    .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
-    .Doc("Sum (or average) of `tensor` over all ranks; every rank passes the same shape.");
+    .Doc("Sum (or average, min, max, product) of `tensor` over all ranks; every rank passes "
+         "the same shape.");
 
 REGISTER_OP("BluefogGroupedAllreduce")
     .Attr("T: " BF_NUMERIC_TYPES)
     .Attr("N: int >= 0")
     .Attr("average: bool")
+    .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
     .Input("tensors: N * T")
     .Input("tensor_name: string")
     .Output("outputs: N * T")

@@ -115,6 +115,22 @@ TEST(Coordinator, NeighborAllgatherGradChecksEachRanksBlocks) {
       << ready[0].status.message();
 }
 
+TEST(Coordinator, ReductionMismatchNamesEachRanksOp) {
+  Coordinator c(3);
+  for (int r = 0; r < 3; ++r) {
+    TensorMeta m = Meta("x", OpType::kAllreduce, {4});
+    m.reduce_op = r == 2 ? ReduceOp::kMin : ReduceOp::kMax;
+    c.Announce(r, m);
+  }
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
+  EXPECT_NE(ready[0].status.message().find("ranks disagree on the reduction: rank 0 has max, "
+                                           "rank 2 has min"),
+            std::string::npos)
+      << ready[0].status.message();
+}
+
 TEST(Coordinator, DuplicateAnnouncementIsInternalError) {
   Coordinator c(2);
   c.Announce(0, Meta("d", OpType::kAllreduce, {1}));

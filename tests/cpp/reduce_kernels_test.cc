@@ -152,6 +152,32 @@ TEST(ReduceKernels, BFloat16KernelsMatchTheElementwiseFormula) {
   CheckSixteenBitKernelsMatchTheFormula<BFloat16ToFloat, FloatToBFloat16>(DataType::kBFloat16);
 }
 
+TEST(ReduceKernels, MinMaxProduct) {
+  std::vector<int32_t> a = {1, -5, 3}, b = {2, -7, -1}, out(3);
+  ReduceOf(out.data(), a.data(), b.data(), 3, DataType::kInt32, ReduceOp::kMin);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, -7, -1}));
+  ReduceOf(out.data(), a.data(), b.data(), 3, DataType::kInt32, ReduceOp::kMax);
+  EXPECT_EQ(out, (std::vector<int32_t>{2, -5, 3}));
+  ReduceOf(out.data(), a.data(), b.data(), 3, DataType::kInt32, ReduceOp::kProduct);
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 35, -3}));
+  // NaN wins min and max whichever side it is on, for float and the 16-bit types.
+  const float nan = std::nanf("");
+  std::vector<float> x = {nan, 1.0f}, y = {2.0f, nan}, f(2);
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    ReduceOf(f.data(), x.data(), y.data(), 2, DataType::kFloat32, op);
+    EXPECT_TRUE(std::isnan(f[0]) && std::isnan(f[1])) << ReduceOpName(op);
+    std::vector<uint16_t> hx = {FloatToHalf(nan), FloatToHalf(1.0f)};
+    std::vector<uint16_t> hy = {FloatToHalf(2.0f), FloatToHalf(nan)}, h(2);
+    ReduceOf(h.data(), hx.data(), hy.data(), 2, DataType::kFloat16, op);
+    EXPECT_TRUE(std::isnan(HalfToFloat(h[0])) && std::isnan(HalfToFloat(h[1])));
+  }
+  std::vector<uint16_t> p = {FloatToBFloat16(1.5f)}, q = {FloatToBFloat16(-4.0f)}, r(1);
+  ReduceOf(r.data(), p.data(), q.data(), 1, DataType::kBFloat16, ReduceOp::kProduct);
+  EXPECT_EQ(BFloat16ToFloat(r[0]), -6.0f);
+  bool t[1] = {true};
+  EXPECT_THROW(ReduceOf(t, t, t, 1, DataType::kBool, ReduceOp::kMax), BluefogError);
+}
+
 TEST(ReduceKernels, BoolHasNoSum) {
   bool a[1] = {true}, b[1] = {true};
   EXPECT_THROW(SumInto(a, b, 1, DataType::kBool), BluefogError);

@@ -301,6 +301,56 @@ TEST(RuntimeMpi, FusedNeighborAllreducesWithTheirOwnWeights) {
   }
 }
 
+TEST(RuntimeMpi, MinMaxProductOnBothPaths) {
+  // Element e of rank r: ((e + r) % 5) - 2. 7 elements go through MPI_Allreduce with bluefog's
+  // own MPI op, 2^19 floats (2 MiB) through the ring.
+  for (int64_t n : {int64_t{7}, int64_t{1} << 19}) {
+    std::vector<float> in(n);
+    for (int64_t e = 0; e < n; ++e) in[e] = static_cast<float>((e + Rank()) % 5 - 2);
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      auto p = std::make_unique<Pending>();
+      p->output.resize(n * sizeof(float));
+      Request req;
+      req.meta.name = Concat("reduce.", ReduceOpName(op), ".", n);
+      req.meta.op = OpType::kAllreduce;
+      req.meta.dtype = DataType::kFloat32;
+      req.meta.shape = {n};
+      req.meta.reduce_op = op;
+      req.input = in.data();
+      req.output = p->output.data();
+      Pending* raw = p.get();
+      req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+      Status s = Runtime::Get().Enqueue(std::move(req));
+      if (!s.ok()) p->promise.set_value(s);
+      s = Wait(*p);
+      ASSERT_TRUE(s.ok()) << s.message();
+      const float* out = reinterpret_cast<const float*>(p->output.data());
+      for (int64_t e = 0; e < n; e += (n > 100 ? 997 : 1)) {
+        float want = op == ReduceOp::kProduct ? 1.0f : static_cast<float>(e % 5 - 2);
+        for (int r = 0; r < Size(); ++r) {
+          const float v = static_cast<float>((e + r) % 5 - 2);
+          if (op == ReduceOp::kMin) want = std::min(want, v);
+          if (op == ReduceOp::kMax) want = std::max(want, v);
+          if (op == ReduceOp::kProduct) want *= v;
+        }
+        ASSERT_EQ(out[e], want) << ReduceOpName(op) << " n=" << n << " e=" << e;
+      }
+    }
+  }
+  // Averaging is for sums only: refused before any communication.
+  Request bad;
+  bad.meta.name = "reduce.bad";
+  bad.meta.op = OpType::kAllreduce;
+  bad.meta.shape = {1};
+  bad.meta.reduce_op = ReduceOp::kMax;
+  bad.average = true;
+  float one = 1.0f, out = 0.0f;
+  bad.input = &one;
+  bad.output = &out;
+  bad.done = [](const Status&) {};
+  EXPECT_EQ(Runtime::Get().Enqueue(std::move(bad)).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(RuntimeMpi, NeighborAllgatherGradSendsEachBlockHome) {
   // Rank r's output has r + 1 rows of 2. Rank r "gathered" from every other rank, so its input
   // holds one block per other rank k (k + 1 rows) filled with 100 * r + k; rank k's output is

@@ -56,6 +56,20 @@ TEST(Wire, NeighborAllgatherGradCarriesItsInputRows) {
   EXPECT_EQ(back.announcements[1].op, OpType::kNeighborAllgather);
 }
 
+TEST(Wire, AllreduceCarriesItsReduction) {
+  RoundMessage m;
+  TensorMeta a;
+  a.name = "m";
+  a.op = OpType::kAllreduce;
+  a.reduce_op = ReduceOp::kProduct;
+  m.announcements = {a};
+  std::string bytes = EncodeRound(m);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  EXPECT_EQ(back.announcements[0].reduce_op, ReduceOp::kProduct);
+  bytes.back() = 9;  // no such reduction
+  EXPECT_THROW(DecodeRound(bytes.data(), bytes.size()), BluefogError);
+}
+
 TEST(Wire, CachedSlotsTravelAsABitSet) {
   RoundMessage m;
   m.cached = {0, 7, 8, 1023};

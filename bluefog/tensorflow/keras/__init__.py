@@ -25,7 +25,16 @@ from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
     MetricAverageCallback,
 )
 from bluefog.tensorflow.compression import Compression  # noqa: F401
-from bluefog.tensorflow.mpi_ops import allgather, allreduce, broadcast  # noqa: F401
+from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allreduce,
+    broadcast,
+)
 from bluefog.tensorflow.optimizers import (  # noqa: F401
     DistributedGradientTape,
     DistributedOptimizer,
