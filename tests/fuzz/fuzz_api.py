@@ -128,6 +128,7 @@ def make_case(rng, index: int, size: int) -> Case:
         "shape_differs", "dtype_differs", "root_differs", "op_differs", "gather_rest_differs",
         "python_input", "zero_size", "grouped_odd", "neighbor_bad", "neighbor_mismatch",
         "neighbor_gather_bad", "nonfinite", "unsupported_op_dtype", "bad_device",
+        "reduce_op", "bad_reduce_op", "reduce_op_differs", "compression", "bad_compression",
     ]
     kind = kinds[int(rng.integers(len(kinds)))]
     # Mostly named; sometimes unnamed, which every rank numbers in call order.
@@ -323,6 +324,90 @@ def make_case(rng, index: int, size: int) -> Case:
                                    for r in range(size)], axis=0))
             return [out[0], None, out[1], out[2]]
         return Case(kind, run, expect, f"grouped mixed {[d.name for d in dts]} {shapes}")
+
+    if kind == "reduce_op":
+        # Min, max, product, sum and average of small integers: exact in every dtype (a product
+        # over 3 ranks of values in [-3, 3] fits int8).
+        rop = ["min", "max", "product", "sum", "average"][int(rng.integers(5))]
+        op2 = ["allreduce", "grouped_allreduce"][int(rng.integers(2))]
+        dtype = NUMERIC[int(rng.integers(len(NUMERIC)))]
+        shape = rand_shape(rng)
+
+        def run(rank, size):
+            import bluefog.tensorflow as bf
+            x = small(shape, dtype, base_seed + rank)
+            return one(op2, x, tag, rank, size, op=getattr(bf, rop.capitalize()))
+
+        def expect(rank, size):
+            xs = np.stack([small(shape, dtype, base_seed + r).astype(np.float64)
+                           for r in range(size)])
+            if rop == "average":
+                out = xs.sum(axis=0) / size
+                out = np.trunc(out) if dtype.is_integer else out
+            else:
+                out = {"min": np.min, "max": np.max, "product": np.prod,
+                       "sum": np.sum}[rop](xs, axis=0)
+            return [out] if op2 == "grouped_allreduce" else out
+        return Case(kind, run, expect, f"{op2}(op={rop}) {dtype.name} {shape}")
+
+    if kind == "bad_reduce_op":
+        bad = ["median", 3, "MAX", None, object(), True, "adasum"][int(rng.integers(7))]
+        variant = int(rng.integers(3))
+
+        def run(rank, size):
+            import bluefog.tensorflow as bf
+            if variant == 0 and bad is not None:
+                return bf.allreduce(small([2], tf.float32, base_seed), op=bad, name=tag)
+            if variant == 1 and bad is not None:
+                return bf.grouped_allreduce([small([2], tf.float32, base_seed)], op=bad,
+                                            name=tag)
+            # min/max/product of IndexedSlices (or of bool) is not defined
+            slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([3, 2]))
+            return bf.allreduce(slices if variant != 1 else tf.constant([True]),
+                                op=bf.Max, name=tag)
+        return Case(kind, run, "error", f"allreduce(op={bad!r}) variant {variant}")
+
+    if kind == "reduce_op_differs":
+        tag = f"fuzz.{index}"
+        ops = [["min", "max", "product", "sum"][int(rng.integers(4))] for _ in range(size)]
+        if size > 1 and all(o == ops[0] for o in ops):
+            ops[-1] = "max" if ops[0] != "max" else "min"
+
+        def run(rank, size):
+            import bluefog.tensorflow as bf
+            return bf.allreduce(small([3], tf.float32, base_seed + rank),
+                                op=getattr(bf, ops[rank].capitalize()), name=tag)
+        expect = "error" if size > 1 else (
+            lambda rank, size: small([3], tf.float32, base_seed).astype(np.float64))
+        return Case(kind, run, expect, f"allreduce ops {ops}")
+
+    if kind == "compression":
+        kind_c = ["none", "fp16", "bf16"][int(rng.integers(3))]
+        op2 = ["allreduce", "grouped_allreduce"][int(rng.integers(2))]
+        dtype = NUMERIC[int(rng.integers(len(NUMERIC)))]
+        shape = rand_shape(rng)
+
+        def run(rank, size):
+            import bluefog.tensorflow as bf
+            return one(op2, small(shape, dtype, base_seed + rank), tag, rank, size,
+                       compression=getattr(bf.Compression, kind_c))
+        return Case(kind, run, expect_value(op2, lambda r: shape, dtype),
+                    f"{op2}(compression={kind_c}) {dtype.name} {shape}")
+
+    if kind == "bad_compression":
+        bad = ["fp16", 16, object(), tf.float16, True][int(rng.integers(5))]
+        where = int(rng.integers(3))
+
+        def run(rank, size):
+            import bluefog.tensorflow as bf
+            if where == 0:
+                return bf.allreduce(small([2], tf.float32, base_seed), compression=bad,
+                                    name=tag)
+            if where == 1:
+                return bf.grouped_allreduce([small([2], tf.float32, base_seed)],
+                                            compression=bad, name=tag)
+            return bf.DistributedGradientTape(tf.GradientTape(), compression=bad)
+        return Case(kind, run, "error", f"compression={bad!r} at {where}")
 
     if kind == "neighbor_bad":
         variant = int(rng.integers(9))
