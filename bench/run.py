@@ -4,8 +4,9 @@ Runs, side by side in one go, for 2 and 4 ranks: bluefog's allreduce (eager and 
 raw MPI_Allreduce with buffers allocated once (the MPI floor, in place; timed inside the bluefog
 process with its batches interleaved with bluefog's, which the ratios use, and as its own
 program; plus, interleaved, out of place, as bluefog must work when the caller keeps its input),
-TensorFlow's MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, and the
-training-step overhead of DistributedGradientTape at 1 rank. Prints markdown tables with times,
+TensorFlow's MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, gradient compression
+(fp16 and bf16 against none, 16 MiB at 2 ranks), and the training-step overhead of
+DistributedGradientTape at 1 rank. Prints markdown tables with times,
 bandwidths and ratios.
 """
 
@@ -131,6 +132,12 @@ def main() -> None:
         if n == 2:
             floors.append(("2 ranks: 4-byte eager overhead < 100 us", over < 100e-6,
                            fmt_time(over)))
+    comp = records(MPIRUN + ["-np", "2", PY, "bench/compression.py", "--mib", "16"], 600)[0]
+    ms = comp["median_ms"]
+    print(f"\nGradient compression, 2 ranks on this machine, 8 float32 tensors of 16 MiB in all "
+          f"(grouped, tf.function): none {ms['none']:.2f} ms, fp16 {ms['fp16']:.2f} ms "
+          f"({comp['vs_none']['fp16']:.2f}x), bf16 {ms['bf16']:.2f} ms "
+          f"({comp['vs_none']['bf16']:.2f}x); across a slow link see docs/benchmarks.md")
     tape = records(MPIRUN + ["-np", "1", PY, "bench/tape_overhead.py"], 600)
     t = {r["impl"]: r["median_s"] for r in tape}
     ratio = t["distributed_tape"] / t["plain_tape"] - 1
