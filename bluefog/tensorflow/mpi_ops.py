@@ -176,16 +176,16 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     if not isinstance(average, bool):
         raise TypeError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}': "
                         f"average must be a bool, got {average!r}")
-    what = f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}'"
-    if op is not None:
+    reduce_op = "sum"
+    if op is not None or compression is not Compression.none:
+        what = f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}'"
         average, reduce_op = _reduce_op(op, average, what)
-    else:
-        reduce_op = "sum"
-    if compression is not Compression.none:
-        compression = compression_check(compression, what)
+        if compression is not Compression.none:
+            compression = compression_check(compression, what)
     if isinstance(tensor, tf.IndexedSlices):
         if reduce_op != "sum":
-            raise ValueError(f"{what}: op {reduce_op} is not defined for tf.IndexedSlices; "
+            raise ValueError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor "
+                             f"'{name}': op {reduce_op} is not defined for tf.IndexedSlices; "
                              "convert it to a dense tensor first (tf.convert_to_tensor)")
         return _allreduce_indexed_slices(tensor, average, name, device, compression)
     if not isinstance(tensor, tf.Tensor):
