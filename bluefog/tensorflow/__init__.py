@@ -38,6 +38,7 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     broadcast,
     grouped_allreduce,
 )
+from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
 from bluefog.tensorflow.optimizers import (  # noqa: F401, E402
     DistributedGradientTape,
     DistributedOptimizer,
