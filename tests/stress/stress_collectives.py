@@ -4,7 +4,8 @@
     mpirun -np 3 .venv/bin/python tests/stress/stress_collectives.py --count 500   # short
 
 Every rank draws the same sequence of cases from one shared seed: the operation (allreduce,
-allgather, broadcast, grouped_allreduce, neighbor_allreduce), dtype, shape, name, root rank,
+allgather, broadcast, grouped_allreduce, neighbor_allreduce; the allreduces sum, average, or
+take the min, max or product), dtype, shape, name, root rank,
 neighbour graph and weights. Each rank's input of case i is drawn from the seed (seed, i, rank),
 so every rank can rebuild every other rank's input and compute the exact expected result with
 numpy. Inputs are small integers and the weights dyadic, so sums are exact in every dtype;
@@ -74,6 +75,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 OPS = ("allreduce", "allgather", "broadcast", "grouped_allreduce", "neighbor_allreduce")
+REDUCTIONS = ("sum", "sum", "sum", "min", "max", "product")
 OP_WEIGHTS = (0.3, 0.2, 0.2, 0.15, 0.15)
 NUMERIC = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
            tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -157,6 +159,9 @@ def draw_case(rng, index: int, size: int, args) -> dict:
     weights = np.array([OP_WEIGHTS[OPS.index(o)] for o in ops])
     op = ops[int(rng.choice(len(ops), p=weights / weights.sum()))]
     case = {"op": op, "index": index, "name": draw_name(rng, index)}
+    if op in ("allreduce", "grouped_allreduce"):
+        # Mostly sums (half of them averaged); also min, max and product.
+        case["reduce"] = REDUCTIONS[int(rng.integers(len(REDUCTIONS)))]
     if op == "allreduce":
         case.update(dtype=NUMERIC[int(rng.integers(len(NUMERIC)))], shape=draw_shape(rng, args),
                     average=bool(rng.random() < 0.5))
@@ -188,27 +193,32 @@ def draw_case(rng, index: int, size: int, args) -> dict:
     return case
 
 
-def values(dtype, shape, rng) -> np.ndarray:
+def values(dtype, shape, rng, spread: int = 4) -> np.ndarray:
     if dtype == tf.bool:
         return rng.random(shape) < 0.5
-    low = 0 if (dtype.is_integer and dtype.is_unsigned) else -4
-    return rng.integers(low, low + 9, size=shape).astype(dtype.as_numpy_dtype)
+    low = 0 if (dtype.is_integer and dtype.is_unsigned) else -spread
+    return rng.integers(low, low + 2 * spread + 1, size=shape).astype(dtype.as_numpy_dtype)
 
 
 def case_input(case: dict, rank: int, seed: int):
     """This rank's input(s) for the case, reproducible on every rank."""
     rng = np.random.default_rng([seed, case["index"], rank])
+    # Products over up to 6 ranks of values in [-1, 1] ([0, 2] unsigned) fit every dtype.
+    spread = 1 if case.get("reduce") == "product" else 4
     if case["op"] == "grouped_allreduce":
-        return [values(d, s, rng) for d, s in zip(case["dtypes"], case["shapes"])]
+        return [values(d, s, rng, spread) for d, s in zip(case["dtypes"], case["shapes"])]
     if case["op"] == "allgather":
         return values(case["dtype"], [case["first"][rank]] + case["rest"], rng)
-    return values(case["dtype"], case["shape"], rng)
+    return values(case["dtype"], case["shape"], rng, spread)
 
 
 # ------------------------------------------------------------------------------- expectations
 
 
-def reduce_expected(inputs, dtype, average: bool, size: int) -> np.ndarray:
+def reduce_expected(inputs, dtype, average: bool, size: int, reduce: str = "sum") -> np.ndarray:
+    if reduce != "sum":
+        return {"min": np.min, "max": np.max, "product": np.prod}[reduce](
+            [x.astype(np.float64) for x in inputs], axis=0)
     total = np.sum([x.astype(np.float64) for x in inputs], axis=0)
     if average:
         total = total / size
@@ -221,9 +231,10 @@ def expected(case: dict, rank: int, size: int, seed: int):
     inputs = [case_input(case, r, seed) for r in range(size)]
     op = case["op"]
     if op == "allreduce":
-        return reduce_expected(inputs, case["dtype"], case["average"], size)
+        return reduce_expected(inputs, case["dtype"], case["average"], size, case["reduce"])
     if op == "grouped_allreduce":
-        return [reduce_expected([inp[k] for inp in inputs], d, case["average"], size)
+        return [reduce_expected([inp[k] for inp in inputs], d, case["average"], size,
+                                case["reduce"])
                 for k, d in enumerate(case["dtypes"])]
     if op == "allgather":
         return np.concatenate(inputs, axis=0)
@@ -266,7 +277,7 @@ def case_summary(case: dict) -> str:
     shape = case.get("shape", case.get("shapes", case.get("rest")))
     dtype = case.get("dtype") or case.get("dtypes")
     dname = dtype.name if hasattr(dtype, "name") else [d.name for d in dtype]
-    return (f"case {case['index']} {case['op']} dtype {dname} shape {shape} "
+    return (f"case {case['index']} {case['op']} {case.get('reduce', '')} dtype {dname} shape {shape} "
             f"name {case['name'][:40]!r}")
 
 
@@ -276,10 +287,11 @@ def case_summary(case: dict) -> str:
 def call(bf, case: dict, x, rank: int, name):
     """Issues the collective of `case` on input `x` (tensors); returns the op's output."""
     op = case["op"]
-    if op == "allreduce":
-        return bf.allreduce(x, average=case["average"], name=name)
-    if op == "grouped_allreduce":
-        return bf.grouped_allreduce(x, average=case["average"], name=name)
+    if op in ("allreduce", "grouped_allreduce"):
+        fn = bf.allreduce if op == "allreduce" else bf.grouped_allreduce
+        if case["reduce"] == "sum":
+            return fn(x, average=case["average"], name=name)
+        return fn(x, op=getattr(bf, case["reduce"].capitalize()), name=name)
     if op == "allgather":
         return bf.allgather(x, name=name)
     if op == "broadcast":
