@@ -26,6 +26,7 @@ the Keras optimizer's own name, which Keras makes unique within a process
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import warnings
@@ -79,21 +80,30 @@ def _check_initialized(what: str) -> None:
 # Gradient averaging
 # --------------------------------------------------------------------------------------------
 
-def _allreduce_in_graph(tensors: Sequence, prefix: str, device: str, compression) -> List:
+@dataclasses.dataclass(frozen=True)
+class _Averaging:
+    """How a tape or an optimizer averages gradients. Hashable: it keys the eager functions."""
+
+    device: str = ""
+    compression: Any = Compression.none
+    sparse_as_dense: bool = False
+
+
+def _allreduce_in_graph(tensors: Sequence, prefix: str, how: _Averaging) -> List:
     # One grouped request: the dense gradients of one dtype go through a single op, so the
     # runtime gets them together and fuses them.
     k = _next_graph_index(prefix)
     return mpi_ops.grouped_allreduce(list(tensors), average=True, name=f"{prefix}.{k}",
-                                     device=device, compression=compression)
+                                     device=how.device, compression=how.compression)
 
 
-def _eager_allreduce_fn(prefix: str, device: str, compression) -> Callable:
-    key = ("allreduce", prefix, device, compression)
+def _eager_allreduce_fn(prefix: str, how: _Averaging) -> Callable:
+    key = ("allreduce", prefix, how)
     with _lock:
         fn = _eager_functions.get(key)
         if fn is None:
             def average(tensors):
-                return _allreduce_in_graph(tensors, prefix, device, compression)
+                return _allreduce_in_graph(tensors, prefix, how)
 
             fn = tf.function(average, reduce_retracing=True, autograph=False)
             _eager_functions[key] = fn
@@ -110,10 +120,12 @@ def _to_gradient(g, prefix: str, j: int):
                         f"{type(g).__name__}, which is not a tensor: {e}") from None
 
 
-def _average_gradients(grads: Sequence, prefix: str, device: str,
-                       compression=Compression.none) -> List:
+def _average_gradients(grads: Sequence, prefix: str, how: _Averaging) -> List:
     """The mean over ranks of every non-None entry of `grads`; None entries stay None."""
     grads = [_to_gradient(g, prefix, j) for j, g in enumerate(grads)]
+    if how.sparse_as_dense:
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
     if basics.size() == 1:
         return grads
     present = [j for j, g in enumerate(grads) if g is not None]
@@ -121,13 +133,22 @@ def _average_gradients(grads: Sequence, prefix: str, device: str,
         return grads
     values = [grads[j] for j in present]
     if tf.executing_eagerly():
-        reduced = _eager_allreduce_fn(prefix, device, compression)(values)
+        reduced = _eager_allreduce_fn(prefix, how)(values)
     else:
-        reduced = _allreduce_in_graph(values, prefix, device, compression)
+        reduced = _allreduce_in_graph(values, prefix, how)
     out = list(grads)
     for j, r in zip(present, reduced):
         out[j] = r
     return out
+
+
+def _averaging(device, compression, sparse_as_dense, what: str) -> _Averaging:
+    """The checked averaging options of a tape or optimizer (`what`)."""
+    if not isinstance(sparse_as_dense, bool):
+        raise TypeError(f"bluefog {what}: sparse_as_dense must be a bool, got "
+                        f"{sparse_as_dense!r}")
+    return _Averaging(_check_device(device, what),
+                      compression_check(compression, f"bluefog {what}"), sparse_as_dense)
 
 
 def _check_device(device, what: str) -> str:
@@ -169,12 +190,11 @@ class _DistributedGradientTape(tf.GradientTape):
     _watched_variables = _delegated_state("_watched_variables")
     _recording = _delegated_state("_recording")
 
-    def __init__(self, tape: tf.GradientTape, device: str, prefix: str, compression):
+    def __init__(self, tape: tf.GradientTape, prefix: str, how: _Averaging):
         # tf.GradientTape.__init__ is not called: its state is the wrapped tape's.
         object.__setattr__(self, "_bf_tape", tape)
-        object.__setattr__(self, "_bf_device", device)
         object.__setattr__(self, "_bf_prefix", prefix)
-        object.__setattr__(self, "_bf_compression", compression)
+        object.__setattr__(self, "_bf_how", how)
 
     def __enter__(self):
         self._bf_tape.__enter__()
@@ -214,8 +234,7 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = self._bf_tape.gradient(target, sources, output_gradients=output_gradients,
                                        unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        averaged = _average_gradients(flat, self._bf_prefix, self._bf_device,
-                                      self._bf_compression)
+        averaged = _average_gradients(flat, self._bf_prefix, self._bf_how)
         return tf.nest.pack_sequence_as(grads, averaged)
 
     def __getattr__(self, name):
@@ -229,7 +248,8 @@ class _DistributedGradientTape(tf.GradientTape):
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
-                            compression=Compression.none) -> tf.GradientTape:
+                            compression=Compression.none,
+                            sparse_as_dense: bool = False) -> tf.GradientTape:
     """Wraps ``gradtape`` so that ``gradient()`` returns gradients averaged over all ranks.
 
     Works with persistent and non-persistent tapes, ``watch_accessed_variables=False``, in eager
@@ -250,6 +270,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
         compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
             (returned in their own dtype); ``bf.Compression.none`` (default) sends them as they
             are. Ranks must agree on it.
+        sparse_as_dense: average ``tf.IndexedSlices`` gradients as dense tensors (one fused
+            allreduce) instead of gathering every rank's rows; pays when the rows touched per
+            step are a large part of the table.
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
@@ -260,10 +283,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
     if isinstance(gradtape, _DistributedGradientTape):
         raise ValueError("bluefog DistributedGradientTape: this tape is already a "
                          "DistributedGradientTape; wrap the tf.GradientTape only once")
-    device = _check_device(device, "DistributedGradientTape")
-    compression = compression_check(compression, "bluefog DistributedGradientTape")
+    how = _averaging(device, compression, sparse_as_dense, "DistributedGradientTape")
     _check_initialized("DistributedGradientTape")
-    return _DistributedGradientTape(gradtape, device, "DistributedGradientTape", compression)
+    return _DistributedGradientTape(gradtape, "DistributedGradientTape", how)
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,20 +306,19 @@ class _DistributedKerasOptimizer:
     """
 
     _bluefog_name: str = "Distributed"
-    _bluefog_device: str = ""
-    _bluefog_compression = Compression.none
+    _bluefog_how = _Averaging()
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if not self.gradient_accumulation_steps:
             grads = _average_gradients(grads, f"{self._bluefog_name}.{self.name}",
-                                       self._bluefog_device, self._bluefog_compression)
+                                       self._bluefog_how)
         return super().apply(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
         if self.gradient_accumulation_steps:  # an update step: grads is the local mean
             grads = _average_gradients(list(grads), f"{self._bluefog_name}.{self.name}",
-                                       self._bluefog_device, self._bluefog_compression)
+                                       self._bluefog_how)
         return super()._clip_gradients(grads)
 
 
@@ -407,16 +428,15 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
     on averaged gradients too. Everything else is the wrapped optimizer's.
     """
 
-    def __init__(self, optimizer, name: str, use_locking: bool, device: str, compression):
+    def __init__(self, optimizer, name: str, use_locking: bool, how: _Averaging):
         super().__init__(use_locking=use_locking, name=name)
         self._optimizer = optimizer
-        self._bluefog_device = device
-        self._bluefog_compression = compression
+        self._bluefog_how = how
 
     def compute_gradients(self, *args, **kwargs):
         grads_and_vars = list(self._optimizer.compute_gradients(*args, **kwargs))
         grads = _average_gradients([g for g, _ in grads_and_vars], self._name,
-                                   self._bluefog_device, self._bluefog_compression)
+                                   self._bluefog_how)
         return [(g, v) for g, (_, v) in zip(grads, grads_and_vars)]
 
     def apply_gradients(self, *args, **kwargs):
@@ -438,7 +458,7 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
                          device: str = "", compression=Compression.none,
-                         backward_passes_per_step: int = 1):
+                         backward_passes_per_step: int = 1, sparse_as_dense: bool = False):
     """An optimizer that averages gradients over all ranks before applying them.
 
     * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
@@ -465,6 +485,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
             that many steps, when the variables are updated; the steps in between do not
             communicate. An optimizer created with ``gradient_accumulation_steps`` behaves the
             same way without this argument.
+        sparse_as_dense: average ``tf.IndexedSlices`` gradients as dense tensors (one fused
+            allreduce) instead of gathering every rank's rows.
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"bluefog DistributedOptimizer: name must be a non-empty str or None, "
@@ -472,8 +494,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     if not isinstance(use_locking, bool):
         raise ValueError(f"bluefog DistributedOptimizer: use_locking must be a bool, got "
                          f"{use_locking!r}")
-    device = _check_device(device, "DistributedOptimizer")
-    compression = compression_check(compression, "bluefog DistributedOptimizer")
+    how = _averaging(device, compression, sparse_as_dense, "DistributedOptimizer")
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
             or backward_passes_per_step < 1:
         raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step must be an int "
@@ -487,8 +508,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
                              "distributed; wrap the optimizer only once")
         _check_initialized("DistributedOptimizer")
         return _DistributedV1Optimizer(optimizer, name or "Distributed" +
-                                       type(optimizer).__name__, use_locking, device,
-                                       compression)
+                                       type(optimizer).__name__, use_locking, how)
 
     keras = _keras()
     if isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
@@ -525,8 +545,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         overrides["gradient_accumulation_steps"] = backward_passes_per_step
     new = _copy_keras_optimizer(optimizer, _distributed_keras_class(base), overrides)
     new._bluefog_name = name or "Distributed" + base.__name__
-    new._bluefog_device = device
-    new._bluefog_compression = compression
+    new._bluefog_how = how
     return new
 
 

@@ -114,6 +114,39 @@ def test_tape_indexed_slices_stay_indexed_slices(rank, size):
     np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_tape_sparse_as_dense(mode, rank, size):
+    table = tf.Variable(np.zeros((5, 2), dtype=np.float32))
+    idx = tf.constant([rank % 5, (rank + 2) % 5])
+
+    def grad():
+        with tf.GradientTape() as tape:
+            loss = (rank + 1) * tf.reduce_sum(tf.gather(table, idx))
+        return bf.DistributedGradientTape(tape, sparse_as_dense=True).gradient(loss, table)
+
+    g = tf.function(grad)() if mode == "function" else grad()
+    assert isinstance(g, tf.Tensor) and not isinstance(g, tf.IndexedSlices)
+    expected = np.zeros((5, 2))
+    for q in range(size):
+        for i in (q % 5, (q + 2) % 5):
+            expected[i] += (q + 1) / size
+    np.testing.assert_allclose(g.numpy(), expected, rtol=1e-6)
+
+
+def test_optimizer_sparse_as_dense(rank, size):
+    table = tf.Variable(np.zeros((3, 2), dtype=np.float32))
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), sparse_as_dense=True)
+    grad = tf.IndexedSlices(tf.constant([[rank + 1.0, 1.0]]), tf.constant([rank % 3]),
+                            tf.constant([3, 2]))
+    opt.apply_gradients([(grad, table)])
+    expected = np.zeros((3, 2))
+    for q in range(size):
+        expected[q % 3] -= np.array([q + 1.0, 1.0]) / size
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)
+    with pytest.raises(TypeError, match="sparse_as_dense must be a bool"):
+        bf.DistributedOptimizer(keras.optimizers.SGD(1.0), sparse_as_dense="yes")
+
+
 def test_tape_retrace_on_some_ranks_only(rank, size):
     """A tf.function retraced on some ranks only (a smaller last batch) uses the same names."""
     v = tf.Variable(W)
