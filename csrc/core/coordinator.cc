@@ -27,11 +27,7 @@ std::string TrailingShape(const TensorMeta& m) {
 }
 
 std::string RanksString(const std::vector<int32_t>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
+  return ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end()));  // "[1, 4]"
 }
 
 }  // namespace

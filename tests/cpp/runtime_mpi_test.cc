@@ -58,6 +58,19 @@ std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataType dty
 
 Status Wait(Pending& p) { return p.future.get(); }
 
+// Enqueues a request built by the caller (meta and input set), with an output of
+// `output_bytes` filled with `fill`; Wait() on the result.
+std::unique_ptr<Pending> SubmitBuilt(Request req, size_t output_bytes, char fill = 0) {
+  auto p = std::make_unique<Pending>();
+  p->output.assign(output_bytes, fill);
+  req.output = p->output.data();
+  Pending* raw = p.get();
+  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+  Status s = Runtime::Get().Enqueue(std::move(req));
+  if (!s.ok()) p->promise.set_value(s);
+  return p;
+}
+
 TEST(RuntimeMpi, AllreduceSumAndAverageFloat) {
   std::vector<float> in(1000);
   for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 13 + Rank());
@@ -308,8 +321,6 @@ TEST(RuntimeMpi, MinMaxProductOnBothPaths) {
     std::vector<float> in(n);
     for (int64_t e = 0; e < n; ++e) in[e] = static_cast<float>((e + Rank()) % 5 - 2);
     for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
-      auto p = std::make_unique<Pending>();
-      p->output.resize(n * sizeof(float));
       Request req;
       req.meta.name = Concat("reduce.", ReduceOpName(op), ".", n);
       req.meta.op = OpType::kAllreduce;
@@ -317,12 +328,8 @@ TEST(RuntimeMpi, MinMaxProductOnBothPaths) {
       req.meta.shape = {n};
       req.meta.reduce_op = op;
       req.input = in.data();
-      req.output = p->output.data();
-      Pending* raw = p.get();
-      req.done = [raw](const Status& s) { raw->promise.set_value(s); };
-      Status s = Runtime::Get().Enqueue(std::move(req));
-      if (!s.ok()) p->promise.set_value(s);
-      s = Wait(*p);
+      auto p = SubmitBuilt(std::move(req), n * sizeof(float));
+      Status s = Wait(*p);
       ASSERT_TRUE(s.ok()) << s.message();
       const float* out = reinterpret_cast<const float*>(p->output.data());
       for (int64_t e = 0; e < n; e += (n > 100 ? 997 : 1)) {
@@ -362,8 +369,6 @@ TEST(RuntimeMpi, NeighborAllgatherGradSendsEachBlockHome) {
     if (k != Rank()) others.push_back(k), in_rows += k + 1;
   std::vector<float> in;
   for (int k : others) in.insert(in.end(), (k + 1) * 2, 100.0f * Rank() + k);
-  auto p = std::make_unique<Pending>();
-  p->output.assign((Rank() + 1) * 2 * sizeof(float), 1);  // garbage: must be overwritten
   Request req;
   req.meta.name = "nag.grad";
   req.meta.op = OpType::kNeighborAllgatherGrad;
@@ -373,12 +378,9 @@ TEST(RuntimeMpi, NeighborAllgatherGradSendsEachBlockHome) {
   req.meta.recv_ranks = others;
   req.meta.input_rows = in_rows;
   req.input = in.data();
-  req.output = p->output.data();
-  Pending* raw = p.get();
-  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
-  Status s = Runtime::Get().Enqueue(std::move(req));
-  if (!s.ok()) p->promise.set_value(s);
-  s = Wait(*p);
+  // The output starts as garbage, which the result must overwrite.
+  auto p = SubmitBuilt(std::move(req), (Rank() + 1) * 2 * sizeof(float), 1);
+  Status s = Wait(*p);
   ASSERT_TRUE(s.ok()) << s.message();
   float expected = 0;
   for (int r : others) expected += 100.0f * r + Rank();
