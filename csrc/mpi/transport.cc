@@ -31,21 +31,16 @@ constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
 MPI_Comm& AsComm(void*& p) { return *reinterpret_cast<MPI_Comm*>(&p); }
 MPI_Op& AsOp(void*& p) { return *reinterpret_cast<MPI_Op*>(&p); }
 
-void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
-  SumInto(inout, in, *len, DataType::kFloat16);
-}
-void BFloat16Sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  SumInto(inout, in, *len, DataType::kBFloat16);
-}
-// Min, max and product go through bluefog's own kernels, so that both allreduce paths (this one
-// and the ring) give the same results, NaN included. MPI calls the function on the thread that
-// called MPI_Allreduce, the background thread, which sets the context just before.
+// What MPI has no operation for (sums of the 16-bit floats; min, max and product, whose NaN
+// handling must match the ring's) goes through bluefog's own kernels, as one MPI op. MPI calls
+// it on the thread that called MPI_Allreduce, the background thread, which sets the context
+// just before.
 struct ReduceContext {
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
 };
 thread_local ReduceContext reduce_context;
-void OtherReduce(void* in, void* inout, int* len, MPI_Datatype*) {
+void BluefogReduce(void* in, void* inout, int* len, MPI_Datatype*) {
   ReduceOf(inout, inout, in, *len, reduce_context.dtype, reduce_context.op);
 }
 
@@ -111,9 +106,7 @@ TransportInfo MpiTransport::Init() {
         "MPI_Comm_split_type");
   Check(MPI_Comm_rank(AsComm(local_comm_), &info.local_rank), "MPI_Comm_rank");
   Check(MPI_Comm_size(AsComm(local_comm_), &info.local_size), "MPI_Comm_size");
-  Check(MPI_Op_create(&HalfSum, 1, &AsOp(half_sum_op_)), "MPI_Op_create");
-  Check(MPI_Op_create(&BFloat16Sum, 1, &AsOp(bfloat16_sum_op_)), "MPI_Op_create");
-  Check(MPI_Op_create(&OtherReduce, 1, &AsOp(other_reduce_op_)), "MPI_Op_create");
+  Check(MPI_Op_create(&BluefogReduce, 1, &AsOp(bluefog_op_)), "MPI_Op_create");
 
   exchange_send_.assign(kSlotBytes, 0);
   exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * size_, 0);
@@ -128,9 +121,7 @@ TransportInfo MpiTransport::Init() {
 void MpiTransport::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
-  MPI_Op_free(&AsOp(half_sum_op_));
-  MPI_Op_free(&AsOp(bfloat16_sum_op_));
-  MPI_Op_free(&AsOp(other_reduce_op_));
+  MPI_Op_free(&AsOp(bluefog_op_));
   MPI_Comm_free(&AsComm(local_comm_));
   MPI_Comm_free(&AsComm(comm_));
   if (owns_mpi_) {
@@ -289,10 +280,8 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
 void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                 ReduceOp reduce) {
   MPI_Op op = MPI_SUM;
-  if (dtype == DataType::kFloat16) op = AsOp(half_sum_op_);
-  if (dtype == DataType::kBFloat16) op = AsOp(bfloat16_sum_op_);
-  if (reduce != ReduceOp::kSum) {
-    op = AsOp(other_reduce_op_);
+  if (reduce != ReduceOp::kSum || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
+    op = AsOp(bluefog_op_);
     reduce_context = {dtype, reduce};
   }
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));

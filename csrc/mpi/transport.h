@@ -72,9 +72,7 @@ class MpiTransport {
   int size_ = 1;
   void* comm_ = nullptr;        // MPI_Comm, kept opaque so this header does not include mpi.h
   void* local_comm_ = nullptr;
-  void* half_sum_op_ = nullptr;  // MPI_Op
-  void* bfloat16_sum_op_ = nullptr;
-  void* other_reduce_op_ = nullptr;  // min, max, product of any dtype (see ReduceContext)
+  void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;
