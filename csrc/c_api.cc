@@ -3,6 +3,7 @@
 #include <exception>
 #include <string>
 
+#include "core/op_rules.h"
 #include "core/runtime.h"
 
 namespace {
@@ -43,5 +44,12 @@ int bluefog_mpi_threads_supported(void) {
   return IfRunning([](const auto& i) { return i.threads_multiple ? 1 : 0; });
 }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
+int bluefog_op_accepts_dtype(int op_type, int dtype) {
+  if (!bluefog::IsValidOpType(op_type) || !bluefog::IsValidDataType(dtype)) return -1;
+  return bluefog::OpAcceptsDtype(static_cast<bluefog::OpType>(op_type),
+                                 static_cast<bluefog::DataType>(dtype))
+             ? 1
+             : 0;
+}
 
 }  // extern "C"

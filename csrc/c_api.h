@@ -15,6 +15,9 @@ int bluefog_local_rank(void);
 int bluefog_local_size(void);
 int bluefog_mpi_threads_supported(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call
+// 1 when the op (OpType's value) accepts the dtype (DataType's value), 0 when not, -1 for values
+// that name no op or dtype. Lets the Python layer check its own table against the core's.
+int bluefog_op_accepts_dtype(int op_type, int dtype);
 
 #ifdef __cplusplus
 }

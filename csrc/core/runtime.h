@@ -15,14 +15,16 @@
 
 #include "core/config.h"
 #include "core/coordinator.h"
+#include "core/executor.h"
 #include "core/request.h"
 #include "core/response_cache.h"
+#include "core/stall_report.h"
 #include "core/timeline.h"
 #include "mpi/transport.h"
 
 namespace bluefog {
 
-class Runtime {
+class Runtime : private RequestTable {
  public:
   static Runtime& Get();
 
@@ -46,23 +48,15 @@ class Runtime {
   // One negotiation round and the collectives it made ready; returns false once stopped.
   // Sets *anyone_spoke when some rank announced something.
   bool RunRound(bool* anyone_spoke);
-  Request* Lookup(const std::string& name);
-  void Execute(std::vector<Response>& responses);
-  void ExecuteAllreduces(const std::vector<Response>& group);
-  void ExecuteAllgather(const Response& response);
-  void ExecuteBroadcast(const Response& response);
-  void ExecuteNeighborAllreduces(const std::vector<Response>& group);
-  void ExecuteNeighborAllgather(const Response& response);
-  void ExecuteNeighborAllgatherGrad(const Response& response);
-  Status ValidateNeighbors(const Request& request) const;
-  static int64_t RowBytes(const TensorMeta& meta);
-  static void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
-                              std::vector<char>* scratch, Status* status);
+  // RequestTable, for the executors. Lookup's result stays valid: only this thread erases.
+  Request* Lookup(const std::string& name) override;
   // Removes the local request for `name` and reports `status` to it.
-  void Finish(const std::string& name, const Status& status);
+  void Finish(const std::string& name, const Status& status) override;
+  // Stops the loop after an error the runtime cannot recover from: records the reason, and
+  // gives up finalizing MPI, since an exchange may still be pending.
+  void Abandon(const std::string& reason);
   void FailAll(const Status& status);
   void CheckStalls();
-  std::string Prefix() const;
 
   std::atomic<State> state_{State::kNotStarted};
   Config config_;
@@ -86,11 +80,9 @@ class Runtime {
     uint64_t completed = 0;
     uint64_t collectives = 0;  // after fusion
   } stats_;
-  std::vector<char> fusion_buffer_;
-  std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies; grow-only
   Timeline timeline_;
-  double last_stall_check_ = 0;
-  double last_stall_report_ = 0;
+  Executor executor_{&transport_, this, &timeline_};
+  StallWatch stall_watch_{0, 0};
   bool abandoned_mpi_ = false;  // a collective was left pending: MPI cannot be finalized
 };
 

@@ -67,11 +67,6 @@ const char* ReduceOpName(ReduceOp op) {
 bool IsValidReduceOp(int value) { return value >= 0 && value < kNumReduceOps; }
 bool IsValidDataType(int value) { return value >= 0 && value < kNumDataTypes; }
 bool IsValidOpType(int value) { return value >= 0 && value < kNumOpTypes; }
-bool SupportsSum(DataType dtype) { return dtype != DataType::kBool; }
-bool IsFloatingPoint(DataType dtype) {
-  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
-}
 bool IsNeighborOp(OpType op) {
   return op == OpType::kNeighborAllreduce || op == OpType::kNeighborAllgather ||
          op == OpType::kNeighborAllgatherGrad;

@@ -54,9 +54,6 @@ const char* DataTypeName(DataType dtype);
 const char* OpTypeName(OpType op);
 bool IsValidDataType(int value);
 bool IsValidOpType(int value);
-// Whether an elementwise sum is defined for the dtype (bool is not: it would silently saturate).
-bool SupportsSum(DataType dtype);
-bool IsFloatingPoint(DataType dtype);
 
 // What a rank announces about one request; every rank must agree on it (up to the rules of the op).
 struct TensorMeta {

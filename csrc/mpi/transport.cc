@@ -195,7 +195,8 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
 
 void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
                              ReduceOp op, int64_t divisor) {
-  if (op != ReduceOp::kSum) divisor = 1;
+  BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
+             "only a sum can be averaged (PlanAverage decides who divides)");
   const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
   if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ &&
       count >= size_) {

@@ -43,7 +43,8 @@ class MpiTransport {
                     int64_t divisor = 1) {
     Allreduce(in, out, count, dtype, ReduceOp::kSum, divisor);
   }
-  // The same for any reduction; `divisor` applies to kSum only.
+  // The same for any reduction; `divisor` must be 1 unless `op` is kSum. The caller decides
+  // the divisor (PlanAverage); the transport only applies it where it is cheapest.
   void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                  int64_t divisor = 1);
   void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }

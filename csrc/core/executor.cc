@@ -1,0 +1,143 @@
+#include "core/executor.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "core/op_rules.h"
+#include "core/reduce_kernels.h"
+
+namespace bluefog {
+namespace {
+
+double NowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int64_t RowBytes(const TensorMeta& meta) {
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < meta.shape.size(); ++d) row_elems *= meta.shape[d];
+  return row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
+}
+
+size_t Executor::Execute(std::vector<Response>& ready) {
+  size_t collectives = 0;
+  for (const Group& g : PlanGroups(ready, limits_)) {
+    const Response* group = ready.data() + g.begin;
+    const size_t n = g.end - g.begin;
+    const Response& r = group[0];
+    if (!r.status.ok()) {
+      requests_->Finish(r.meta.name, r.status);
+      continue;
+    }
+    ++collectives;
+    const double comm_start = timeline_->enabled() ? NowSeconds() : 0;
+    try {
+      switch (r.meta.op) {
+        case OpType::kAllreduce: Allreduces(group, n); break;
+        case OpType::kAllgather: Allgather(r); break;
+        case OpType::kBroadcast: Broadcast(r); break;
+        case OpType::kNeighborAllreduce: NeighborAllreduces(group, n); break;
+        case OpType::kNeighborAllgather: NeighborAllgather(r); break;
+        case OpType::kNeighborAllgatherGrad: NeighborAllgatherGrad(r); break;
+      }
+    } catch (const BluefogError& e) {
+      for (size_t k = 0; k < n; ++k)
+        requests_->Finish(group[k].meta.name,
+                          OpError(e.code(), group[k].meta.op, group[k].meta.name, e.what()));
+    }
+    if (timeline_->enabled()) {
+      const double comm_end = NowSeconds();
+      for (size_t k = 0; k < n; ++k)
+        timeline_->Phase(group[k].meta.name, OpTypeName(group[k].meta.op), comm_start, comm_end);
+    }
+  }
+  return collectives;
+}
+
+void Executor::Allreduces(const Response* group, size_t n) {
+  const DataType dtype = group[0].meta.dtype;
+  const ReduceOp op = group[0].meta.reduce_op;
+  std::vector<Request*> reqs;
+  std::vector<bool> average;
+  size_t total = 0;
+  for (size_t k = 0; k < n; ++k) {
+    reqs.push_back(requests_->Lookup(group[k].meta.name));
+    total += reqs.back()->meta.NumBytes();
+    average.push_back(reqs.back()->average);
+  }
+  const AveragePlan plan = PlanAverage(average, op, info_.size);
+  const size_t elem = ElementSize(dtype);
+  if (n == 1) {  // out of place, from the input straight into the output: no copy
+    if (total > 0)
+      transport_->Allreduce(reqs[0]->input, reqs[0]->output, static_cast<int64_t>(total / elem),
+                            dtype, op, plan.collective_divisor);
+    requests_->Finish(group[0].meta.name, Status::Ok());
+    return;
+  }
+  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+  char* buffer = fusion_buffer_.data();
+  size_t offset = 0;
+  for (Request* req : reqs) {
+    std::memcpy(buffer + offset, req->input, req->meta.NumBytes());
+    offset += req->meta.NumBytes();
+  }
+  transport_->Allreduce(buffer, buffer, static_cast<int64_t>(total / elem), dtype, op,
+                        plan.collective_divisor);
+  offset = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t bytes = reqs[k]->meta.NumBytes();
+    if (plan.after[k] > 1) DivideBy(buffer + offset, reqs[k]->meta.NumElements(), dtype, plan.after[k]);
+    std::memcpy(reqs[k]->output, buffer + offset, bytes);
+    offset += bytes;
+  }
+  for (size_t k = 0; k < n; ++k) requests_->Finish(group[k].meta.name, Status::Ok());
+}
+
+void* Executor::AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
+                               std::vector<char>* scratch, Status* status) {
+  try {
+    return req->allocate_output(shape);
+  } catch (const BluefogError& e) {
+    *status = OpError(e.code(), req->meta.op, req->meta.name, e.what());
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc from the framework's allocator
+    *status = OpError(StatusCode::kInternal, req->meta.op, req->meta.name,
+                      Concat("cannot allocate the output of shape ", ShapeString(shape), ": ",
+                             e.what()));
+  }
+  scratch->resize(static_cast<size_t>(bytes));
+  return scratch->data();
+}
+
+void Executor::Allgather(const Response& response) {
+  Request* req = requests_->Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  const int64_t row_bytes = RowBytes(meta);
+  std::vector<int64_t> bytes_per_rank(info_.size);
+  std::vector<int64_t> shape = meta.shape;
+  shape[0] = 0;
+  for (int r = 0; r < info_.size; ++r) {
+    bytes_per_rank[r] = response.first_dims[r] * row_bytes;
+    shape[0] += response.first_dims[r];
+  }
+  Status status;
+  std::vector<char> scratch;
+  void* out = AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status);
+  transport_->Allgatherv(req->input, out, bytes_per_rank);
+  requests_->Finish(meta.name, status);
+}
+
+void Executor::Broadcast(const Response& response) {
+  Request* req = requests_->Lookup(response.meta.name);
+  const size_t bytes = req->meta.NumBytes();
+  if (bytes > 0) {
+    if (info_.rank == response.meta.root_rank && req->output != req->input)
+      std::memcpy(req->output, req->input, bytes);
+    transport_->Broadcast(req->output, static_cast<int64_t>(bytes), response.meta.root_rank);
+  }
+  requests_->Finish(response.meta.name, Status::Ok());
+}
+
+}  // namespace bluefog

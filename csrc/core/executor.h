@@ -1,0 +1,67 @@
+// Runs the requests every rank agreed on: plans the groups (fusion.h), then one executor per
+// op moves the data through the transport. Runs on the runtime's background thread only.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/coordinator.h"
+#include "core/fusion.h"
+#include "core/request.h"
+#include "core/timeline.h"
+#include "mpi/transport.h"
+
+namespace bluefog {
+
+// What the executors need from the runtime: this rank's request for an agreed name, and a way
+// to complete it. Lookup throws kInternal for an unknown name; Finish reports once and forgets.
+class RequestTable {
+ public:
+  virtual Request* Lookup(const std::string& name) = 0;
+  virtual void Finish(const std::string& name, const Status& status) = 0;
+
+ protected:
+  ~RequestTable() = default;
+};
+
+class Executor {
+ public:
+  Executor(MpiTransport* transport, RequestTable* requests, Timeline* timeline)
+      : transport_(transport), requests_(requests), timeline_(timeline) {}
+
+  void Configure(const TransportInfo& info, const FusionLimits& limits) {
+    info_ = info;
+    limits_ = limits;
+  }
+  // Runs every response of `ready` (reordered by PlanGroups); returns the number of
+  // collectives run after fusion. A BluefogError fails that group's requests and goes on.
+  size_t Execute(std::vector<Response>& ready);
+
+ private:
+  // Group executors: `n` responses from `group`, all of the group's op.
+  void Allreduces(const Response* group, size_t n);
+  void Allgather(const Response& response);
+  void Broadcast(const Response& response);
+  void NeighborAllreduces(const Response* group, size_t n);
+  void NeighborAllgather(const Response& response);
+  void NeighborAllgatherGrad(const Response& response);
+  // The allgathers' output, or scratch memory (and an error in *status) when it cannot be
+  // allocated: this rank must still take part in the collective, or the others would wait.
+  void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
+                       std::vector<char>* scratch, Status* status);
+
+  MpiTransport* transport_;
+  RequestTable* requests_;
+  Timeline* timeline_;
+  TransportInfo info_;
+  FusionLimits limits_;
+  // Grown to the largest size seen, never shrunk: no allocation per step.
+  std::vector<char> fusion_buffer_;
+  std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies
+};
+
+// Bytes of one slice along dimension 0.
+int64_t RowBytes(const TensorMeta& meta);
+
+}  // namespace bluefog

@@ -1,0 +1,29 @@
+// The rules of each op that do not depend on other ranks, stated once: which dtypes it accepts,
+// and how its errors are worded. The TensorFlow registrations, the Python layer (through the C
+// API, in a test) and the runtime's validation all read this table.
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+#include "core/types.h"
+
+namespace bluefog {
+
+// Whether `op` accepts tensors of `dtype`.
+bool OpAcceptsDtype(OpType op, DataType dtype);
+// Why `op` refuses `dtype` and what to do, as the end of a sentence that starts with the dtype:
+// "cannot be summed; cast it to an integer or float dtype first". Empty when it is accepted.
+const char* DtypeRefusal(OpType op);
+// Whether the op concatenates along dimension 0, so its tensors need a rank of at least 1.
+bool NeedsDimensionZero(OpType op);
+
+// "bluefog allreduce of tensor 'NAME'": what every error about one request starts with.
+std::string OpContext(OpType op, const std::string& name);
+// `what` about one request: "bluefog OP of tensor 'NAME': what".
+Status OpError(StatusCode code, OpType op, const std::string& name, const std::string& what);
+// The same message prefixed with the reporting rank: "rank R: ...". Ranks are added where a
+// status leaves the runtime, so a message is prefixed once.
+Status WithRank(int rank, const Status& status);
+
+}  // namespace bluefog

@@ -1,0 +1,75 @@
+#include "core/validation.h"
+
+#include "core/op_rules.h"
+
+namespace bluefog {
+namespace {
+
+Status Invalid(const TensorMeta& meta, const std::string& what) {
+  return OpError(StatusCode::kInvalidArgument, meta.op, meta.name, what);
+}
+
+Status RefuseDtype(const TensorMeta& meta) {
+  return Invalid(meta, Concat("dtype ", DataTypeName(meta.dtype), " ", DtypeRefusal(meta.op)));
+}
+
+Status ValidateNeighbors(const Request& request, int rank, int size) {
+  const TensorMeta& meta = request.meta;
+  for (const auto* ranks : {&meta.send_ranks, &meta.recv_ranks}) {
+    for (size_t k = 0; k < ranks->size(); ++k) {
+      const int r = (*ranks)[k];
+      if (r < 0 || r >= size || r == rank)
+        return Invalid(meta, Concat("neighbor rank ", r, " is not another rank in [0, ", size, ")"));
+      if (k > 0 && (*ranks)[k - 1] >= r)
+        return Invalid(meta, "neighbor ranks must be unique and ascending");
+    }
+  }
+  if (meta.op == OpType::kNeighborAllreduce) {
+    if (!OpAcceptsDtype(meta.op, meta.dtype)) return RefuseDtype(meta);
+    if (request.recv_weights.size() != meta.recv_ranks.size())
+      return Invalid(meta, Concat(request.recv_weights.size(), " receive weights for ",
+                                  meta.recv_ranks.size(), " source ranks"));
+    if (!request.send_weights.empty() && request.send_weights.size() != meta.send_ranks.size())
+      return Invalid(meta, Concat(request.send_weights.size(), " send weights for ",
+                                  meta.send_ranks.size(), " destination ranks"));
+    return Status::Ok();
+  }
+  if (NeedsDimensionZero(meta.op) && meta.shape.empty())
+    return Invalid(meta, "neighbor_allgather concatenates along dimension 0 and needs a tensor of "
+                         "rank >= 1");
+  if (!OpAcceptsDtype(meta.op, meta.dtype)) return RefuseDtype(meta);
+  if (meta.op == OpType::kNeighborAllgatherGrad && (meta.input_rows < 0 || meta.shape[0] < 0))
+    return Invalid(meta, Concat("negative rows: input ", meta.input_rows, ", output ", meta.shape[0]));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateRequest(const Request& request) {
+  const TensorMeta& meta = request.meta;
+  if (meta.name.empty()) return Invalid(meta, "the name is empty; pass a non-empty name or None");
+  if (meta.shape.size() > kMaxDims)
+    return Invalid(meta, Concat("rank ", meta.shape.size(), " exceeds ", kMaxDims));
+  for (int64_t d : meta.shape)
+    if (d < 0) return Invalid(meta, Concat("shape ", ShapeString(meta.shape), " has a negative dimension"));
+  // Neighbour ops report their dtype after their ranks (the order users have always seen).
+  if (!IsNeighborOp(meta.op) && !OpAcceptsDtype(meta.op, meta.dtype))
+    return RefuseDtype(meta);
+  if (meta.reduce_op != ReduceOp::kSum && (meta.op != OpType::kAllreduce || request.average))
+    return Invalid(meta, Concat("reduction ", ReduceOpName(meta.reduce_op),
+                                " applies to allreduce without averaging only"));
+  if (meta.op == OpType::kAllgather && meta.shape.empty())
+    return Invalid(meta, "allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "
+                         "reshape the scalar to [1] first");
+  return Status::Ok();
+}
+
+Status ValidateForLayout(const Request& request, int rank, int size) {
+  const TensorMeta& meta = request.meta;
+  if (meta.op == OpType::kBroadcast && (meta.root_rank < 0 || meta.root_rank >= size))
+    return Invalid(meta, Concat("root_rank ", meta.root_rank, " is outside [0, ", size, ")"));
+  if (IsNeighborOp(meta.op)) return ValidateNeighbors(request, rank, size);
+  return Status::Ok();
+}
+
+}  // namespace bluefog

@@ -1,0 +1,54 @@
+#include "core/op_rules.h"
+
+#include <gtest/gtest.h>
+
+namespace bluefog {
+namespace {
+
+bool IsFloat(DataType d) {
+  return d == DataType::kFloat16 || d == DataType::kBFloat16 || d == DataType::kFloat32 ||
+         d == DataType::kFloat64;
+}
+
+TEST(OpRules, DtypesPerOp) {
+  for (int v = 0; v < kNumDataTypes; ++v) {
+    const DataType d = static_cast<DataType>(v);
+    SCOPED_TRACE(DataTypeName(d));
+    EXPECT_EQ(OpAcceptsDtype(OpType::kAllreduce, d), d != DataType::kBool);
+    EXPECT_TRUE(OpAcceptsDtype(OpType::kAllgather, d));
+    EXPECT_TRUE(OpAcceptsDtype(OpType::kBroadcast, d));
+    EXPECT_TRUE(OpAcceptsDtype(OpType::kNeighborAllgather, d));
+    EXPECT_EQ(OpAcceptsDtype(OpType::kNeighborAllreduce, d), IsFloat(d));
+    EXPECT_EQ(OpAcceptsDtype(OpType::kNeighborAllgatherGrad, d), IsFloat(d));
+  }
+}
+
+TEST(OpRules, EveryRefusingOpSaysWhy) {
+  for (int v = 0; v < kNumOpTypes; ++v) {
+    const OpType op = static_cast<OpType>(v);
+    bool refuses = false;
+    for (int d = 0; d < kNumDataTypes; ++d) refuses |= !OpAcceptsDtype(op, static_cast<DataType>(d));
+    EXPECT_EQ(refuses, std::string(DtypeRefusal(op)).size() > 0) << OpTypeName(op);
+  }
+}
+
+TEST(OpRules, ConcatenatingOpsNeedDimensionZero) {
+  EXPECT_TRUE(NeedsDimensionZero(OpType::kAllgather));
+  EXPECT_TRUE(NeedsDimensionZero(OpType::kNeighborAllgather));
+  EXPECT_TRUE(NeedsDimensionZero(OpType::kNeighborAllgatherGrad));
+  EXPECT_FALSE(NeedsDimensionZero(OpType::kAllreduce));
+  EXPECT_FALSE(NeedsDimensionZero(OpType::kBroadcast));
+}
+
+TEST(OpRules, ErrorsNameRankOpAndTensor) {
+  Status s = OpError(StatusCode::kInvalidArgument, OpType::kBroadcast, "w", "bad root");
+  EXPECT_EQ(s.message(), "bluefog broadcast of tensor 'w': bad root");
+  EXPECT_EQ(WithRank(3, s).message(), "rank 3: bluefog broadcast of tensor 'w': bad root");
+  EXPECT_EQ(WithRank(3, s).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(WithRank(3, Status::Ok()).ok());
+  EXPECT_EQ(OpContext(OpType::kNeighborAllgatherGrad, "g"),
+            "bluefog neighbor_allgather gradient of tensor 'g'");
+}
+
+}  // namespace
+}  // namespace bluefog
