@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/op_rules.h"
 #include "core/runtime.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -34,21 +35,64 @@ absl::Status ToTfStatus(const Status& s) {
   return absl::UnknownError(s.message());
 }
 
+// The dtypes bluefog moves, on both sides: the one table that maps them.
+struct DtypeEntry {
+  DataType core;
+  ::tensorflow::DataType tf;
+  const char* attr;  // the name an op registration's type list uses
+};
+constexpr DtypeEntry kDtypes[kNumDataTypes] = {
+    {DataType::kUInt8, ::tensorflow::DT_UINT8, "uint8"},
+    {DataType::kInt8, ::tensorflow::DT_INT8, "int8"},
+    {DataType::kUInt16, ::tensorflow::DT_UINT16, "uint16"},
+    {DataType::kInt16, ::tensorflow::DT_INT16, "int16"},
+    {DataType::kInt32, ::tensorflow::DT_INT32, "int32"},
+    {DataType::kInt64, ::tensorflow::DT_INT64, "int64"},
+    {DataType::kFloat16, ::tensorflow::DT_HALF, "half"},
+    {DataType::kBFloat16, ::tensorflow::DT_BFLOAT16, "bfloat16"},
+    {DataType::kFloat32, ::tensorflow::DT_FLOAT, "float"},
+    {DataType::kFloat64, ::tensorflow::DT_DOUBLE, "double"},
+    {DataType::kBool, ::tensorflow::DT_BOOL, "bool"},
+};
+
 bool ToCoreType(::tensorflow::DataType dt, DataType* out) {
-  switch (dt) {
-    case ::tensorflow::DT_UINT8: *out = DataType::kUInt8; return true;
-    case ::tensorflow::DT_INT8: *out = DataType::kInt8; return true;
-    case ::tensorflow::DT_UINT16: *out = DataType::kUInt16; return true;
-    case ::tensorflow::DT_INT16: *out = DataType::kInt16; return true;
-    case ::tensorflow::DT_INT32: *out = DataType::kInt32; return true;
-    case ::tensorflow::DT_INT64: *out = DataType::kInt64; return true;
-    case ::tensorflow::DT_HALF: *out = DataType::kFloat16; return true;
-    case ::tensorflow::DT_BFLOAT16: *out = DataType::kBFloat16; return true;
-    case ::tensorflow::DT_FLOAT: *out = DataType::kFloat32; return true;
-    case ::tensorflow::DT_DOUBLE: *out = DataType::kFloat64; return true;
-    case ::tensorflow::DT_BOOL: *out = DataType::kBool; return true;
-    default: return false;
+  for (const DtypeEntry& e : kDtypes) {
+    if (e.tf == dt) {
+      *out = e.core;
+      return true;
+    }
   }
+  return false;
+}
+
+// "T: {uint8, ...}": the dtypes the core's op rules accept for `op`.
+std::string TypeAttr(OpType op) {
+  std::string spec = "T: {";
+  for (const DtypeEntry& e : kDtypes) {
+    if (!OpAcceptsDtype(op, e.core)) continue;
+    if (spec.back() != '{') spec += ", ";
+    spec += e.attr;
+  }
+  return spec + "}";
+}
+
+// A mistake in one call's own inputs, found by the kernel: "rank R: bluefog OP of tensor
+// 'NAME': what" ("rank R: bluefog OP: what" while the name is not known yet).
+absl::Status KernelError(OpType op, const std::string& name, const std::string& what) {
+  const int rank = Runtime::Get().info().rank;
+  if (name.empty())
+    return absl::InvalidArgumentError(Concat("rank ", rank, ": bluefog ", OpTypeName(op), ": ", what));
+  return ToTfStatus(WithRank(rank, OpError(StatusCode::kInvalidArgument, op, name, what)));
+}
+
+// Inputs read as scalars or vectors must have that rank: reading a tensor of another rank as a
+// scalar trips a TensorFlow CHECK, which would abort the process.
+absl::Status CheckRank(const Tensor& t, int rank, const char* input, OpType op,
+                       const std::string& name) {
+  if (t.dims() == rank) return absl::OkStatus();
+  return KernelError(op, name,
+                     Concat("the ", input, " input must be a ", rank == 0 ? "scalar" : "vector",
+                            ", got shape ", t.shape().DebugString()));
 }
 
 char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
@@ -89,11 +133,17 @@ class CollectiveKernel : public AsyncOpKernel {
     const Tensor& input = ctx->input(0);
     const Tensor& name = ctx->input(1);
     request->meta.op = op_;
+    absl::Status shape_ok = CheckRank(name, 0, "tensor_name", op_, "");
+    if (!shape_ok.ok()) {
+      ctx->SetStatus(shape_ok);
+      done();
+      return false;
+    }
     request->meta.name = std::string(name.scalar<::tensorflow::tstring>()());
     if (!ToCoreType(input.dtype(), &request->meta.dtype)) {
-      ctx->SetStatus(absl::InvalidArgumentError(
-          "bluefog " + std::string(OpTypeName(op_)) + " of tensor '" + request->meta.name +
-          "': dtype " + ::tensorflow::DataTypeString(input.dtype()) + " is not supported"));
+      ctx->SetStatus(KernelError(op_, request->meta.name,
+                                 Concat("dtype ", ::tensorflow::DataTypeString(input.dtype()),
+                                        " is not supported")));
       done();
       return false;
     }
@@ -152,6 +202,8 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = ctx->num_inputs() - 1;
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(n), 0, "tensor_name", OpType::kAllreduce, ""),
+                         done);
     const std::string base(ctx->input(n).scalar<::tensorflow::tstring>()());
     DataType dtype;
     if (n == 0) {
@@ -159,8 +211,9 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
       return;
     }
     if (!ToCoreType(ctx->input(0).dtype(), &dtype)) {
-      ctx->SetStatus(absl::InvalidArgumentError("bluefog grouped allreduce '" + base +
-                                                "': unsupported dtype"));
+      ctx->SetStatus(KernelError(
+          OpType::kAllreduce, base,
+          Concat("dtype ", ::tensorflow::DataTypeString(ctx->input(0).dtype()), " is not supported")));
       done();
       return;
     }
@@ -228,9 +281,13 @@ std::vector<T> VectorOf(const Tensor& t) {
 
 // Neighbor ops' inputs after (tensor, tensor_name): send_ranks, recv_ranks [, self_weight,
 // recv_weights, send_weights]; the ranks (and weights) may change from call to call.
-void ReadPeers(OpKernelContext* ctx, Request* request) {
+absl::Status ReadPeers(OpKernelContext* ctx, Request* request) {
+  const TensorMeta& meta = request->meta;
+  TF_RETURN_IF_ERROR(CheckRank(ctx->input(2), 1, "send_ranks", meta.op, meta.name));
+  TF_RETURN_IF_ERROR(CheckRank(ctx->input(3), 1, "recv_ranks", meta.op, meta.name));
   request->meta.send_ranks = VectorOf<int32_t>(ctx->input(2));
   request->meta.recv_ranks = VectorOf<int32_t>(ctx->input(3));
+  return absl::OkStatus();
 }
 
 class NeighborAllreduceKernel : public CollectiveKernel {
@@ -240,7 +297,11 @@ class NeighborAllreduceKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    ReadPeers(ctx, &request);
+    OP_REQUIRES_OK_ASYNC(ctx, ReadPeers(ctx, &request), done);
+    const std::string& name = request.meta.name;
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(4), 0, "self_weight", OpType::kNeighborAllreduce, name), done);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(5), 1, "recv_weights", OpType::kNeighborAllreduce, name), done);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(6), 1, "send_weights", OpType::kNeighborAllreduce, name), done);
     request.self_weight = ctx->input(4).scalar<double>()();
     request.recv_weights = VectorOf<double>(ctx->input(5));
     request.send_weights = VectorOf<double>(ctx->input(6));
@@ -259,7 +320,7 @@ class NeighborAllgatherKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    ReadPeers(ctx, &request);
+    OP_REQUIRES_OK_ASYNC(ctx, ReadPeers(ctx, &request), done);
     request.allocate_output = AllocateLike(ctx);
     Submit(ctx, done, std::move(request));
   }
@@ -274,13 +335,14 @@ class NeighborAllgatherGradKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    ReadPeers(ctx, &request);
+    OP_REQUIRES_OK_ASYNC(ctx, ReadPeers(ctx, &request), done);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(4), 0, "first_dim", OpType::kNeighborAllgatherGrad, request.meta.name), done);
     const Tensor& grad = ctx->input(0);
     const int64_t rows = ctx->input(4).scalar<int64_t>()();
     OP_REQUIRES_ASYNC(ctx, grad.dims() >= 1 && rows >= 0,
-                      absl::InvalidArgumentError(
-                          "bluefog neighbor_allgather gradient of tensor '" + request.meta.name +
-                          "': needs a gradient of rank >= 1 and a non-negative first dimension"),
+                      KernelError(OpType::kNeighborAllgatherGrad, request.meta.name,
+                                  "needs a gradient of rank >= 1 and a non-negative first "
+                                  "dimension"),
                       done);
     TensorShape shape = grad.shape();
     shape.set_dim(0, rows);
@@ -313,8 +375,39 @@ class BroadcastKernel : public CollectiveKernel {
   int root_rank_ = 0;
 };
 
+// Scalar and vector inputs (the name, ranks, weights) checked where TensorFlow infers shapes,
+// so graph construction rejects them before a kernel would; the kernels check again (eager
+// mode runs no shape functions).
+absl::Status CheckSideInputs(shape_inference::InferenceContext* c, int name_index) {
+  shape_inference::ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(name_index), 0, &unused));
+  return absl::OkStatus();
+}
+
+// Neighbor ops: name, send_ranks, recv_ranks, then `scalars` scalars and `vectors` vectors.
+absl::Status CheckNeighborInputs(shape_inference::InferenceContext* c, int scalars, int vectors) {
+  shape_inference::ShapeHandle unused;
+  TF_RETURN_IF_ERROR(CheckSideInputs(c, 1));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &unused));
+  for (int i = 0; i < scalars; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(4 + i), 0, &unused));
+  for (int i = 0; i < vectors; ++i)
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(4 + scalars + i), 1, &unused));
+  return absl::OkStatus();
+}
+
+absl::Status UnchangedShape(shape_inference::InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckSideInputs(c, 1));
+  return shape_inference::UnchangedShape(c);
+}
+
 // Allgathers: the input's shape with an unknown dimension 0.
 absl::Status ConcatenatedShape(shape_inference::InferenceContext* c) {
+  if (c->num_inputs() > 2) {
+    TF_RETURN_IF_ERROR(CheckNeighborInputs(c, 0, 0));
+  } else {
+    TF_RETURN_IF_ERROR(CheckSideInputs(c, 1));
+  }
   shape_inference::ShapeHandle output;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
   TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
@@ -322,24 +415,20 @@ absl::Status ConcatenatedShape(shape_inference::InferenceContext* c) {
   return absl::OkStatus();
 }
 
-#define BF_NUMERIC_TYPES "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double}"
-#define BF_ALL_TYPES \
-  "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double, bool}"
-
 REGISTER_OP("BluefogAllreduce")
-    .Attr("T: " BF_NUMERIC_TYPES)
+    .Attr(TypeAttr(OpType::kAllreduce))
     .Attr("average: bool")
     .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .SetShapeFn(UnchangedShape)
     .Doc("Sum (or average, min, max, product) of `tensor` over all ranks; every rank passes "
          "the same shape.");
 
 REGISTER_OP("BluefogGroupedAllreduce")
-    .Attr("T: " BF_NUMERIC_TYPES)
+    .Attr(TypeAttr(OpType::kAllreduce))
     .Attr("N: int >= 0")
     .Attr("average: bool")
     .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
@@ -348,13 +437,14 @@ REGISTER_OP("BluefogGroupedAllreduce")
     .Output("outputs: N * T")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckSideInputs(c, c->num_inputs() - 1));
       for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
       return absl::OkStatus();
     })
     .Doc("Allreduce of each of N tensors of one dtype, named `tensor_name`.0 ... .N-1.");
 
 REGISTER_OP("BluefogAllgather")
-    .Attr("T: " BF_ALL_TYPES)
+    .Attr(TypeAttr(OpType::kAllgather))
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
@@ -363,7 +453,7 @@ REGISTER_OP("BluefogAllgather")
     .Doc("Concatenation along dimension 0 of `tensor` from every rank, in rank order.");
 
 REGISTER_OP("BluefogNeighborAllreduce")
-    .Attr("T: {half, bfloat16, float, double}")
+    .Attr(TypeAttr(OpType::kNeighborAllreduce))
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Input("send_ranks: int32")
@@ -373,11 +463,14 @@ REGISTER_OP("BluefogNeighborAllreduce")
     .Input("send_weights: double")
     .Output("output: T")
     .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckNeighborInputs(c, 1, 2));
+      return shape_inference::UnchangedShape(c);
+    })
     .Doc("self_weight * tensor + sum of recv_weights[k] * the tensor of recv_ranks[k].");
 
 REGISTER_OP("BluefogNeighborAllgather")
-    .Attr("T: " BF_ALL_TYPES)
+    .Attr(TypeAttr(OpType::kNeighborAllgather))
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Input("send_ranks: int32")
@@ -388,7 +481,7 @@ REGISTER_OP("BluefogNeighborAllgather")
     .Doc("Concatenation along dimension 0 of the tensors of recv_ranks, in that order.");
 
 REGISTER_OP("BluefogNeighborAllgatherGrad")
-    .Attr("T: {half, bfloat16, float, double}")
+    .Attr(TypeAttr(OpType::kNeighborAllgatherGrad))
     .Input("grad: T")
     .Input("tensor_name: string")
     .Input("send_ranks: int32")
@@ -399,6 +492,7 @@ REGISTER_OP("BluefogNeighborAllgatherGrad")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle output;
       shape_inference::DimensionHandle rows;
+      TF_RETURN_IF_ERROR(CheckNeighborInputs(c, 1, 0));
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &output));
       TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &rows));
       TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, rows, &output));
@@ -409,13 +503,13 @@ REGISTER_OP("BluefogNeighborAllgatherGrad")
          "first_dim) goes to send_ranks[k]; the output sums the blocks from recv_ranks.");
 
 REGISTER_OP("BluefogBroadcast")
-    .Attr("T: " BF_ALL_TYPES)
+    .Attr(TypeAttr(OpType::kBroadcast))
     .Attr("root_rank: int")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .SetShapeFn(UnchangedShape)
     .Doc("The value of `tensor` on `root_rank`, on every rank.");
 
 REGISTER_KERNEL_BUILDER(Name("BluefogAllreduce").Device(::tensorflow::DEVICE_CPU), AllreduceKernel);

@@ -388,6 +388,45 @@ TEST(RuntimeMpi, NeighborAllgatherGradSendsEachBlockHome) {
   for (int e = 0; e < (Rank() + 1) * 2; ++e) ASSERT_EQ(out[e], expected) << e;
 }
 
+// An allgather whose output cannot be allocated on one rank (the framework's allocator throws
+// std::bad_alloc) fails there with the reason, still takes part in the exchange, and leaves the
+// runtime usable on every rank.
+TEST(RuntimeMpi, AllgatherOutputAllocationFailureFailsOnlyThatRequest) {
+  std::vector<float> in(3, static_cast<float>(Rank()));
+  auto p = std::make_unique<Pending>();
+  Request req;
+  req.meta.name = "alloc_fails";
+  req.meta.op = OpType::kAllgather;
+  req.meta.dtype = DataType::kFloat32;
+  req.meta.shape = {3};
+  req.input = in.data();
+  Pending* raw = p.get();
+  req.allocate_output = [raw](const std::vector<int64_t>& shape) -> void* {
+    if (Rank() == 0) throw std::bad_alloc();
+    raw->output.resize(shape[0] * sizeof(float));
+    return raw->output.data();
+  };
+  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+  ASSERT_TRUE(Runtime::Get().Enqueue(std::move(req)).ok());
+  Status s = Wait(*p);
+  if (Rank() == 0) {
+    EXPECT_EQ(s.code(), StatusCode::kInternal);
+    EXPECT_NE(s.message().find("rank 0: bluefog allgather of tensor 'alloc_fails': cannot "
+                               "allocate the output of shape [" +
+                               std::to_string(3 * Size()) + "]"),
+              std::string::npos)
+        << s.message();
+  } else {
+    ASSERT_TRUE(s.ok()) << s.message();
+    const float* out = reinterpret_cast<const float*>(p->output.data());
+    for (int e = 0; e < 3 * Size(); ++e) EXPECT_EQ(out[e], static_cast<float>(e / 3)) << e;
+  }
+  float x = 1;
+  auto after = Submit(OpType::kAllreduce, "after_alloc_failure", DataType::kFloat32, {1}, &x);
+  ASSERT_TRUE(Wait(*after).ok());
+  EXPECT_EQ(*reinterpret_cast<const float*>(after->output.data()), static_cast<float>(Size()));
+}
+
 TEST(RuntimeMpi, ZeroElementTensors) {
   auto p = Submit(OpType::kAllreduce, "empty", DataType::kFloat32, {0, 5}, nullptr);
   EXPECT_TRUE(Wait(*p).ok());
