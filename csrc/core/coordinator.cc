@@ -34,7 +34,7 @@ std::string RanksString(const std::vector<int32_t>& ranks) {
 
 bool HasPerRankFirstDim(OpType op) {
   return op == OpType::kAllgather || op == OpType::kNeighborAllgather ||
-         op == OpType::kNeighborAllgatherGrad;
+         op == OpType::kNeighborAllgatherGrad || op == OpType::kAlltoall;
 }
 
 Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
@@ -94,7 +94,9 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
     for (const auto& m : metas) {
       if (TrailingShape(*m) != TrailingShape(m0))
         return fail("shape", DescribeDifference(metas, TrailingShape),
-                    "allgather tensors may differ only in their first dimension.");
+                    m0.op == OpType::kAlltoall
+                        ? "alltoall tensors may differ only in their first dimension."
+                        : "allgather tensors may differ only in their first dimension.");
     }
     if (m0.op == OpType::kNeighborAllgatherGrad) {
       // Each rank's input holds one block per destination, sized like that destination's output
@@ -154,6 +156,11 @@ Response Coordinator::Complete(Entry& entry) const {
   if (response.status.ok() && HasPerRankFirstDim(response.meta.op)) {
     response.first_dims.reserve(size_);
     for (const auto& m : entry.metas) response.first_dims.push_back(m->shape[0]);
+  }
+  if (response.status.ok() && response.meta.op == OpType::kAlltoall) {
+    response.all_splits.reserve(static_cast<size_t>(size_) * size_);
+    for (const auto& m : entry.metas)
+      response.all_splits.insert(response.all_splits.end(), m->splits.begin(), m->splits.end());
   }
   if (response.status.ok()) {
     response.rank_metas.reserve(size_);

@@ -17,6 +17,9 @@ namespace bluefog {
 struct Response {
   TensorMeta meta;                  // as announced by rank 0
   std::vector<int64_t> first_dims;  // HasPerRankFirstDim ops: each rank's size of dimension 0
+  // alltoall: every rank's splits, rank after rank (size x size): rank j sends
+  // all_splits[j * size + r] rows to rank r.
+  std::vector<int64_t> all_splits;
   // Neighbor ops: every rank's send and receive lists, encoded; equal signatures mean every rank
   // exchanges with the same peers, so the runtime may fuse those requests.
   std::string topology_signature;

@@ -42,6 +42,8 @@ size_t Executor::Execute(std::vector<Response>& ready) {
         case OpType::kNeighborAllreduce: NeighborAllreduces(group, n); break;
         case OpType::kNeighborAllgather: NeighborAllgather(r); break;
         case OpType::kNeighborAllgatherGrad: NeighborAllgatherGrad(r); break;
+        case OpType::kAlltoall: Alltoall(r); break;
+        case OpType::kReducescatter: Reducescatter(r); break;
       }
     } catch (const BluefogError& e) {
       for (size_t k = 0; k < n; ++k)
@@ -138,6 +140,57 @@ void Executor::Broadcast(const Response& response) {
     transport_->Broadcast(req->output, static_cast<int64_t>(bytes), response.meta.root_rank);
   }
   requests_->Finish(response.meta.name, Status::Ok());
+}
+
+// Rows [offset_j, offset_j + splits[j]) go to rank j; what rank j sends this rank (its
+// splits[rank], known from the negotiation) lands at offset sum_{i<j} in the output. The block
+// that stays on this rank is copied.
+void Executor::Alltoall(const Response& response) {
+  Request* req = requests_->Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  const int64_t row_bytes = RowBytes(meta);
+  std::vector<int64_t> shape = meta.shape;
+  shape[0] = 0;
+  for (int j = 0; j < info_.size; ++j) {
+    const int64_t rows = response.all_splits[j * info_.size + info_.rank];
+    if (req->received_splits) req->received_splits[j] = rows;
+    shape[0] += rows;
+  }
+  Status status;
+  std::vector<char> scratch;
+  char* out = static_cast<char*>(AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status));
+  const char* in = static_cast<const char*>(req->input);
+  std::vector<MpiTransport::PeerBuffer> sends, recvs;
+  int64_t send_offset = 0, recv_offset = 0;
+  for (int j = 0; j < info_.size; ++j) {
+    const int64_t send_bytes = meta.splits[j] * row_bytes;
+    const int64_t recv_bytes = response.all_splits[j * info_.size + info_.rank] * row_bytes;
+    if (j == info_.rank) {
+      if (send_bytes > 0) std::memcpy(out + recv_offset, in + send_offset, send_bytes);
+    } else {
+      sends.push_back({j, const_cast<char*>(in + send_offset), send_bytes});
+      recvs.push_back({j, out + recv_offset, recv_bytes});
+    }
+    send_offset += send_bytes;
+    recv_offset += recv_bytes;
+  }
+  transport_->NeighborExchange(sends, recvs);
+  requests_->Finish(meta.name, status);
+}
+
+void Executor::Reducescatter(const Response& response) {
+  Request* req = requests_->Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  const int64_t rows = meta.shape[0];
+  const int64_t row_elems = RowBytes(meta) / static_cast<int64_t>(ElementSize(meta.dtype));
+  std::vector<int64_t> counts(info_.size);
+  for (int r = 0; r < info_.size; ++r)
+    counts[r] = ReducescatterRows(rows, info_.size, r) * row_elems;
+  const AveragePlan plan = PlanAverage({req->average}, meta.reduce_op, info_.size);
+  if (meta.NumElements() > 0)
+    transport_->ReduceScatter(req->input, req->output, counts, meta.dtype, meta.reduce_op,
+                              plan.collective_divisor);
+  requests_->Finish(meta.name, Status::Ok());
 }
 
 }  // namespace bluefog

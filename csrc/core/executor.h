@@ -46,6 +46,8 @@ class Executor {
   void NeighborAllreduces(const Response* group, size_t n);
   void NeighborAllgather(const Response& response);
   void NeighborAllgatherGrad(const Response& response);
+  void Alltoall(const Response& response);
+  void Reducescatter(const Response& response);
   // The allgathers' output, or scratch memory (and an error in *status) when it cannot be
   // allocated: this rank must still take part in the collective, or the others would wait.
   void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,

@@ -30,6 +30,9 @@ constexpr OpRule kRules[kNumOpTypes] = {
     {kFloats, "cannot be averaged with weights; cast it to a float dtype first", false},
     /* neighbor_allgather */ {kAll, "", true},
     /* neighbor_allgather gradient */ {kFloats, "has no gradient", true},
+    /* alltoall */ {kAll, "", true},
+    /* reducescatter */
+    {kNumeric, "cannot be summed; cast it to an integer or float dtype first", true},
 };
 
 const OpRule& RuleOf(OpType op) { return kRules[static_cast<int>(op)]; }
@@ -39,6 +42,15 @@ const OpRule& RuleOf(OpType op) { return kRules[static_cast<int>(op)]; }
 bool OpAcceptsDtype(OpType op, DataType dtype) { return RuleOf(op).dtypes & Bit(dtype); }
 const char* DtypeRefusal(OpType op) { return RuleOf(op).refusal; }
 bool NeedsDimensionZero(OpType op) { return RuleOf(op).needs_dimension_zero; }
+
+int64_t ReducescatterRows(int64_t rows, int size, int rank) {
+  return rows / size + (rank < rows % size ? 1 : 0);
+}
+
+int64_t ReducescatterFirstRow(int64_t rows, int size, int rank) {
+  const int64_t extra = rows % size;
+  return rank * (rows / size) + (rank < extra ? rank : extra);
+}
 
 std::string OpContext(OpType op, const std::string& name) {
   return Concat("bluefog ", OpTypeName(op), " of tensor '", name, "'");

@@ -18,6 +18,11 @@ const char* DtypeRefusal(OpType op);
 // Whether the op concatenates along dimension 0, so its tensors need a rank of at least 1.
 bool NeedsDimensionZero(OpType op);
 
+// How reducescatter splits dimension 0 (as Horovod does): every rank gets rows / size rows, and
+// the first rows % size ranks one more. Rank r keeps rows [FirstRow, FirstRow + Rows).
+int64_t ReducescatterRows(int64_t rows, int size, int rank);
+int64_t ReducescatterFirstRow(int64_t rows, int size, int rank);
+
 // "bluefog allreduce of tensor 'NAME'": what every error about one request starts with.
 std::string OpContext(OpType op, const std::string& name);
 // `what` about one request: "bluefog OP of tensor 'NAME': what".

@@ -17,6 +17,8 @@ struct Request {
   // allgather: called on the background thread with the result's shape once every rank's first
   // dimension is known; returns the buffer to fill. May throw BluefogError.
   std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
+  // alltoall: where the runtime writes how many rows each rank sent this rank (one per rank).
+  int64_t* received_splits = nullptr;
   // neighbor_allreduce: output = self_weight * input + sum_k recv_weights[k] * (tensor received
   // from meta.recv_ranks[k]); when send_weights is not empty, the copy sent to
   // meta.send_ranks[k] is scaled by send_weights[k] first.

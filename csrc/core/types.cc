@@ -50,6 +50,8 @@ const char* OpTypeName(OpType op) {
     case OpType::kNeighborAllreduce: return "neighbor_allreduce";
     case OpType::kNeighborAllgather: return "neighbor_allgather";
     case OpType::kNeighborAllgatherGrad: return "neighbor_allgather gradient";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
   }
   return "unknown";
 }

@@ -33,8 +33,14 @@ enum class OpType : uint8_t {
   // block per send rank, block k sized like send_ranks[k]'s output; each rank sums the blocks
   // addressed to it by its recv ranks.
   kNeighborAllgatherGrad,
+  // Rank r sends rows [offset_j, offset_j + splits[j]) of its tensor to rank j and receives the
+  // concatenation, in rank order, of what every rank sends it.
+  kAlltoall,
+  // The sum (or average) over ranks, of which rank r keeps its slice of dimension 0
+  // (ReducescatterRows).
+  kReducescatter,
 };
-constexpr int kNumOpTypes = 6;
+constexpr int kNumOpTypes = 8;
 bool IsNeighborOp(OpType op);
 
 // How allreduce combines the ranks' values (elementwise). Averaging is a sum divided by the
@@ -68,6 +74,8 @@ struct TensorMeta {
   std::vector<int32_t> recv_ranks;
   // neighbor_allgather_grad only: dimension 0 of the input (shape holds the output's shape).
   int64_t input_rows = -1;
+  // alltoall only: the rows of dimension 0 this rank sends to each rank (one entry per rank).
+  std::vector<int64_t> splits;
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * ElementSize(dtype); }

@@ -61,6 +61,9 @@ Status ValidateRequest(const Request& request) {
   if (meta.op == OpType::kAllgather && meta.shape.empty())
     return Invalid(meta, "allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "
                          "reshape the scalar to [1] first");
+  if ((meta.op == OpType::kAlltoall || meta.op == OpType::kReducescatter) && meta.shape.empty())
+    return Invalid(meta, Concat(OpTypeName(meta.op), " splits dimension 0 over the ranks and needs "
+                                "a tensor of rank >= 1; reshape the scalar to [1] first"));
   return Status::Ok();
 }
 
@@ -69,6 +72,19 @@ Status ValidateForLayout(const Request& request, int rank, int size) {
   if (meta.op == OpType::kBroadcast && (meta.root_rank < 0 || meta.root_rank >= size))
     return Invalid(meta, Concat("root_rank ", meta.root_rank, " is outside [0, ", size, ")"));
   if (IsNeighborOp(meta.op)) return ValidateNeighbors(request, rank, size);
+  if (meta.op == OpType::kAlltoall) {
+    if (meta.splits.size() != static_cast<size_t>(size))
+      return Invalid(meta, Concat("splits has ", meta.splits.size(), " entries for ", size,
+                                  " ranks; pass one row count per rank"));
+    int64_t rows = 0;
+    for (int64_t s : meta.splits) {
+      if (s < 0) return Invalid(meta, Concat("splits ", ShapeString(meta.splits), " has a negative entry"));
+      rows += s;
+    }
+    if (rows != meta.shape[0])
+      return Invalid(meta, Concat("splits ", ShapeString(meta.splits), " add up to ", rows,
+                                  " rows, but the tensor has ", meta.shape[0], " rows"));
+  }
   return Status::Ok();
 }
 

@@ -68,6 +68,10 @@ std::string EncodeRound(const RoundMessage& message) {
       for (int32_t r : *ranks) Put<int32_t>(out, r);
     }
     if (m.op == OpType::kNeighborAllgatherGrad) Put<int64_t>(out, m.input_rows);
+    if (m.op == OpType::kAlltoall) {
+      Put<uint32_t>(out, static_cast<uint32_t>(m.splits.size()));
+      for (int64_t s : m.splits) Put<int64_t>(out, s);
+    }
     if (m.op == OpType::kAllreduce) Put<uint8_t>(out, static_cast<uint8_t>(m.reduce_op));
   }
   return out;
@@ -103,6 +107,12 @@ RoundMessage DecodeRound(const char* data, size_t size) {
       for (uint32_t k = 0; k < n; ++k) (*ranks)[k] = in.Get<int32_t>();
     }
     if (m.op == OpType::kNeighborAllgatherGrad) m.input_rows = in.Get<int64_t>();
+    if (m.op == OpType::kAlltoall) {
+      uint32_t n = in.Get<uint32_t>();
+      BF_ENFORCE(n <= size, StatusCode::kInternal, "malformed negotiation message: ", n, " splits");
+      m.splits.resize(n);
+      for (uint32_t k = 0; k < n; ++k) m.splits[k] = in.Get<int64_t>();
+    }
     if (m.op == OpType::kAllreduce) {
       const int reduce_op = in.Get<uint8_t>();
       BF_ENFORCE(IsValidReduceOp(reduce_op), StatusCode::kInternal,

@@ -297,6 +297,27 @@ void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataTy
   }
 }
 
+void MpiTransport::ReduceScatter(const void* in, void* out,
+                                 const std::vector<int64_t>& counts_per_rank, DataType dtype,
+                                 ReduceOp reduce, int64_t divisor) {
+  BF_ENFORCE(reduce == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
+             "only a sum can be averaged (PlanAverage decides who divides)");
+  for (int r = 0; r < size_; ++r) {
+    // Every rank sees every count, so every rank refuses the same call before any transfer.
+    BF_ENFORCE(counts_per_rank[r] < INT_MAX, StatusCode::kInvalidArgument,
+               "reducescatter slices of 2^31 elements or more are not supported");
+    counts_[r] = static_cast<int>(counts_per_rank[r]);
+  }
+  MPI_Op op = MPI_SUM;
+  if (reduce != ReduceOp::kSum || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
+    op = AsOp(bluefog_op_);
+    reduce_context = {dtype, reduce};
+  }
+  Check(MPI_Reduce_scatter(in, out, counts_.data(), ToMpi(dtype), op, AsComm(comm_)),
+        "MPI_Reduce_scatter");
+  if (divisor > 1) DivideBy(out, counts_per_rank[rank_], dtype, divisor);
+}
+
 void MpiTransport::Allgatherv(const void* in, void* out,
                               const std::vector<int64_t>& bytes_per_rank) {
   int64_t total = 0;

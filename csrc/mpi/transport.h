@@ -48,6 +48,11 @@ class MpiTransport {
   void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                  int64_t divisor = 1);
   void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }
+  // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
+  // rank receives its counts_per_rank[rank] elements into `out`, divided by `divisor` (kSum
+  // only, as for Allreduce).
+  void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts_per_rank,
+                     DataType dtype, ReduceOp op, int64_t divisor = 1);
   // Concatenates each rank's bytes in rank order into `out`.
   void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
   void Broadcast(void* buffer, int64_t bytes, int root);

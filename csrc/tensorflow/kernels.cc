@@ -95,6 +95,12 @@ absl::Status CheckRank(const Tensor& t, int rank, const char* input, OpType op,
                             ", got shape ", t.shape().DebugString()));
 }
 
+template <typename T>
+std::vector<T> VectorOf(const Tensor& t) {
+  auto flat = t.flat<T>();
+  return std::vector<T>(flat.data(), flat.data() + flat.size());
+}
+
 char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
 // The allreduce ops' reduce_op attr (the registration restricts its values).
@@ -192,18 +198,30 @@ class AllreduceKernel : public CollectiveKernel {
   ReduceOp reduce_op_;
 };
 
-// Allreduces N tensors in one kernel: one executor node per step instead of N, and the runtime
-// sees all N requests at once, so they fuse into as few collectives as the threshold allows.
-class GroupedAllreduceKernel : public AsyncOpKernel {
+// The output shape of an allreduce (the input's) or a reducescatter (this rank's slice of
+// dimension 0) on this rank.
+TensorShape ReducedShape(OpType op, const TensorShape& input) {
+  TensorShape shape = input;
+  if (op == OpType::kReducescatter && shape.dims() > 0) {
+    const TransportInfo& info = Runtime::Get().info();
+    shape.set_dim(0, ReducescatterRows(shape.dim_size(0), info.size, info.rank));
+  }
+  return shape;
+}
+
+// Allreduces (or reducescatters) N tensors in one kernel: one executor node per step instead
+// of N, and the runtime sees all N requests at once, so allreduces fuse into as few
+// collectives as the threshold allows.
+template <OpType kOp>
+class GroupedKernel : public AsyncOpKernel {
  public:
-  explicit GroupedAllreduceKernel(OpKernelConstruction* c)
-      : AsyncOpKernel(c), reduce_op_(ReduceOpAttr(c)) {
+  explicit GroupedKernel(OpKernelConstruction* c)
+      : AsyncOpKernel(c), reduce_op_(kOp == OpType::kAllreduce ? ReduceOpAttr(c) : ReduceOp::kSum) {
     OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = ctx->num_inputs() - 1;
-    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(n), 0, "tensor_name", OpType::kAllreduce, ""),
-                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(n), 0, "tensor_name", kOp, ""), done);
     const std::string base(ctx->input(n).scalar<::tensorflow::tstring>()());
     DataType dtype;
     if (n == 0) {
@@ -212,7 +230,7 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
     }
     if (!ToCoreType(ctx->input(0).dtype(), &dtype)) {
       ctx->SetStatus(KernelError(
-          OpType::kAllreduce, base,
+          kOp, base,
           Concat("dtype ", ::tensorflow::DataTypeString(ctx->input(0).dtype()), " is not supported")));
       done();
       return;
@@ -238,9 +256,12 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       Tensor* output = nullptr;
-      absl::Status s = ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output);
+      absl::Status s =
+          kOp == OpType::kAllreduce
+              ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
+              : ctx->allocate_output(i, ReducedShape(kOp, input.shape()), &output);
       Request request;
-      request.meta.op = OpType::kAllreduce;
+      request.meta.op = kOp;
       request.meta.name = base + "." + std::to_string(i);
       request.meta.dtype = dtype;
       for (int d = 0; d < input.dims(); ++d) request.meta.shape.push_back(input.dim_size(d));
@@ -262,6 +283,61 @@ class GroupedAllreduceKernel : public AsyncOpKernel {
   ReduceOp reduce_op_;
 };
 
+class ReducescatterKernel : public CollectiveKernel {
+ public:
+  explicit ReducescatterKernel(OpKernelConstruction* c)
+      : CollectiveKernel(c, OpType::kReducescatter) {
+    OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    request.average = average_;
+    if (!request.meta.shape.empty()) {  // a scalar is refused by the runtime's validation
+      Tensor* output = nullptr;
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->allocate_output(0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape()),
+                                    &output),
+          done);
+      request.output = DataOf(output);
+    }
+    Submit(ctx, done, std::move(request));
+  }
+
+ private:
+  bool average_ = false;
+};
+
+// Input 2 holds the rows for each rank; empty means equal splits (dimension 0 must divide).
+// Output 1 receives how many rows each rank sent this one.
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  explicit AlltoallKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAlltoall) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    if (!Prepare(ctx, done, &request)) return;
+    const std::string& name = request.meta.name;
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(2), 1, "splits", OpType::kAlltoall, name), done);
+    const int size = Runtime::Get().info().size;
+    request.meta.splits = VectorOf<int64_t>(ctx->input(2));
+    if (request.meta.splits.empty() && !request.meta.shape.empty()) {
+      const int64_t rows = request.meta.shape[0];
+      OP_REQUIRES_ASYNC(
+          ctx, rows % size == 0,
+          KernelError(OpType::kAlltoall, name,
+                      Concat("dimension 0 has ", rows, " rows, which do not split evenly over ",
+                             size, " ranks; pass splits (one row count per rank)")),
+          done);
+      request.meta.splits.assign(size, rows / size);
+    }
+    Tensor* received = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(1, TensorShape({size}), &received), done);
+    request.received_splits = received->flat<int64_t>().data();
+    request.allocate_output = AllocateLike(ctx);
+    Submit(ctx, done, std::move(request));
+  }
+};
+
 class AllgatherKernel : public CollectiveKernel {
  public:
   explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAllgather) {}
@@ -272,12 +348,6 @@ class AllgatherKernel : public CollectiveKernel {
     Submit(ctx, done, std::move(request));
   }
 };
-
-template <typename T>
-std::vector<T> VectorOf(const Tensor& t) {
-  auto flat = t.flat<T>();
-  return std::vector<T>(flat.data(), flat.data() + flat.size());
-}
 
 // Neighbor ops' inputs after (tensor, tensor_name): send_ranks, recv_ranks [, self_weight,
 // recv_weights, send_weights]; the ranks (and weights) may change from call to call.
@@ -403,7 +473,7 @@ absl::Status UnchangedShape(shape_inference::InferenceContext* c) {
 
 // Allgathers: the input's shape with an unknown dimension 0.
 absl::Status ConcatenatedShape(shape_inference::InferenceContext* c) {
-  if (c->num_inputs() > 2) {
+  if (c->num_inputs() >= 4) {  // neighbor_allgather: tensor, name, send_ranks, recv_ranks
     TF_RETURN_IF_ERROR(CheckNeighborInputs(c, 0, 0));
   } else {
     TF_RETURN_IF_ERROR(CheckSideInputs(c, 1));
@@ -442,6 +512,55 @@ REGISTER_OP("BluefogGroupedAllreduce")
       return absl::OkStatus();
     })
     .Doc("Allreduce of each of N tensors of one dtype, named `tensor_name`.0 ... .N-1.");
+
+REGISTER_OP("BluefogReducescatter")
+    .Attr(TypeAttr(OpType::kReducescatter))
+    .Attr("average: bool")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(ConcatenatedShape)
+    .Doc("Sum (or average) of `tensor` over all ranks, of which each rank keeps its slice of "
+         "dimension 0: rows / size rows, one more on the first rows % size ranks.");
+
+REGISTER_OP("BluefogGroupedReducescatter")
+    .Attr(TypeAttr(OpType::kReducescatter))
+    .Attr("N: int >= 0")
+    .Attr("average: bool")
+    .Input("tensors: N * T")
+    .Input("tensor_name: string")
+    .Output("outputs: N * T")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckSideInputs(c, c->num_inputs() - 1));
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        shape_inference::ShapeHandle output;
+        TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(i), 1, &output));
+        TF_RETURN_IF_ERROR(c->ReplaceDim(output, 0, c->UnknownDim(), &output));
+        c->set_output(i, output);
+      }
+      return absl::OkStatus();
+    })
+    .Doc("Reducescatter of each of N tensors of one dtype, named `tensor_name`.0 ... .N-1.");
+
+REGISTER_OP("BluefogAlltoall")
+    .Attr(TypeAttr(OpType::kAlltoall))
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Input("splits: int64")
+    .Output("output: T")
+    .Output("received_splits: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+      TF_RETURN_IF_ERROR(ConcatenatedShape(c));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Rank r sends rows [offset_j, offset_j + splits[j]) to rank j and returns what every "
+         "rank sent it, in rank order, and how many rows each sent.");
 
 REGISTER_OP("BluefogAllgather")
     .Attr(TypeAttr(OpType::kAllgather))
@@ -514,7 +633,12 @@ REGISTER_OP("BluefogBroadcast")
 
 REGISTER_KERNEL_BUILDER(Name("BluefogAllreduce").Device(::tensorflow::DEVICE_CPU), AllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogGroupedAllreduce").Device(::tensorflow::DEVICE_CPU),
-                        GroupedAllreduceKernel);
+                        GroupedKernel<OpType::kAllreduce>);
+REGISTER_KERNEL_BUILDER(Name("BluefogReducescatter").Device(::tensorflow::DEVICE_CPU),
+                        ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogGroupedReducescatter").Device(::tensorflow::DEVICE_CPU),
+                        GroupedKernel<OpType::kReducescatter>);
+REGISTER_KERNEL_BUILDER(Name("BluefogAlltoall").Device(::tensorflow::DEVICE_CPU), AlltoallKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogAllgather").Device(::tensorflow::DEVICE_CPU), AllgatherKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllreduce").Device(::tensorflow::DEVICE_CPU),
                         NeighborAllreduceKernel);

@@ -30,6 +30,30 @@ TEST(Coordinator, ReadyOnlyWhenEveryRankAnnounced) {
   EXPECT_EQ(c.num_pending(), 0u);
 }
 
+TEST(Coordinator, AlltoallCollectsEverySplitAndChecksTrailingShapes) {
+  Coordinator c(2);
+  TensorMeta a = Meta("a", OpType::kAlltoall, {3, 4});
+  a.splits = {1, 2};
+  TensorMeta b = Meta("a", OpType::kAlltoall, {1, 4});
+  b.splits = {0, 1};
+  c.Announce(0, a);
+  c.Announce(1, b);
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_TRUE(ready[0].status.ok()) << ready[0].status.message();
+  EXPECT_EQ(ready[0].all_splits, (std::vector<int64_t>{1, 2, 0, 1}));
+
+  TensorMeta d = Meta("a", OpType::kAlltoall, {2, 5});
+  d.splits = {1, 1};
+  c.Announce(0, a);
+  c.Announce(1, d);
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_NE(ready[0].status.message().find("alltoall tensors may differ only in their first"),
+            std::string::npos)
+      << ready[0].status.message();
+}
+
 TEST(Coordinator, CompletionOrderFollowsLastAnnouncement) {
   Coordinator c(2);
   c.Announce(0, Meta("x", OpType::kAllreduce, {1}));

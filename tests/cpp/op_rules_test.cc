@@ -50,5 +50,28 @@ TEST(OpRules, ErrorsNameRankOpAndTensor) {
             "bluefog neighbor_allgather gradient of tensor 'g'");
 }
 
+TEST(OpRules, ReducescatterSplitsLikeHorovod) {
+  // 10 rows over 4 ranks: 3, 3, 2, 2.
+  EXPECT_EQ(ReducescatterRows(10, 4, 0), 3);
+  EXPECT_EQ(ReducescatterRows(10, 4, 1), 3);
+  EXPECT_EQ(ReducescatterRows(10, 4, 3), 2);
+  EXPECT_EQ(ReducescatterFirstRow(10, 4, 2), 6);
+  EXPECT_EQ(ReducescatterFirstRow(10, 4, 3), 8);
+  // Fewer rows than ranks: the last ranks get none.
+  EXPECT_EQ(ReducescatterRows(1, 3, 0), 1);
+  EXPECT_EQ(ReducescatterRows(1, 3, 2), 0);
+  EXPECT_EQ(ReducescatterFirstRow(1, 3, 2), 1);
+  for (int size = 1; size <= 5; ++size) {
+    for (int64_t rows = 0; rows <= 12; ++rows) {
+      int64_t total = 0;
+      for (int r = 0; r < size; ++r) {
+        EXPECT_EQ(ReducescatterFirstRow(rows, size, r), total);
+        total += ReducescatterRows(rows, size, r);
+      }
+      EXPECT_EQ(total, rows);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bluefog

@@ -427,6 +427,85 @@ TEST(RuntimeMpi, AllgatherOutputAllocationFailureFailsOnlyThatRequest) {
   EXPECT_EQ(*reinterpret_cast<const float*>(after->output.data()), static_cast<float>(Size()));
 }
 
+// Rank r sends j + r + 1 rows of 2 elements to rank j; each row holds 100 * r + j. Rank r then
+// receives r + j + 1 rows from rank j, in rank order, each holding 100 * j + r.
+TEST(RuntimeMpi, AlltoallUnevenSplits) {
+  const int n = Size(), me = Rank();
+  std::vector<int64_t> splits;
+  std::vector<float> in;
+  for (int j = 0; j < n; ++j) {
+    splits.push_back(j + me + 1);
+    for (int k = 0; k < 2 * (j + me + 1); ++k) in.push_back(100.0f * me + j);
+  }
+  auto p = std::make_unique<Pending>();
+  std::vector<int64_t> received(n, -1);
+  Request req;
+  req.meta.name = "alltoall.uneven";
+  req.meta.op = OpType::kAlltoall;
+  req.meta.dtype = DataType::kFloat32;
+  req.meta.shape = {static_cast<int64_t>(in.size() / 2), 2};
+  req.meta.splits = splits;
+  req.input = in.data();
+  req.received_splits = received.data();
+  Pending* raw = p.get();
+  req.allocate_output = [raw](const std::vector<int64_t>& shape) -> void* {
+    raw->output.resize(shape[0] * shape[1] * sizeof(float));
+    return raw->output.data();
+  };
+  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+  ASSERT_TRUE(Runtime::Get().Enqueue(std::move(req)).ok());
+  ASSERT_TRUE(Wait(*p).ok());
+  const float* out = reinterpret_cast<const float*>(p->output.data());
+  size_t at = 0;
+  for (int j = 0; j < n; ++j) {
+    EXPECT_EQ(received[j], me + j + 1) << j;
+    for (int k = 0; k < 2 * (me + j + 1); ++k) ASSERT_EQ(out[at++], 100.0f * j + me) << j;
+  }
+  EXPECT_EQ(at * sizeof(float), p->output.size());
+}
+
+TEST(RuntimeMpi, AlltoallSplitsMustMatchTheRows) {
+  std::vector<float> in(4, 1.0f);
+  Request req;
+  req.meta.name = "alltoall.bad";
+  req.meta.op = OpType::kAlltoall;
+  req.meta.shape = {4};
+  req.meta.splits = std::vector<int64_t>(Size(), 5);
+  req.input = in.data();
+  req.done = [](const Status&) {};
+  Status s = Runtime::Get().Enqueue(std::move(req));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("add up to " + std::to_string(5 * Size()) + " rows"), std::string::npos)
+      << s.message();
+}
+
+// 2 * size + 1 rows: the first rank gets one extra row. Row i holds (i + 1) * (rank + 1).
+TEST(RuntimeMpi, ReducescatterSumAndAverage) {
+  const int n = Size(), me = Rank();
+  const int64_t rows = 2 * n + 1;
+  std::vector<double> in(rows * 3);
+  for (int64_t i = 0; i < rows * 3; ++i) in[i] = static_cast<double>((i / 3 + 1) * (me + 1));
+  const int64_t my_rows = me == 0 ? 3 : 2;
+  const int64_t first = me == 0 ? 0 : 2 * me + 1;
+  for (bool average : {false, true}) {
+    Request req;
+    req.meta.name = average ? "rs.avg" : "rs.sum";
+    req.meta.op = OpType::kReducescatter;
+    req.meta.dtype = DataType::kFloat64;
+    req.meta.shape = {rows, 3};
+    req.input = in.data();
+    req.average = average;
+    auto p = SubmitBuilt(std::move(req), my_rows * 3 * sizeof(double));
+    ASSERT_TRUE(Wait(*p).ok());
+    const double* out = reinterpret_cast<const double*>(p->output.data());
+    const double ranks_sum = n * (n + 1) / 2.0;
+    for (int64_t e = 0; e < my_rows * 3; ++e) {
+      const double want = (first + e / 3 + 1) * ranks_sum / (average ? n : 1);
+      ASSERT_DOUBLE_EQ(out[e], want) << e;
+    }
+  }
+}
+
 TEST(RuntimeMpi, ZeroElementTensors) {
   auto p = Submit(OpType::kAllreduce, "empty", DataType::kFloat32, {0, 5}, nullptr);
   EXPECT_TRUE(Wait(*p).ok());

@@ -32,6 +32,21 @@ TEST(Wire, RoundTrip) {
   EXPECT_TRUE(back.announcements[1].shape.empty());
 }
 
+TEST(Wire, AlltoallCarriesItsSplits) {
+  RoundMessage m;
+  TensorMeta a;
+  a.name = "a2a";
+  a.op = OpType::kAlltoall;
+  a.shape = {6, 2};
+  a.splits = {1, 0, 5};
+  m.announcements = {a};
+  std::string bytes = EncodeRound(m);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  ASSERT_EQ(back.announcements.size(), 1u);
+  EXPECT_EQ(back.announcements[0].op, OpType::kAlltoall);
+  EXPECT_EQ(back.announcements[0].splits, a.splits);
+}
+
 TEST(Wire, NeighborAllgatherGradCarriesItsInputRows) {
   RoundMessage m;
   TensorMeta g;
