@@ -36,25 +36,24 @@ namespace {
 
 // MPI_ERRORS_RETURN is set on MPI_COMM_WORLD below, so failures come back
 // here as codes instead of the default abort-without-context.
-#define MPI_CHECK(call)                                                     \
-  do {                                                                      \
-    int rc_ = (call);                                                       \
-    if (rc_ != MPI_SUCCESS) {                                               \
-      char msg_[MPI_MAX_ERROR_STRING];                                      \
-      int len_ = 0;                                                         \
-      MPI_Error_string(rc_, msg_, &len_);                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__,   \
-                   #call, msg_);                                            \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                         \
-    }                                                                       \
+#define MPI_CHECK(call)                                                                \
+  do {                                                                                 \
+    int rc_ = (call);                                                                  \
+    if (rc_ != MPI_SUCCESS) {                                                          \
+      char msg_[MPI_MAX_ERROR_STRING];                                                 \
+      int len_ = 0;                                                                    \
+      MPI_Error_string(rc_, msg_, &len_);                                              \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                    \
+    }                                                                                  \
   } while (0)
 
 struct Options {
   bool json = false;
-  int reps = 11;                  // odd, so the median is an actual sample
+  int reps = 11;  // odd, so the median is an actual sample
   long long max_bytes = 64LL << 20;
-  double budget_s = 0.5;          // timed seconds per size (excl. warmup)
-  std::string mode = "all";       // all | sizes | small
+  double budget_s = 0.5;     // timed seconds per size (excl. warmup)
+  std::string mode = "all";  // all | sizes | small
 };
 
 [[noreturn]] void Usage(const char* argv0, int rank) {
@@ -75,12 +74,18 @@ Options Parse(int argc, char** argv, int rank) {
       if (i + 1 >= argc) Usage(argv[0], rank);
       return argv[++i];
     };
-    if (a == "--json") o.json = true;
-    else if (a == "--reps") o.reps = std::atoi(next());
-    else if (a == "--max-bytes") o.max_bytes = std::atoll(next());
-    else if (a == "--budget") o.budget_s = std::atof(next());
-    else if (a == "--mode") o.mode = next();
-    else Usage(argv[0], rank);
+    if (a == "--json")
+      o.json = true;
+    else if (a == "--reps")
+      o.reps = std::atoi(next());
+    else if (a == "--max-bytes")
+      o.max_bytes = std::atoll(next());
+    else if (a == "--budget")
+      o.budget_s = std::atof(next());
+    else if (a == "--mode")
+      o.mode = next();
+    else
+      Usage(argv[0], rank);
   }
   if (o.reps < 1 || o.max_bytes < 4 || o.budget_s <= 0 ||
       (o.mode != "all" && o.mode != "sizes" && o.mode != "small"))
@@ -93,8 +98,7 @@ Options Parse(int argc, char** argv, int rank) {
 std::vector<long long> Sizes(long long max_bytes) {
   std::vector<long long> s;
   for (long long b = 4; b <= max_bytes; b *= 4) s.push_back(b);
-  if (max_bytes >= 1024 && std::find(s.begin(), s.end(), 1024) == s.end())
-    s.push_back(1024);
+  if (max_bytes >= 1024 && std::find(s.begin(), s.end(), 1024) == s.end()) s.push_back(1024);
   std::sort(s.begin(), s.end());
   return s;
 }
@@ -114,8 +118,7 @@ double TimedBatch(int iters, F&& body) {
   double t0 = MPI_Wtime();
   for (int i = 0; i < iters; ++i) body();
   double local = MPI_Wtime() - t0, global = 0;
-  MPI_CHECK(MPI_Allreduce(&local, &global, 1, MPI_DOUBLE, MPI_MAX,
-                          MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(&local, &global, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return global;
 }
 
@@ -124,14 +127,13 @@ double TimedBatch(int iters, F&& body) {
 // above timer/barrier noise, big ones need few to keep the run short.
 template <typename F>
 double MeasureMedian(const Options& o, F&& body) {
-  TimedBatch(3, body);                       // connection setup, cache warmup
+  TimedBatch(3, body);  // connection setup, cache warmup
   double est = TimedBatch(2, body) / 2;
   long long iters = (long long)(o.budget_s / (o.reps * std::max(est, 1e-7)));
   iters = std::clamp(iters, 1LL, 20000LL);
   std::vector<double> per_call;
   per_call.reserve(o.reps);
-  for (int r = 0; r < o.reps; ++r)
-    per_call.push_back(TimedBatch((int)iters, body) / iters);
+  for (int r = 0; r < o.reps; ++r) per_call.push_back(TimedBatch((int)iters, body) / iters);
   return Median(per_call);
 }
 
@@ -139,13 +141,11 @@ double MeasureMedian(const Options& o, F&& body) {
 // trust its timings: each rank contributes rank+1, so the sum is n(n+1)/2.
 void Verify(float* buf, long long count, int rank, int nranks) {
   std::fill(buf, buf + count, float(rank + 1));
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM,
-                          MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
   const float want = float(nranks) * (nranks + 1) / 2;
   for (long long i = 0; i < count; ++i) {
     if (buf[i] != want) {
-      std::fprintf(stderr, "rank %d: verify failed at %lld: %g != %g\n", rank,
-                   i, buf[i], want);
+      std::fprintf(stderr, "rank %d: verify failed at %lld: %g != %g\n", rank, i, buf[i], want);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
@@ -171,8 +171,8 @@ extern "C" double bench_mpi_allreduce(long long bytes, long long calls, long lon
   for (long long it = 0; it < iters; ++it)
     for (long long i = 0; i < calls; ++i)
       if (MPI_Allreduce(out_of_place ? buf.data() + i * count : MPI_IN_PLACE,
-                        (out_of_place ? out.data() : buf.data()) + i * count, (int)count,
-                        MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
+                        (out_of_place ? out.data() : buf.data()) + i * count, (int)count, MPI_FLOAT,
+                        MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
         return -1;
   return MPI_Wtime() - t0;
 }
@@ -187,16 +187,16 @@ int main(int argc, char** argv) {
 
   // 100 x 1 KiB needs 100*256 floats; make sure the single buffer covers it.
   const long long kSmallFloats = 256, kSmallCalls = 100;
-  const long long count_max =
-      std::max(o.max_bytes / 4, kSmallFloats * kSmallCalls);
+  const long long count_max = std::max(o.max_bytes / 4, kSmallFloats * kSmallCalls);
   // One allocation, touched up front: page faults are expensive here and
   // must not be charged to whichever size happens to touch a page first.
   std::vector<float> buf(count_max, 0.0f);
 
   if (rank == 0 && !o.json)
-    std::printf("# MPI_Allreduce(MPI_IN_PLACE, SUM, float32), ranks=%d, "
-                "reps=%d\n%12s %14s %12s\n",
-                nranks, o.reps, "bytes", "median_us", "algbw_MB/s");
+    std::printf(
+        "# MPI_Allreduce(MPI_IN_PLACE, SUM, float32), ranks=%d, "
+        "reps=%d\n%12s %14s %12s\n",
+        nranks, o.reps, "bytes", "median_us", "algbw_MB/s");
 
   if (o.mode != "small") {
     for (long long bytes : Sizes(o.max_bytes)) {
@@ -206,17 +206,17 @@ int main(int argc, char** argv) {
       // would reach inf) without any denormal slow paths.
       std::fill(buf.begin(), buf.begin() + count, 0.0f);
       double t = MeasureMedian(o, [&] {
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT,
-                                MPI_SUM, MPI_COMM_WORLD));
+        MPI_CHECK(
+            MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
       });
       if (rank == 0) {
         if (o.json)
-          std::printf("{\"impl\":\"mpi\",\"ranks\":%d,\"bytes\":%lld,"
-                      "\"median_s\":%.9g}\n",
-                      nranks, bytes, t);
+          std::printf(
+              "{\"impl\":\"mpi\",\"ranks\":%d,\"bytes\":%lld,"
+              "\"median_s\":%.9g}\n",
+              nranks, bytes, t);
         else
-          std::printf("%12lld %14.2f %12.1f\n", bytes, t * 1e6,
-                      bytes / t / 1e6);
+          std::printf("%12lld %14.2f %12.1f\n", bytes, t * 1e6, bytes / t / 1e6);
         std::fflush(stdout);
       }
     }
@@ -229,19 +229,20 @@ int main(int argc, char** argv) {
     std::fill(buf.begin(), buf.begin() + kSmallFloats * kSmallCalls, 0.0f);
     double t = MeasureMedian(o, [&] {
       for (long long i = 0; i < kSmallCalls; ++i)
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data() + i * kSmallFloats,
-                                (int)kSmallFloats, MPI_FLOAT, MPI_SUM,
-                                MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data() + i * kSmallFloats, (int)kSmallFloats,
+                                MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     });
     if (rank == 0) {
       if (o.json)
-        std::printf("{\"impl\":\"mpi_100x1KiB\",\"ranks\":%d,"
-                    "\"median_s\":%.9g}\n",
-                    nranks, t);
+        std::printf(
+            "{\"impl\":\"mpi_100x1KiB\",\"ranks\":%d,"
+            "\"median_s\":%.9g}\n",
+            nranks, t);
       else
-        std::printf("# 100 x 1 KiB separate allreduces: median step %.2f us "
-                    "(%.2f us/call)\n",
-                    t * 1e6, t * 1e6 / kSmallCalls);
+        std::printf(
+            "# 100 x 1 KiB separate allreduces: median step %.2f us "
+            "(%.2f us/call)\n",
+            t * 1e6, t * 1e6 / kSmallCalls);
       std::fflush(stdout);
     }
   }

@@ -29,8 +29,8 @@ int main() {
           if (which == 0) {
             transport.AllreduceSum(in.data(), out.data(), count, bluefog::DataType::kFloat32);
           } else {
-            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT,
-                          MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                          MPI_COMM_WORLD);
           }
         }
         double t = (MPI_Wtime() - t0) / iters;
@@ -46,9 +46,10 @@ int main() {
     std::sort(ring.begin(), ring.end());
     std::sort(mpi.begin(), mpi.end());
     if (info.rank == 0)
-      std::printf("{\"impl\":\"transport\",\"ranks\":%d,\"bytes\":%lld,\"ring_s\":%.9g,"
-                  "\"mpi_s\":%.9g}\n",
-                  info.size, bytes, ring[kReps / 2], mpi[kReps / 2]);
+      std::printf(
+          "{\"impl\":\"transport\",\"ranks\":%d,\"bytes\":%lld,\"ring_s\":%.9g,"
+          "\"mpi_s\":%.9g}\n",
+          info.size, bytes, ring[kReps / 2], mpi[kReps / 2]);
   }
   transport.Shutdown();
   return 0;

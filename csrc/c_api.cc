@@ -33,13 +33,25 @@ int IfRunning(F&& getter) {
 
 extern "C" {
 
-int bluefog_init(void) { return Guard([] { bluefog::Runtime::Get().Init(); }); }
-int bluefog_shutdown(void) { return Guard([] { bluefog::Runtime::Get().Shutdown(); }); }
+int bluefog_init(void) {
+  return Guard([] { bluefog::Runtime::Get().Init(); });
+}
+int bluefog_shutdown(void) {
+  return Guard([] { bluefog::Runtime::Get().Shutdown(); });
+}
 int bluefog_is_initialized(void) { return bluefog::Runtime::Get().running() ? 1 : 0; }
-int bluefog_rank(void) { return IfRunning([](const auto& i) { return i.rank; }); }
-int bluefog_size(void) { return IfRunning([](const auto& i) { return i.size; }); }
-int bluefog_local_rank(void) { return IfRunning([](const auto& i) { return i.local_rank; }); }
-int bluefog_local_size(void) { return IfRunning([](const auto& i) { return i.local_size; }); }
+int bluefog_rank(void) {
+  return IfRunning([](const auto& i) { return i.rank; });
+}
+int bluefog_size(void) {
+  return IfRunning([](const auto& i) { return i.size; });
+}
+int bluefog_local_rank(void) {
+  return IfRunning([](const auto& i) { return i.local_rank; });
+}
+int bluefog_local_size(void) {
+  return IfRunning([](const auto& i) { return i.local_size; });
+}
 int bluefog_mpi_threads_supported(void) {
   return IfRunning([](const auto& i) { return i.threads_multiple ? 1 : 0; });
 }

@@ -9,7 +9,7 @@ extern "C" {
 int bluefog_init(void);
 int bluefog_shutdown(void);
 int bluefog_is_initialized(void);
-int bluefog_rank(void);        // -1 when not initialized
+int bluefog_rank(void);  // -1 when not initialized
 int bluefog_size(void);
 int bluefog_local_rank(void);
 int bluefog_local_size(void);

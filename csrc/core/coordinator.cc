@@ -47,27 +47,33 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
   for (const auto& m : metas) {
     if (m->op != m0.op)
       return fail("operation",
-                  DescribeDifference(metas, [](const TensorMeta& x) { return std::string(OpTypeName(x.op)); }),
+                  DescribeDifference(
+                      metas, [](const TensorMeta& x) { return std::string(OpTypeName(x.op)); }),
                   "Every rank must call the same collective for the same name.");
   }
   for (const auto& m : metas) {
     if (m->dtype != m0.dtype)
-      return fail("dtype",
-                  DescribeDifference(metas, [](const TensorMeta& x) { return std::string(DataTypeName(x.dtype)); }),
-                  "Cast the tensor to one dtype on every rank (and give every rank the same "
-                  "compression).");
+      return fail(
+          "dtype",
+          DescribeDifference(
+              metas, [](const TensorMeta& x) { return std::string(DataTypeName(x.dtype)); }),
+          "Cast the tensor to one dtype on every rank (and give every rank the same "
+          "compression).");
   }
   for (const auto& m : metas) {
     if (m->root_rank != m0.root_rank)
       return fail("root rank",
-                  DescribeDifference(metas, [](const TensorMeta& x) { return std::to_string(x.root_rank); }),
+                  DescribeDifference(
+                      metas, [](const TensorMeta& x) { return std::to_string(x.root_rank); }),
                   "Pass the same root_rank on every rank.");
   }
   for (const auto& m : metas) {
     if (m->reduce_op != m0.reduce_op)
-      return fail("reduction",
-                  DescribeDifference(metas, [](const TensorMeta& x) { return std::string(ReduceOpName(x.reduce_op)); }),
-                  "Pass the same op on every rank.");
+      return fail(
+          "reduction",
+          DescribeDifference(
+              metas, [](const TensorMeta& x) { return std::string(ReduceOpName(x.reduce_op)); }),
+          "Pass the same op on every rank.");
   }
   if (IsNeighborOp(m0.op)) {
     // Every receive must be matched by the sender's send and vice versa, or the exchange hangs.
@@ -78,14 +84,16 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
     for (int r = 0; r < n; ++r) {
       for (int32_t src : metas[r]->recv_ranks) {
         if (src < 0 || src >= n || !has(metas[src]->send_ranks, r))
-          return fail("topology", Concat("rank ", r, " expects to receive from rank ", src,
-                                         ", but rank ", src, " does not send to rank ", r),
+          return fail("topology",
+                      Concat("rank ", r, " expects to receive from rank ", src, ", but rank ", src,
+                             " does not send to rank ", r),
                       "Every rank's src_weights must mirror the senders' dst_weights.");
       }
       for (int32_t dst : metas[r]->send_ranks) {
         if (dst < 0 || dst >= n || !has(metas[dst]->recv_ranks, r))
-          return fail("topology", Concat("rank ", r, " sends to rank ", dst, ", but rank ", dst,
-                                         " does not expect to receive from rank ", r),
+          return fail("topology",
+                      Concat("rank ", r, " sends to rank ", dst, ", but rank ", dst,
+                             " does not expect to receive from rank ", r),
                       "Every rank's dst_weights must mirror the receivers' src_weights.");
       }
     }
@@ -105,19 +113,21 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
         int64_t rows = 0;
         for (int32_t dst : metas[r]->send_ranks) rows += metas[dst]->shape[0];
         if (rows != metas[r]->input_rows)
-          return fail("shape", Concat("rank ", r, "'s upstream gradient has ",
-                                      metas[r]->input_rows, " rows, but the tensors it gathered "
-                                      "from ranks ", RanksString(metas[r]->send_ranks), " have ",
-                                      rows, " rows in all"),
+          return fail("shape",
+                      Concat("rank ", r, "'s upstream gradient has ", metas[r]->input_rows,
+                             " rows, but the tensors it gathered "
+                             "from ranks ",
+                             RanksString(metas[r]->send_ranks), " have ", rows, " rows in all"),
                       "The gradient of neighbor_allgather must have the shape of its output.");
       }
     }
   } else {
     for (const auto& m : metas) {
       if (m->shape != m0.shape)
-        return fail("shape",
-                    DescribeDifference(metas, [](const TensorMeta& x) { return ShapeString(x.shape); }),
-                    "Every rank must pass a tensor of the same shape for the same name.");
+        return fail(
+            "shape",
+            DescribeDifference(metas, [](const TensorMeta& x) { return ShapeString(x.shape); }),
+            "Every rank must pass a tensor of the same shape for the same name.");
     }
   }
   return Status::Ok();
@@ -164,7 +174,8 @@ Response Coordinator::Complete(Entry& entry) const {
   }
   if (response.status.ok()) {
     response.rank_metas.reserve(size_);
-    for (auto& m : entry.metas) response.rank_metas.push_back(std::move(*m));  // entry is erased next
+    for (auto& m : entry.metas)
+      response.rank_metas.push_back(std::move(*m));  // entry is erased next
   }
   return response;
 }
@@ -180,8 +191,7 @@ std::vector<WaitingTensor> Coordinator::Waiting() const {
   for (const auto& [name, entry] : table_) {
     WaitingTensor w;
     w.name = name;
-    for (int r = 0; r < size_; ++r)
-      (entry.metas[r] ? w.ready_ranks : w.missing_ranks).push_back(r);
+    for (int r = 0; r < size_; ++r) (entry.metas[r] ? w.ready_ranks : w.missing_ranks).push_back(r);
     out.push_back(std::move(w));
   }
   std::sort(out.begin(), out.end(),

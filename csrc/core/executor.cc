@@ -91,7 +91,8 @@ void Executor::Allreduces(const Response* group, size_t n) {
   offset = 0;
   for (size_t k = 0; k < n; ++k) {
     const size_t bytes = reqs[k]->meta.NumBytes();
-    if (plan.after[k] > 1) DivideBy(buffer + offset, reqs[k]->meta.NumElements(), dtype, plan.after[k]);
+    if (plan.after[k] > 1)
+      DivideBy(buffer + offset, reqs[k]->meta.NumElements(), dtype, plan.after[k]);
     std::memcpy(reqs[k]->output, buffer + offset, bytes);
     offset += bytes;
   }
@@ -105,9 +106,9 @@ void* Executor::AllocateOutput(Request* req, const std::vector<int64_t>& shape, 
   } catch (const BluefogError& e) {
     *status = OpError(e.code(), req->meta.op, req->meta.name, e.what());
   } catch (const std::exception& e) {  // e.g. std::bad_alloc from the framework's allocator
-    *status = OpError(StatusCode::kInternal, req->meta.op, req->meta.name,
-                      Concat("cannot allocate the output of shape ", ShapeString(shape), ": ",
-                             e.what()));
+    *status =
+        OpError(StatusCode::kInternal, req->meta.op, req->meta.name,
+                Concat("cannot allocate the output of shape ", ShapeString(shape), ": ", e.what()));
   }
   scratch->resize(static_cast<size_t>(bytes));
   return scratch->data();
@@ -158,7 +159,8 @@ void Executor::Alltoall(const Response& response) {
   }
   Status status;
   std::vector<char> scratch;
-  char* out = static_cast<char*>(AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status));
+  char* out =
+      static_cast<char*>(AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status));
   const char* in = static_cast<const char*>(req->input);
   std::vector<MpiTransport::PeerBuffer> sends, recvs;
   int64_t send_offset = 0, recv_offset = 0;

@@ -25,7 +25,8 @@ std::vector<Group> PlanGroups(std::vector<Response>& ready, const FusionLimits& 
   // Solo requests go last, so that the small ones between them still form one run.
   // (stable_partition allocates: only when needed.)
   if (std::any_of(ready.begin(), ready.end(), solo))
-    std::stable_partition(ready.begin(), ready.end(), [&solo](const Response& r) { return !solo(r); });
+    std::stable_partition(ready.begin(), ready.end(),
+                          [&solo](const Response& r) { return !solo(r); });
   std::vector<Group> groups;
   size_t i = 0;
   while (i < ready.size()) {

@@ -10,8 +10,8 @@ void SetLogContext(LogLevel level, int rank);
 bool LogEnabled(LogLevel level);
 void LogLine(LogLevel level, const std::string& message);
 
-#define BF_LOG(level, ...)                                                            \
-  do {                                                                                \
+#define BF_LOG(level, ...)                                                                       \
+  do {                                                                                           \
     if (::bluefog::LogEnabled(level)) ::bluefog::LogLine(level, ::bluefog::Concat(__VA_ARGS__)); \
   } while (0)
 

@@ -5,9 +5,8 @@ namespace {
 
 constexpr unsigned Bit(DataType dtype) { return 1u << static_cast<unsigned>(dtype); }
 
-constexpr unsigned kFloats =
-    Bit(DataType::kFloat16) | Bit(DataType::kBFloat16) | Bit(DataType::kFloat32) |
-    Bit(DataType::kFloat64);
+constexpr unsigned kFloats = Bit(DataType::kFloat16) | Bit(DataType::kBFloat16) |
+                             Bit(DataType::kFloat32) | Bit(DataType::kFloat64);
 constexpr unsigned kNumeric = kFloats | Bit(DataType::kUInt8) | Bit(DataType::kInt8) |
                               Bit(DataType::kUInt16) | Bit(DataType::kInt16) |
                               Bit(DataType::kInt32) | Bit(DataType::kInt64);

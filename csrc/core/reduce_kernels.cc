@@ -45,11 +45,11 @@ uint16_t FloatToHalf(float f) {
   if (abs >= 0x7f800000u)  // inf or nan
     return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds past the largest half: inf
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+  if (abs < 0x38800000u) {               // below the smallest normal half: subnormal or zero
     if (abs < 0x33000000u) return sign;  // under half the smallest subnormal
     uint32_t exp = abs >> 23;            // 102..112 here
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - exp;          // value / 2^-24 == mant >> shift
+    uint32_t shift = 126 - exp;  // value / 2^-24 == mant >> shift
     uint32_t h = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1);
     uint32_t halfway = 1u << (shift - 1);
@@ -108,8 +108,8 @@ struct BFloat16Format {
   BF_SIMD_TARGET static void Store(uint16_t* p, __m256 v) {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i high = _mm256_srli_epi32(x, 16);
-    const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                          _mm256_and_si256(high, _mm256_set1_epi32(1)));
+    const __m256i bias =
+        _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
     const __m256i nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
     r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
@@ -120,8 +120,8 @@ struct BFloat16Format {
 };
 
 template <typename F>
-BF_SIMD_TARGET int64_t SumOfVector(uint16_t* o, const uint16_t* x, const uint16_t* y,
-                                   int64_t count, int64_t divisor) {
+BF_SIMD_TARGET int64_t SumOfVector(uint16_t* o, const uint16_t* x, const uint16_t* y, int64_t count,
+                                   int64_t divisor) {
   const __m256 d = _mm256_set1_ps(static_cast<float>(divisor));
   int64_t i = 0;
   for (; i + 8 <= count; i += 8) {
@@ -181,11 +181,17 @@ int64_t ScaleAddFast(uint16_t* o, const uint16_t* x, int64_t count, float w, boo
 }
 #else
 template <float (*ToFloat)(uint16_t)>
-int64_t SumOfFast(uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t) { return 0; }
+int64_t SumOfFast(uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t) {
+  return 0;
+}
 template <float (*ToFloat)(uint16_t)>
-int64_t DivideFast(uint16_t*, int64_t, int64_t) { return 0; }
+int64_t DivideFast(uint16_t*, int64_t, int64_t) {
+  return 0;
+}
 template <float (*ToFloat)(uint16_t)>
-int64_t ScaleAddFast(uint16_t*, const uint16_t*, int64_t, float, bool) { return 0; }
+int64_t ScaleAddFast(uint16_t*, const uint16_t*, int64_t, float, bool) {
+  return 0;
+}
 #endif
 
 template <typename T>
@@ -290,7 +296,8 @@ void ReduceHalfLike(void* out, const void* a, const void* b, int64_t count) {
   uint16_t* o = static_cast<uint16_t*>(out);
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
-  for (int64_t i = 0; i < count; ++i) o[i] = FromFloat(Op<float>::Apply(ToFloat(x[i]), ToFloat(y[i])));
+  for (int64_t i = 0; i < count; ++i)
+    o[i] = FromFloat(Op<float>::Apply(ToFloat(x[i]), ToFloat(y[i])));
 }
 
 template <template <typename> class Op>
@@ -302,8 +309,7 @@ void ReduceDispatch(void* out, const void* a, const void* b, int64_t count, Data
     case DataType::kInt16: return ReduceTyped<Op, int16_t>(out, a, b, count);
     case DataType::kInt32: return ReduceTyped<Op, int32_t>(out, a, b, count);
     case DataType::kInt64: return ReduceTyped<Op, int64_t>(out, a, b, count);
-    case DataType::kFloat16:
-      return ReduceHalfLike<Op, HalfToFloat, FloatToHalf>(out, a, b, count);
+    case DataType::kFloat16: return ReduceHalfLike<Op, HalfToFloat, FloatToHalf>(out, a, b, count);
     case DataType::kBFloat16:
       return ReduceHalfLike<Op, BFloat16ToFloat, FloatToBFloat16>(out, a, b, count);
     case DataType::kFloat32: return ReduceTyped<Op, float>(out, a, b, count);
@@ -316,8 +322,7 @@ void ReduceDispatch(void* out, const void* a, const void* b, int64_t count, Data
 
 }  // namespace
 
-void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype,
-              ReduceOp op) {
+void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return SumOf(out, a, b, count, dtype, 1);
     case ReduceOp::kMin: return ReduceDispatch<MinOp>(out, a, b, count, dtype);
@@ -335,12 +340,12 @@ void ScaleAdd(void* out, const void* in, int64_t count, DataType dtype, double w
     case DataType::kFloat16:
       return ScaleAddHalfLike<HalfToFloat, FloatToHalf>(out, in, count, weight, accumulate);
     case DataType::kBFloat16:
-      return ScaleAddHalfLike<BFloat16ToFloat, FloatToBFloat16>(out, in, count, weight,
-                                                                accumulate);
+      return ScaleAddHalfLike<BFloat16ToFloat, FloatToBFloat16>(out, in, count, weight, accumulate);
     default: break;
   }
-  throw BluefogError(StatusCode::kInvalidArgument,
-                     Concat("weighted sums need a floating-point dtype, not ", DataTypeName(dtype)));
+  throw BluefogError(
+      StatusCode::kInvalidArgument,
+      Concat("weighted sums need a floating-point dtype, not ", DataTypeName(dtype)));
 }
 
 void SumInto(void* inout, const void* in, int64_t count, DataType dtype) {

@@ -18,13 +18,11 @@ void SumInto(void* inout, const void* in, int64_t count, DataType dtype);
 // out[i] = a[i] + b[i], then divided by `divisor` when it is above 1, with the same rounding
 // as SumInto followed by DivideBy (so every path gives identical results). `out` may equal `a`.
 // One pass over memory instead of a copy, a sum and a division.
-void SumOf(void* out, const void* a, const void* b, int64_t count, DataType dtype,
-           int64_t divisor);
+void SumOf(void* out, const void* a, const void* b, int64_t count, DataType dtype, int64_t divisor);
 // out[i] = a[i] op b[i] for min, max and product (sum: SumOf). Half types go through float32
 // and are rounded once. Floating-point min and max return NaN when either input is NaN.
 // `out` may equal `a`.
-void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype,
-              ReduceOp op);
+void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op);
 // data[i] /= divisor. Integers use truncating division, as C++ does.
 void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor);
 // out[i] = weight * in[i] (+ out[i] when accumulate). Floating-point dtypes only; `in` may

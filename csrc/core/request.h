@@ -11,9 +11,9 @@ namespace bluefog {
 
 struct Request {
   TensorMeta meta;
-  bool average = false;          // allreduce: divide the sum by the number of ranks
-  const void* input = nullptr;   // meta.NumBytes() bytes, valid until `done` runs
-  void* output = nullptr;        // allreduce, broadcast: same size as input, set by the caller
+  bool average = false;         // allreduce: divide the sum by the number of ranks
+  const void* input = nullptr;  // meta.NumBytes() bytes, valid until `done` runs
+  void* output = nullptr;       // allreduce, broadcast: same size as input, set by the caller
   // allgather: called on the background thread with the result's shape once every rank's first
   // dimension is known; returns the buffer to fill. May throw BluefogError.
   std::function<void*(const std::vector<int64_t>& shape)> allocate_output;

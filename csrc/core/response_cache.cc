@@ -8,9 +8,8 @@ namespace bluefog {
 
 bool SameMeta(const TensorMeta& a, const TensorMeta& b) {
   return a.name == b.name && a.op == b.op && a.dtype == b.dtype && a.root_rank == b.root_rank &&
-         a.reduce_op == b.reduce_op &&
-         a.shape == b.shape && a.send_ranks == b.send_ranks && a.recv_ranks == b.recv_ranks &&
-         a.input_rows == b.input_rows && a.splits == b.splits;
+         a.reduce_op == b.reduce_op && a.shape == b.shape && a.send_ranks == b.send_ranks &&
+         a.recv_ranks == b.recv_ranks && a.input_rows == b.input_rows && a.splits == b.splits;
 }
 
 ResponseCache::ResponseCache(size_t capacity, int size) : capacity_(capacity), size_(size) {}
@@ -18,12 +17,12 @@ ResponseCache::ResponseCache(size_t capacity, int size) : capacity_(capacity), s
 int64_t ResponseCache::Find(const TensorMeta& meta, int rank) const {
   auto it = by_name_.find(meta.name);
   if (it == by_name_.end()) return -1;
-  return SameMeta(slots_[it->second].rank_metas[rank], meta) ? static_cast<int64_t>(it->second) : -1;
+  return SameMeta(slots_[it->second].rank_metas[rank], meta) ? static_cast<int64_t>(it->second)
+                                                             : -1;
 }
 
 const TensorMeta& ResponseCache::Get(uint32_t slot, int rank) const {
-  BF_ENFORCE(slot < slots_.size() && !slots_[slot].rank_metas.empty() && rank >= 0 &&
-                 rank < size_,
+  BF_ENFORCE(slot < slots_.size() && !slots_[slot].rank_metas.empty() && rank >= 0 && rank < size_,
              StatusCode::kInternal, "negotiation message names cache slot ", slot,
              ", which is empty on this rank (ranks' caches diverged)");
   return slots_[slot].rank_metas[rank];

@@ -57,7 +57,8 @@ void Runtime::Shutdown() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_ == State::kRunning && !shutdown_requested_) {
       shutdown_requested_ = true;
-      stop_reason_ = Concat("rank ", info_.rank, " shut down: bf.shutdown() was called or its process exited");
+      stop_reason_ =
+          Concat("rank ", info_.rank, " shut down: bf.shutdown() was called or its process exited");
     }
   }
   wake_.notify_all();
@@ -110,8 +111,8 @@ void Runtime::Loop(std::promise<void>* started) {
       BF_LOG(LogLevel::kError, e.what(), "; running without a timeline");
     }
   }
-  executor_.Configure(info_, FusionLimits{config_.fusion_threshold_bytes,
-                                          config_.ring_threshold_bytes});
+  executor_.Configure(info_,
+                      FusionLimits{config_.fusion_threshold_bytes, config_.ring_threshold_bytes});
   stall_watch_ = StallWatch(config_.stall_check_seconds, config_.stall_shutdown_seconds);
   state_ = State::kRunning;
   started->set_value();
@@ -197,7 +198,8 @@ bool Runtime::RunRound(bool* anyone_spoke) {
       timeline_.Phase(m.name, "QUEUE", r.enqueued_at, round_start);
     }
   }
-  std::vector<std::string> all = transport_.ExchangeAll(EncodeRound(mine), [this] { CheckStalls(); });
+  std::vector<std::string> all =
+      transport_.ExchangeAll(EncodeRound(mine), [this] { CheckStalls(); });
 
   int shutdown_rank = -1;
   for (int r = 0; r < info_.size; ++r) {
@@ -274,7 +276,8 @@ void Runtime::FailAll(const Status& status) {
     unannounced_.clear();
   }
   for (auto& [name, request] : failed)
-    request.done(WithRank(info_.rank, OpError(status.code(), request.meta.op, name, status.message())));
+    request.done(
+        WithRank(info_.rank, OpError(status.code(), request.meta.op, name, status.message())));
 }
 
 void Runtime::CheckStalls() {
@@ -294,10 +297,10 @@ void Runtime::CheckStalls() {
   std::sort(mine.begin(), mine.end());
   std::string message = StallMessage(now - oldest, mine, coordinator_->Waiting());
   if (verdict == StallWatch::Verdict::kFail)
-    throw BluefogError(StatusCode::kAborted,
-                       Concat(message, " Giving up after BLUEFOG_STALL_SHUTDOWN_TIME=",
-                              config_.stall_shutdown_seconds,
-                              " s: bluefog is shut down on this rank."));
+    throw BluefogError(
+        StatusCode::kAborted,
+        Concat(message, " Giving up after BLUEFOG_STALL_SHUTDOWN_TIME=",
+               config_.stall_shutdown_seconds, " s: bluefog is shut down on this rank."));
   BF_LOG(LogLevel::kWarning, message, " (BLUEFOG_STALL_CHECK_TIME=", config_.stall_check_seconds,
          " s)");
 }

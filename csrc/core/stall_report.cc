@@ -9,8 +9,8 @@ StallWatch::Verdict StallWatch::Check(double now, double oldest_submitted) {
   last_check_ = now;
   const double waited = now - oldest_submitted;
   const bool fail = shutdown_seconds_ > 0 && waited >= shutdown_seconds_;
-  const bool warn = check_seconds_ > 0 && waited >= check_seconds_ &&
-                    now - last_report_ >= check_seconds_;
+  const bool warn =
+      check_seconds_ > 0 && waited >= check_seconds_ && now - last_report_ >= check_seconds_;
   if (!warn && !fail) return Verdict::kQuiet;
   last_report_ = now;
   return fail ? Verdict::kFail : Verdict::kWarn;

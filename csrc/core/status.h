@@ -11,10 +11,10 @@ namespace bluefog {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,     // the caller's own input is wrong; found before any communication
-  kPrecondition,        // ranks disagree, or the library is not in a state to run the op
-  kAborted,             // the library was shut down, or a peer failed
-  kInternal,            // a bug or an MPI failure
+  kInvalidArgument,  // the caller's own input is wrong; found before any communication
+  kPrecondition,     // ranks disagree, or the library is not in a state to run the op
+  kAborted,          // the library was shut down, or a peer failed
+  kInternal,         // a bug or an MPI failure
 };
 
 class Status {
@@ -50,8 +50,8 @@ std::string Concat(Args&&... args) {
   return out.str();
 }
 
-#define BF_ENFORCE(cond, code, ...)                                   \
-  do {                                                                \
+#define BF_ENFORCE(cond, code, ...)                                                     \
+  do {                                                                                  \
     if (!(cond)) throw ::bluefog::BluefogError((code), ::bluefog::Concat(__VA_ARGS__)); \
   } while (0)
 

@@ -8,19 +8,15 @@ size_t ElementSize(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8:
     case DataType::kInt8:
-    case DataType::kBool:
-      return 1;
+    case DataType::kBool: return 1;
     case DataType::kUInt16:
     case DataType::kInt16:
     case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
+    case DataType::kBFloat16: return 2;
     case DataType::kInt32:
-    case DataType::kFloat32:
-      return 4;
+    case DataType::kFloat32: return 4;
     case DataType::kInt64:
-    case DataType::kFloat64:
-      return 8;
+    case DataType::kFloat64: return 8;
   }
   return 0;
 }

@@ -66,7 +66,7 @@ struct TensorMeta {
   std::string name;
   OpType op = OpType::kAllreduce;
   DataType dtype = DataType::kFloat32;
-  int32_t root_rank = -1;  // broadcast only; -1 otherwise
+  int32_t root_rank = -1;               // broadcast only; -1 otherwise
   ReduceOp reduce_op = ReduceOp::kSum;  // allreduce only
   std::vector<int64_t> shape;
   // Neighbor ops: the ranks this rank sends to and receives from in this call, ascending.

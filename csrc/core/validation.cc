@@ -19,7 +19,8 @@ Status ValidateNeighbors(const Request& request, int rank, int size) {
     for (size_t k = 0; k < ranks->size(); ++k) {
       const int r = (*ranks)[k];
       if (r < 0 || r >= size || r == rank)
-        return Invalid(meta, Concat("neighbor rank ", r, " is not another rank in [0, ", size, ")"));
+        return Invalid(meta,
+                       Concat("neighbor rank ", r, " is not another rank in [0, ", size, ")"));
       if (k > 0 && (*ranks)[k - 1] >= r)
         return Invalid(meta, "neighbor ranks must be unique and ascending");
     }
@@ -35,11 +36,13 @@ Status ValidateNeighbors(const Request& request, int rank, int size) {
     return Status::Ok();
   }
   if (NeedsDimensionZero(meta.op) && meta.shape.empty())
-    return Invalid(meta, "neighbor_allgather concatenates along dimension 0 and needs a tensor of "
-                         "rank >= 1");
+    return Invalid(meta,
+                   "neighbor_allgather concatenates along dimension 0 and needs a tensor of "
+                   "rank >= 1");
   if (!OpAcceptsDtype(meta.op, meta.dtype)) return RefuseDtype(meta);
   if (meta.op == OpType::kNeighborAllgatherGrad && (meta.input_rows < 0 || meta.shape[0] < 0))
-    return Invalid(meta, Concat("negative rows: input ", meta.input_rows, ", output ", meta.shape[0]));
+    return Invalid(meta,
+                   Concat("negative rows: input ", meta.input_rows, ", output ", meta.shape[0]));
   return Status::Ok();
 }
 
@@ -51,18 +54,20 @@ Status ValidateRequest(const Request& request) {
   if (meta.shape.size() > kMaxDims)
     return Invalid(meta, Concat("rank ", meta.shape.size(), " exceeds ", kMaxDims));
   for (int64_t d : meta.shape)
-    if (d < 0) return Invalid(meta, Concat("shape ", ShapeString(meta.shape), " has a negative dimension"));
+    if (d < 0)
+      return Invalid(meta, Concat("shape ", ShapeString(meta.shape), " has a negative dimension"));
   // Neighbour ops report their dtype after their ranks (the order users have always seen).
-  if (!IsNeighborOp(meta.op) && !OpAcceptsDtype(meta.op, meta.dtype))
-    return RefuseDtype(meta);
+  if (!IsNeighborOp(meta.op) && !OpAcceptsDtype(meta.op, meta.dtype)) return RefuseDtype(meta);
   if (meta.reduce_op != ReduceOp::kSum && (meta.op != OpType::kAllreduce || request.average))
     return Invalid(meta, Concat("reduction ", ReduceOpName(meta.reduce_op),
                                 " applies to allreduce without averaging only"));
   if (meta.op == OpType::kAllgather && meta.shape.empty())
-    return Invalid(meta, "allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "
-                         "reshape the scalar to [1] first");
+    return Invalid(meta,
+                   "allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "
+                   "reshape the scalar to [1] first");
   if ((meta.op == OpType::kAlltoall || meta.op == OpType::kReducescatter) && meta.shape.empty())
-    return Invalid(meta, Concat(OpTypeName(meta.op), " splits dimension 0 over the ranks and needs "
+    return Invalid(meta, Concat(OpTypeName(meta.op),
+                                " splits dimension 0 over the ranks and needs "
                                 "a tensor of rank >= 1; reshape the scalar to [1] first"));
   return Status::Ok();
 }
@@ -78,7 +83,8 @@ Status ValidateForLayout(const Request& request, int rank, int size) {
                                   " ranks; pass one row count per rank"));
     int64_t rows = 0;
     for (int64_t s : meta.splits) {
-      if (s < 0) return Invalid(meta, Concat("splits ", ShapeString(meta.splits), " has a negative entry"));
+      if (s < 0)
+        return Invalid(meta, Concat("splits ", ShapeString(meta.splits), " has a negative entry"));
       rows += s;
     }
     if (rows != meta.shape[0])

@@ -53,7 +53,8 @@ std::string EncodeRound(const RoundMessage& message) {
   Put<uint32_t>(out, bits_bytes);
   const size_t bits_at = out.size();
   out.append(bits_bytes, '\0');
-  for (uint32_t slot : message.cached) out[bits_at + slot / 8] |= static_cast<char>(1u << (slot % 8));
+  for (uint32_t slot : message.cached)
+    out[bits_at + slot / 8] |= static_cast<char>(1u << (slot % 8));
   Put<uint32_t>(out, static_cast<uint32_t>(message.announcements.size()));
   for (const TensorMeta& m : message.announcements) {
     Put<uint32_t>(out, static_cast<uint32_t>(m.name.size()));

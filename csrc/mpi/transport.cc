@@ -73,8 +73,7 @@ void MpiTransport::Check(int code, const char* call) const {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(code, text, &len);
-  throw BluefogError(StatusCode::kInternal,
-                     Concat(call, " failed: ", std::string(text, len)));
+  throw BluefogError(StatusCode::kInternal, Concat(call, " failed: ", std::string(text, len)));
 }
 
 TransportInfo MpiTransport::Init() {
@@ -185,21 +184,20 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
   BF_ENFORCE(recv_total < INT_MAX, StatusCode::kInternal, "negotiation message too large");
   std::vector<char> recv(recv_total);
   const char* extra = mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr;
-  Check(MPI_Allgatherv(extra, counts_[rank_], MPI_BYTE, recv.data(), counts_.data(),
-                       displs_.data(), MPI_BYTE, AsComm(comm_)),
+  Check(MPI_Allgatherv(extra, counts_[rank_], MPI_BYTE, recv.data(), counts_.data(), displs_.data(),
+                       MPI_BYTE, AsComm(comm_)),
         "MPI_Allgatherv");
   for (int r = 0; r < size_; ++r)
     if (counts_[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + displs_[r], counts_[r]);
   return out;
 }
 
-void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
-                             ReduceOp op, int64_t divisor) {
+void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                             int64_t divisor) {
   BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
              "only a sum can be averaged (PlanAverage decides who divides)");
   const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
-  if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ &&
-      count >= size_) {
+  if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ && count >= size_) {
     RingAllreduce(in, out, count, dtype, op, divisor);
   } else {
     MpiAllreduce(in, out, count, dtype, op);
@@ -232,8 +230,7 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
   // pairs with chunk c of that segment on the receiver (the last chunk may be empty on one).
   const int64_t chunk = std::max<int64_t>(1, kRingChunkBytes / elem);
   const int64_t chunks = (max_seg + chunk - 1) / chunk;
-  if (static_cast<int64_t>(ring_scratch_.size()) < chunk * elem)
-    ring_scratch_.resize(chunk * elem);
+  if (static_cast<int64_t>(ring_scratch_.size()) < chunk * elem) ring_scratch_.resize(chunk * elem);
   const int right = (rank_ + 1) % n;
   const int left = (rank_ - 1 + n) % n;
   auto mod = [n](int k) { return ((k % n) + n) % n; };
@@ -262,8 +259,8 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
         SumOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n, dtype,
               last_divisor);
       } else {
-        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n,
-                 dtype, op);
+        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n, dtype,
+                 op);
       }
     }
   }
@@ -328,8 +325,8 @@ void MpiTransport::Allgatherv(const void* in, void* out,
     counts_[r] = static_cast<int>(bytes_per_rank[r]);
     total += bytes_per_rank[r];
   }
-  Check(MPI_Allgatherv(in, counts_[rank_], MPI_BYTE, out, counts_.data(), displs_.data(),
-                       MPI_BYTE, AsComm(comm_)),
+  Check(MPI_Allgatherv(in, counts_[rank_], MPI_BYTE, out, counts_.data(), displs_.data(), MPI_BYTE,
+                       AsComm(comm_)),
         "MPI_Allgatherv");
 }
 

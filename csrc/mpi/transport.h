@@ -39,8 +39,7 @@ class MpiTransport {
   // least `ring_threshold_bytes` use our ring algorithm over persistent scratch memory, which
   // folds the division into its last summing pass; smaller ones MPI_Allreduce (lowest
   // latency). `in` may equal `out` (in place); otherwise `in` is only read, which saves a copy.
-  void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype,
-                    int64_t divisor = 1) {
+  void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype, int64_t divisor = 1) {
     Allreduce(in, out, count, dtype, ReduceOp::kSum, divisor);
   }
   // The same for any reduction; `divisor` must be 1 unless `op` is kSum. The caller decides
@@ -76,14 +75,14 @@ class MpiTransport {
   bool owns_mpi_ = false;
   int rank_ = 0;
   int size_ = 1;
-  void* comm_ = nullptr;        // MPI_Comm, kept opaque so this header does not include mpi.h
+  void* comm_ = nullptr;  // MPI_Comm, kept opaque so this header does not include mpi.h
   void* local_comm_ = nullptr;
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;
   std::vector<int> displs_;
-  std::vector<char> requests_;  // MPI_Request storage, reused
+  std::vector<char> requests_;      // MPI_Request storage, reused
   std::vector<char> ring_scratch_;  // one incoming chunk; allocated once, so no per-call faults
   int64_t ring_threshold_bytes_ = int64_t{1} << 20;
 };

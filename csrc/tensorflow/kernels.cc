@@ -9,9 +9,9 @@
 
 #include "core/op_rules.h"
 #include "core/runtime.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace bluefog {
@@ -81,7 +81,8 @@ std::string TypeAttr(OpType op) {
 absl::Status KernelError(OpType op, const std::string& name, const std::string& what) {
   const int rank = Runtime::Get().info().rank;
   if (name.empty())
-    return absl::InvalidArgumentError(Concat("rank ", rank, ": bluefog ", OpTypeName(op), ": ", what));
+    return absl::InvalidArgumentError(
+        Concat("rank ", rank, ": bluefog ", OpTypeName(op), ": ", what));
   return ToTfStatus(WithRank(rank, OpError(StatusCode::kInvalidArgument, op, name, what)));
 }
 
@@ -147,9 +148,9 @@ class CollectiveKernel : public AsyncOpKernel {
     }
     request->meta.name = std::string(name.scalar<::tensorflow::tstring>()());
     if (!ToCoreType(input.dtype(), &request->meta.dtype)) {
-      ctx->SetStatus(KernelError(op_, request->meta.name,
-                                 Concat("dtype ", ::tensorflow::DataTypeString(input.dtype()),
-                                        " is not supported")));
+      ctx->SetStatus(KernelError(
+          op_, request->meta.name,
+          Concat("dtype ", ::tensorflow::DataTypeString(input.dtype()), " is not supported")));
       done();
       return false;
     }
@@ -229,9 +230,10 @@ class GroupedKernel : public AsyncOpKernel {
       return;
     }
     if (!ToCoreType(ctx->input(0).dtype(), &dtype)) {
-      ctx->SetStatus(KernelError(
-          kOp, base,
-          Concat("dtype ", ::tensorflow::DataTypeString(ctx->input(0).dtype()), " is not supported")));
+      ctx->SetStatus(
+          KernelError(kOp, base,
+                      Concat("dtype ", ::tensorflow::DataTypeString(ctx->input(0).dtype()),
+                             " is not supported")));
       done();
       return;
     }
@@ -256,10 +258,9 @@ class GroupedKernel : public AsyncOpKernel {
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       Tensor* output = nullptr;
-      absl::Status s =
-          kOp == OpType::kAllreduce
-              ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
-              : ctx->allocate_output(i, ReducedShape(kOp, input.shape()), &output);
+      absl::Status s = kOp == OpType::kAllreduce
+                           ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
+                           : ctx->allocate_output(i, ReducedShape(kOp, input.shape()), &output);
       Request request;
       request.meta.op = kOp;
       request.meta.name = base + "." + std::to_string(i);
@@ -296,8 +297,9 @@ class ReducescatterKernel : public CollectiveKernel {
     if (!request.meta.shape.empty()) {  // a scalar is refused by the runtime's validation
       Tensor* output = nullptr;
       OP_REQUIRES_OK_ASYNC(
-          ctx, ctx->allocate_output(0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape()),
-                                    &output),
+          ctx,
+          ctx->allocate_output(0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape()),
+                               &output),
           done);
       request.output = DataOf(output);
     }
@@ -369,9 +371,12 @@ class NeighborAllreduceKernel : public CollectiveKernel {
     if (!Prepare(ctx, done, &request)) return;
     OP_REQUIRES_OK_ASYNC(ctx, ReadPeers(ctx, &request), done);
     const std::string& name = request.meta.name;
-    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(4), 0, "self_weight", OpType::kNeighborAllreduce, name), done);
-    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(5), 1, "recv_weights", OpType::kNeighborAllreduce, name), done);
-    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(6), 1, "send_weights", OpType::kNeighborAllreduce, name), done);
+    OP_REQUIRES_OK_ASYNC(
+        ctx, CheckRank(ctx->input(4), 0, "self_weight", OpType::kNeighborAllreduce, name), done);
+    OP_REQUIRES_OK_ASYNC(
+        ctx, CheckRank(ctx->input(5), 1, "recv_weights", OpType::kNeighborAllreduce, name), done);
+    OP_REQUIRES_OK_ASYNC(
+        ctx, CheckRank(ctx->input(6), 1, "send_weights", OpType::kNeighborAllreduce, name), done);
     request.self_weight = ctx->input(4).scalar<double>()();
     request.recv_weights = VectorOf<double>(ctx->input(5));
     request.send_weights = VectorOf<double>(ctx->input(6));
@@ -406,7 +411,10 @@ class NeighborAllgatherGradKernel : public CollectiveKernel {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
     OP_REQUIRES_OK_ASYNC(ctx, ReadPeers(ctx, &request), done);
-    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(4), 0, "first_dim", OpType::kNeighborAllgatherGrad, request.meta.name), done);
+    OP_REQUIRES_OK_ASYNC(
+        ctx,
+        CheckRank(ctx->input(4), 0, "first_dim", OpType::kNeighborAllgatherGrad, request.meta.name),
+        done);
     const Tensor& grad = ctx->input(0);
     const int64_t rows = ctx->input(4).scalar<int64_t>()();
     OP_REQUIRES_ASYNC(ctx, grad.dims() >= 1 && rows >= 0,
@@ -494,8 +502,9 @@ REGISTER_OP("BluefogAllreduce")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(UnchangedShape)
-    .Doc("Sum (or average, min, max, product) of `tensor` over all ranks; every rank passes "
-         "the same shape.");
+    .Doc(
+        "Sum (or average, min, max, product) of `tensor` over all ranks; every rank passes "
+        "the same shape.");
 
 REGISTER_OP("BluefogGroupedAllreduce")
     .Attr(TypeAttr(OpType::kAllreduce))
@@ -521,8 +530,9 @@ REGISTER_OP("BluefogReducescatter")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(ConcatenatedShape)
-    .Doc("Sum (or average) of `tensor` over all ranks, of which each rank keeps its slice of "
-         "dimension 0: rows / size rows, one more on the first rows % size ranks.");
+    .Doc(
+        "Sum (or average) of `tensor` over all ranks, of which each rank keeps its slice of "
+        "dimension 0: rows / size rows, one more on the first rows % size ranks.");
 
 REGISTER_OP("BluefogGroupedReducescatter")
     .Attr(TypeAttr(OpType::kReducescatter))
@@ -559,8 +569,9 @@ REGISTER_OP("BluefogAlltoall")
       c->set_output(1, c->Vector(c->UnknownDim()));
       return absl::OkStatus();
     })
-    .Doc("Rank r sends rows [offset_j, offset_j + splits[j]) to rank j and returns what every "
-         "rank sent it, in rank order, and how many rows each sent.");
+    .Doc(
+        "Rank r sends rows [offset_j, offset_j + splits[j]) to rank j and returns what every "
+        "rank sent it, in rank order, and how many rows each sent.");
 
 REGISTER_OP("BluefogAllgather")
     .Attr(TypeAttr(OpType::kAllgather))
@@ -618,8 +629,9 @@ REGISTER_OP("BluefogNeighborAllgatherGrad")
       c->set_output(0, output);
       return absl::OkStatus();
     })
-    .Doc("Gradient of BluefogNeighborAllgather: block k of `grad` (sized like send_ranks[k]'s "
-         "first_dim) goes to send_ranks[k]; the output sums the blocks from recv_ranks.");
+    .Doc(
+        "Gradient of BluefogNeighborAllgather: block k of `grad` (sized like send_ranks[k]'s "
+        "first_dim) goes to send_ranks[k]; the output sums the blocks from recv_ranks.");
 
 REGISTER_OP("BluefogBroadcast")
     .Attr(TypeAttr(OpType::kBroadcast))

@@ -47,11 +47,10 @@ TEST(Config, ParsesValues) {
 }
 
 TEST(Config, RejectsMalformedValuesNamingTheVariable) {
-  for (auto [var, value] : std::map<std::string, std::string>{
-           {"BLUEFOG_FUSION_THRESHOLD", "lots"},
-           {"BLUEFOG_FUSION_THRESHOLD", "-1"},
-           {"BLUEFOG_CYCLE_TIME", "1ms"},
-           {"BLUEFOG_LOG_LEVEL", "loud"}}) {
+  for (auto [var, value] : std::map<std::string, std::string>{{"BLUEFOG_FUSION_THRESHOLD", "lots"},
+                                                              {"BLUEFOG_FUSION_THRESHOLD", "-1"},
+                                                              {"BLUEFOG_CYCLE_TIME", "1ms"},
+                                                              {"BLUEFOG_LOG_LEVEL", "loud"}}) {
     try {
       FromMap({{var, value}});
       ADD_FAILURE() << var << "=" << value << " was accepted";

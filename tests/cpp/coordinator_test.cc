@@ -134,7 +134,8 @@ TEST(Coordinator, NeighborAllgatherGradChecksEachRanksBlocks) {
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
   EXPECT_NE(ready[0].status.message().find("rank 0's upstream gradient has 5 rows"),
-            std::string::npos) << ready[0].status.message();
+            std::string::npos)
+      << ready[0].status.message();
   EXPECT_NE(ready[0].status.message().find("ranks [1] have 2 rows"), std::string::npos)
       << ready[0].status.message();
 }

@@ -31,10 +31,12 @@ TEST(Fusion, RunsOfOneDtypeFuseUpToTheThreshold) {
 
 TEST(Fusion, FailedAndOtherOpsRunAlone) {
   std::vector<Response> ready = {Resp("a", OpType::kAllreduce, 1), Resp("b", OpType::kAllreduce, 1),
-                                 Resp("c", OpType::kAllgather, 1), Resp("d", OpType::kAllgather, 1)};
+                                 Resp("c", OpType::kAllgather, 1),
+                                 Resp("d", OpType::kAllgather, 1)};
   ready[1].status = Status(StatusCode::kPrecondition, "disagree");
   auto groups = PlanGroups(ready, FusionLimits{1 << 20, 0});
-  EXPECT_EQ(Ranges(groups), (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 2}, {2, 3}, {3, 4}}));
+  EXPECT_EQ(Ranges(groups),
+            (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 2}, {2, 3}, {3, 4}}));
 }
 
 TEST(Fusion, ReductionsAndTopologiesSplitGroups) {
@@ -45,12 +47,14 @@ TEST(Fusion, ReductionsAndTopologiesSplitGroups) {
   ready[1].meta.reduce_op = ReduceOp::kMax;
   ready[4].topology_signature = "other";
   auto groups = PlanGroups(ready, FusionLimits{1 << 20, 0});
-  EXPECT_EQ(Ranges(groups), (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 2}, {2, 4}, {4, 5}}));
+  EXPECT_EQ(Ranges(groups),
+            (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 2}, {2, 4}, {4, 5}}));
 }
 
 TEST(Fusion, LargeAllreducesRunAloneAndLast) {
-  std::vector<Response> ready = {Resp("big1", OpType::kAllreduce, 1000), Resp("a", OpType::kAllreduce, 1),
-                                 Resp("big2", OpType::kAllreduce, 2000), Resp("b", OpType::kAllreduce, 1)};
+  std::vector<Response> ready = {
+      Resp("big1", OpType::kAllreduce, 1000), Resp("a", OpType::kAllreduce, 1),
+      Resp("big2", OpType::kAllreduce, 2000), Resp("b", OpType::kAllreduce, 1)};
   auto groups = PlanGroups(ready, FusionLimits{1 << 20, 4000});
   EXPECT_EQ(Ranges(groups), (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 3}, {3, 4}}));
   EXPECT_EQ(ready[0].meta.name, "a");

@@ -27,7 +27,8 @@ TEST(OpRules, EveryRefusingOpSaysWhy) {
   for (int v = 0; v < kNumOpTypes; ++v) {
     const OpType op = static_cast<OpType>(v);
     bool refuses = false;
-    for (int d = 0; d < kNumDataTypes; ++d) refuses |= !OpAcceptsDtype(op, static_cast<DataType>(d));
+    for (int d = 0; d < kNumDataTypes; ++d)
+      refuses |= !OpAcceptsDtype(op, static_cast<DataType>(d));
     EXPECT_EQ(refuses, std::string(DtypeRefusal(op)).size() > 0) << OpTypeName(op);
   }
 }

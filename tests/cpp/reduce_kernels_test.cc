@@ -19,7 +19,7 @@ TEST(ReduceKernels, HalfRoundTripsEveryFiniteValue) {
   }
   EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00u)));
   EXPECT_TRUE(std::isnan(HalfToFloat(0x7e00u)));
-  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00u);  // overflow to inf
+  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00u);                              // overflow to inf
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f / 3.0f)), 0.333251953125f);  // round to nearest
 }
 
@@ -124,10 +124,13 @@ void CheckSixteenBitKernelsMatchTheFormula(DataType dtype) {
   for (int64_t divisor : {1, 3}) {
     std::vector<uint16_t> out(n);
     SumOf(out.data(), a.data(), b.data(), n, dtype, divisor);
-    check(out, [&](int64_t i) {
-      const float sum = ToFloat(FromFloat(ToFloat(a[i]) + ToFloat(b[i])));
-      return divisor > 1 ? sum / static_cast<float>(divisor) : sum;
-    }, "SumOf");
+    check(
+        out,
+        [&](int64_t i) {
+          const float sum = ToFloat(FromFloat(ToFloat(a[i]) + ToFloat(b[i])));
+          return divisor > 1 ? sum / static_cast<float>(divisor) : sum;
+        },
+        "SumOf");
   }
   std::vector<uint16_t> inout = a;
   SumInto(inout.data(), b.data(), n, dtype);
@@ -138,9 +141,10 @@ void CheckSixteenBitKernelsMatchTheFormula(DataType dtype) {
   for (bool accumulate : {false, true}) {
     inout = a;
     ScaleAdd(inout.data(), b.data(), n, dtype, 0.3, accumulate);
-    check(inout, [&](int64_t i) {
-      return (accumulate ? ToFloat(a[i]) : 0.0f) + 0.3f * ToFloat(b[i]);
-    }, accumulate ? "ScaleAdd(accumulate)" : "ScaleAdd");
+    check(
+        inout,
+        [&](int64_t i) { return (accumulate ? ToFloat(a[i]) : 0.0f) + 0.3f * ToFloat(b[i]); },
+        accumulate ? "ScaleAdd(accumulate)" : "ScaleAdd");
   }
 }
 

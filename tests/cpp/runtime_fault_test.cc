@@ -22,9 +22,9 @@ constexpr bool kSanitized = false;
 TEST(RuntimeFault, BadAllocOnTheBackgroundThreadFailsRequestsInsteadOfAborting) {
   if (kSanitized) GTEST_SKIP() << "sanitizer allocators abort on a 4 TiB request";
   Runtime::Get().Init();
-  // Two allreduces that fuse (the test sets a 16 TiB fusion threshold) but whose fused buffer (2 x 4 TiB)
-  // cannot be allocated: the executor's std::bad_alloc reaches the background loop before any
-  // byte of the inputs is read, so the inputs need not exist.
+  // Two allreduces that fuse (the test sets a 16 TiB fusion threshold) but whose fused buffer (2 x
+  // 4 TiB) cannot be allocated: the executor's std::bad_alloc reaches the background loop before
+  // any byte of the inputs is read, so the inputs need not exist.
   const int64_t huge = int64_t{1} << 40;
   std::vector<std::promise<Status>> results(2);
   for (int k = 0; k < 2; ++k) {

@@ -26,8 +26,8 @@ struct Pending {
 };
 
 std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataType dtype,
-                                std::vector<int64_t> shape, const void* input,
-                                bool average = false, int root = -1) {
+                                std::vector<int64_t> shape, const void* input, bool average = false,
+                                int root = -1) {
   auto p = std::make_unique<Pending>();
   Request req;
   req.meta.name = name;
@@ -97,8 +97,7 @@ TEST(RuntimeMpi, LargeAllreduceSumAndAverageAcrossChunks) {
   auto sum = Submit(OpType::kAllreduce, "large.sum", DataType::kFloat32, {count}, in.data());
   auto avg = Submit(OpType::kAllreduce, "large.avg", DataType::kFloat32, {count}, in.data(), true);
   std::vector<int32_t> ints(count, Rank() + 1);
-  auto iavg = Submit(OpType::kAllreduce, "large.int", DataType::kInt32, {count}, ints.data(),
-                     true);
+  auto iavg = Submit(OpType::kAllreduce, "large.int", DataType::kInt32, {count}, ints.data(), true);
   ASSERT_TRUE(Wait(*sum).ok());
   ASSERT_TRUE(Wait(*avg).ok());
   ASSERT_TRUE(Wait(*iavg).ok());
@@ -122,8 +121,8 @@ TEST(RuntimeMpi, LargeAndSmallAllreducesSubmittedTogether) {
   for (int k = 0; k < 12; ++k) {
     const int64_t count = k % 4 == 1 ? (int64_t{1} << 18) + k : 100 + k;  // 1 MiB+ or small
     inputs.emplace_back(count, static_cast<float>(Rank() + k));
-    pending.push_back(Submit(OpType::kAllreduce, "mixed." + std::to_string(k),
-                             DataType::kFloat32, {count}, inputs.back().data(), k % 3 == 0));
+    pending.push_back(Submit(OpType::kAllreduce, "mixed." + std::to_string(k), DataType::kFloat32,
+                             {count}, inputs.back().data(), k % 3 == 0));
   }
   const int n = Size();
   for (int k = 0; k < 12; ++k) {
@@ -188,8 +187,8 @@ TEST(RuntimeMpi, AllgatherVariableFirstDimension) {
 TEST(RuntimeMpi, BroadcastFromEveryRoot) {
   for (int root = 0; root < Size(); ++root) {
     std::vector<double> in(17, Rank() + 0.5);
-    auto p = Submit(OpType::kBroadcast, "bcast." + std::to_string(root), DataType::kFloat64,
-                    {17}, in.data(), false, root);
+    auto p = Submit(OpType::kBroadcast, "bcast." + std::to_string(root), DataType::kFloat64, {17},
+                    in.data(), false, root);
     ASSERT_TRUE(Wait(*p).ok());
     const double* out = reinterpret_cast<const double*>(p->output.data());
     for (int e = 0; e < 17; ++e) ASSERT_EQ(out[e], root + 0.5);
@@ -198,8 +197,8 @@ TEST(RuntimeMpi, BroadcastFromEveryRoot) {
 
 TEST(RuntimeMpi, ShapeMismatchFailsEveryRankThenRecovers) {
   std::vector<float> in(8, 1.0f);
-  auto bad = Submit(OpType::kAllreduce, "mismatch", DataType::kFloat32, {Rank() == 0 ? 2 : 4},
-                    in.data());
+  auto bad =
+      Submit(OpType::kAllreduce, "mismatch", DataType::kFloat32, {Rank() == 0 ? 2 : 4}, in.data());
   Status s = Wait(*bad);
   EXPECT_EQ(s.code(), StatusCode::kPrecondition);
   EXPECT_NE(s.message().find("'mismatch'"), std::string::npos) << s.message();
@@ -218,8 +217,8 @@ TEST(RuntimeMpi, RepeatedNamesThroughTheResponseCache) {
     for (int k = 0; k < 20; ++k) {
       std::fill(in.begin(), in.end(), static_cast<float>(Rank() + step + k));
       const int64_t len = step < 3 ? 16 : 32;  // every rank changes shape at step 3
-      auto p = Submit(OpType::kAllreduce, "cached." + std::to_string(k), DataType::kFloat32,
-                      {len}, in.data(), k % 2 == 1);
+      auto p = Submit(OpType::kAllreduce, "cached." + std::to_string(k), DataType::kFloat32, {len},
+                      in.data(), k % 2 == 1);
       ASSERT_TRUE(Wait(*p).ok()) << step << " " << k;
       const float sum = static_cast<float>(Size() * (step + k) + Size() * (Size() - 1) / 2);
       const float* out = reinterpret_cast<const float*>(p->output.data());
@@ -227,8 +226,8 @@ TEST(RuntimeMpi, RepeatedNamesThroughTheResponseCache) {
         ASSERT_EQ(out[e], k % 2 == 1 ? sum / static_cast<float>(Size()) : sum) << step << k;
     }
   }
-  auto bad = Submit(OpType::kAllreduce, "cached.0", DataType::kFloat32,
-                    {Rank() == 0 ? 32 : 16}, in.data());
+  auto bad = Submit(OpType::kAllreduce, "cached.0", DataType::kFloat32, {Rank() == 0 ? 32 : 16},
+                    in.data());
   Status s = Wait(*bad);
   if (Size() > 1) {
     EXPECT_EQ(s.code(), StatusCode::kPrecondition) << s.message();
@@ -240,8 +239,8 @@ TEST(RuntimeMpi, RepeatedNamesThroughTheResponseCache) {
 
 TEST(RuntimeMpi, LocalValidationBeforeCommunication) {
   std::vector<float> in(4, 1.0f);
-  auto root = Submit(OpType::kBroadcast, "badroot", DataType::kFloat32, {4}, in.data(), false,
-                     Size());
+  auto root =
+      Submit(OpType::kBroadcast, "badroot", DataType::kFloat32, {4}, in.data(), false, Size());
   EXPECT_EQ(Wait(*root).code(), StatusCode::kInvalidArgument);
   bool flags[2] = {true, false};
   auto boolsum = Submit(OpType::kAllreduce, "boolsum", DataType::kBool, {2}, flags);
@@ -308,8 +307,8 @@ TEST(RuntimeMpi, FusedNeighborAllreducesWithTheirOwnWeights) {
     ASSERT_TRUE(s.ok()) << s.message();
     const double* out = reinterpret_cast<const double*>(pending[k]->output.data());
     const double scale = (k % 2) ? k : 1.0;
-    const double expected = (10.0 * Rank() + k) / (k + 2) +
-                            (1.0 - 1.0 / (k + 2)) * scale * (10.0 * left + k);
+    const double expected =
+        (10.0 * Rank() + k) / (k + 2) + (1.0 - 1.0 / (k + 2)) * scale * (10.0 * left + k);
     for (size_t e = 0; e < inputs[k].size(); ++e) ASSERT_DOUBLE_EQ(out[e], expected) << k;
   }
 }
@@ -475,7 +474,8 @@ TEST(RuntimeMpi, AlltoallSplitsMustMatchTheRows) {
   req.done = [](const Status&) {};
   Status s = Runtime::Get().Enqueue(std::move(req));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("add up to " + std::to_string(5 * Size()) + " rows"), std::string::npos)
+  EXPECT_NE(s.message().find("add up to " + std::to_string(5 * Size()) + " rows"),
+            std::string::npos)
       << s.message();
 }
 
@@ -529,8 +529,8 @@ int main(int argc, char** argv) {
   bluefog::Runtime::Get().Shutdown();
   // After shutdown, requests fail with a clear error instead of hanging.
   float x = 0;
-  auto after = bluefog::Submit(bluefog::OpType::kAllreduce, "late", bluefog::DataType::kFloat32,
-                               {1}, &x);
+  auto after =
+      bluefog::Submit(bluefog::OpType::kAllreduce, "late", bluefog::DataType::kFloat32, {1}, &x);
   bluefog::Status s = bluefog::Wait(*after);
   if (s.code() != bluefog::StatusCode::kAborted ||
       s.message().find("shut down") == std::string::npos) {

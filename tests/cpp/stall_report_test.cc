@@ -15,10 +15,10 @@ TEST(StallWatch, OffWhenBothTimesAreZero) {
 
 TEST(StallWatch, WarnsOncePerIntervalThenFails) {
   StallWatch w(10, 25);
-  EXPECT_EQ(w.Check(5, 0), Verdict::kQuiet);    // waited 5 s
-  EXPECT_EQ(w.Check(10, 0), Verdict::kWarn);    // 10 s
-  EXPECT_EQ(w.Check(11, 0), Verdict::kQuiet);   // warned 1 s ago
-  EXPECT_EQ(w.Check(11.2, 0), Verdict::kQuiet); // looked 0.2 s ago
+  EXPECT_EQ(w.Check(5, 0), Verdict::kQuiet);     // waited 5 s
+  EXPECT_EQ(w.Check(10, 0), Verdict::kWarn);     // 10 s
+  EXPECT_EQ(w.Check(11, 0), Verdict::kQuiet);    // warned 1 s ago
+  EXPECT_EQ(w.Check(11.2, 0), Verdict::kQuiet);  // looked 0.2 s ago
   EXPECT_EQ(w.Check(20, 0), Verdict::kWarn);
   EXPECT_EQ(w.Check(25, 0), Verdict::kFail);
 }

@@ -27,8 +27,9 @@ TEST(Validation, LocalMistakes) {
             "bluefog allreduce of tensor '': the name is empty; pass a non-empty name or None");
   EXPECT_EQ(ValidateRequest(Req(OpType::kAllreduce, {2, -1})).message(),
             "bluefog allreduce of tensor 't': shape [2, -1] has a negative dimension");
-  EXPECT_EQ(ValidateRequest(Req(OpType::kAllreduce, std::vector<int64_t>(kMaxDims + 1, 1))).message(),
-            "bluefog allreduce of tensor 't': rank 65 exceeds 64");
+  EXPECT_EQ(
+      ValidateRequest(Req(OpType::kAllreduce, std::vector<int64_t>(kMaxDims + 1, 1))).message(),
+      "bluefog allreduce of tensor 't': rank 65 exceeds 64");
   EXPECT_EQ(ValidateRequest(Req(OpType::kAllreduce, {2}, DataType::kBool)).message(),
             "bluefog allreduce of tensor 't': dtype bool cannot be summed; cast it to an integer "
             "or float dtype first");
