@@ -64,18 +64,27 @@ void Executor::Allreduces(const Response* group, size_t n) {
   const ReduceOp op = group[0].meta.reduce_op;
   std::vector<Request*> reqs;
   std::vector<bool> average;
+  std::vector<double> scale;
   size_t total = 0;
   for (size_t k = 0; k < n; ++k) {
     reqs.push_back(requests_->Lookup(group[k].meta.name));
     total += reqs.back()->meta.NumBytes();
     average.push_back(reqs.back()->average);
+    scale.push_back(reqs.back()->scale);
   }
-  const AveragePlan plan = PlanAverage(average, op, info_.size);
+  const AveragePlan plan = PlanAverage(average, op, info_.size, scale);
   const size_t elem = ElementSize(dtype);
+  auto finish_slice = [&](size_t k, void* data) {
+    const int64_t count = reqs[k]->meta.NumElements();
+    if (plan.after[k] > 1) DivideBy(data, count, dtype, plan.after[k]);
+    if (plan.scale[k] != 1.0) ScaleAdd(data, data, count, dtype, plan.scale[k], false);
+  };
   if (n == 1) {  // out of place, from the input straight into the output: no copy
-    if (total > 0)
+    if (total > 0) {
       transport_->Allreduce(reqs[0]->input, reqs[0]->output, static_cast<int64_t>(total / elem),
                             dtype, op, plan.collective_divisor);
+      finish_slice(0, reqs[0]->output);
+    }
     requests_->Finish(group[0].meta.name, Status::Ok());
     return;
   }
@@ -91,8 +100,7 @@ void Executor::Allreduces(const Response* group, size_t n) {
   offset = 0;
   for (size_t k = 0; k < n; ++k) {
     const size_t bytes = reqs[k]->meta.NumBytes();
-    if (plan.after[k] > 1)
-      DivideBy(buffer + offset, reqs[k]->meta.NumElements(), dtype, plan.after[k]);
+    finish_slice(k, buffer + offset);
     std::memcpy(reqs[k]->output, buffer + offset, bytes);
     offset += bytes;
   }

@@ -52,13 +52,17 @@ std::vector<Group> PlanGroups(std::vector<Response>& ready, const FusionLimits& 
   return groups;
 }
 
-AveragePlan PlanAverage(const std::vector<bool>& average, ReduceOp op, int size) {
+AveragePlan PlanAverage(const std::vector<bool>& average, ReduceOp op, int size,
+                        const std::vector<double>& scale) {
   AveragePlan plan;
   plan.after.assign(average.size(), 1);
-  // Only a sum is averaged (validation refuses averaging other reductions).
+  plan.scale = scale.empty() ? std::vector<double>(average.size(), 1.0) : scale;
+  // Only a sum is averaged or scaled (validation refuses the others).
   if (op != ReduceOp::kSum || size <= 1) return plan;
   const bool all = std::all_of(average.begin(), average.end(), [](bool a) { return a; });
-  if (all && !average.empty()) {
+  const bool scaled =
+      std::any_of(plan.scale.begin(), plan.scale.end(), [](double s) { return s != 1.0; });
+  if (all && !average.empty() && !scaled) {
     plan.collective_divisor = size;
     return plan;
   }

@@ -28,14 +28,18 @@ struct Group {
 // signature) of one dtype and reduction that fits the fusion threshold; any other op alone.
 std::vector<Group> PlanGroups(std::vector<Response>& ready, const FusionLimits& limits);
 
-// How the average of a fused allreduce is made. The collective divides its result by
-// `collective_divisor` (folded into the last summing pass where it can); request k's slice is
-// then divided by `after[k]` where that is above 1. A group that only averages divides once,
-// inside the collective; a mixed group divides only the averaging requests' slices.
+// How the average (and scaling) of a fused allreduce is made. The collective divides its result
+// by `collective_divisor` (folded into the last summing pass where it can); request k's slice
+// is then divided by `after[k]` where that is above 1, and multiplied by `scale[k]` where that
+// is not 1. A group that only averages divides once, inside the collective; a mixed or scaled
+// group divides only the averaging requests' slices.
 struct AveragePlan {
   int64_t collective_divisor = 1;
   std::vector<int64_t> after;
+  std::vector<double> scale;
 };
-AveragePlan PlanAverage(const std::vector<bool>& average, ReduceOp op, int size);
+// `scale` is empty (no scaling) or one factor per request.
+AveragePlan PlanAverage(const std::vector<bool>& average, ReduceOp op, int size,
+                        const std::vector<double>& scale = {});
 
 }  // namespace bluefog

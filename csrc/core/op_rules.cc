@@ -38,6 +38,7 @@ const OpRule& RuleOf(OpType op) { return kRules[static_cast<int>(op)]; }
 
 }  // namespace
 
+bool IsFloat(DataType dtype) { return kFloats & Bit(dtype); }
 bool OpAcceptsDtype(OpType op, DataType dtype) { return RuleOf(op).dtypes & Bit(dtype); }
 const char* DtypeRefusal(OpType op) { return RuleOf(op).refusal; }
 bool NeedsDimensionZero(OpType op) { return RuleOf(op).needs_dimension_zero; }

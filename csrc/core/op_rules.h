@@ -10,6 +10,8 @@
 
 namespace bluefog {
 
+// float16, bfloat16, float32, float64: what weighted and scaled reductions accept.
+bool IsFloat(DataType dtype);
 // Whether `op` accepts tensors of `dtype`.
 bool OpAcceptsDtype(OpType op, DataType dtype);
 // Why `op` refuses `dtype` and what to do, as the end of a sentence that starts with the dtype:

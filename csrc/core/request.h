@@ -11,7 +11,10 @@ namespace bluefog {
 
 struct Request {
   TensorMeta meta;
-  bool average = false;         // allreduce: divide the sum by the number of ranks
+  bool average = false;  // allreduce: divide the sum by the number of ranks
+  // allreduce of floats: the result is multiplied by this (Horovod's prescale_factor times its
+  // postscale_factor; applied once, after the sum, in C++).
+  double scale = 1.0;
   const void* input = nullptr;  // meta.NumBytes() bytes, valid until `done` runs
   void* output = nullptr;       // allreduce, broadcast: same size as input, set by the caller
   // allgather: called on the background thread with the result's shape once every rank's first

@@ -61,6 +61,11 @@ Status ValidateRequest(const Request& request) {
   if (meta.reduce_op != ReduceOp::kSum && (meta.op != OpType::kAllreduce || request.average))
     return Invalid(meta, Concat("reduction ", ReduceOpName(meta.reduce_op),
                                 " applies to allreduce without averaging only"));
+  if (request.scale != 1.0 &&
+      (meta.op != OpType::kAllreduce || meta.reduce_op != ReduceOp::kSum || !IsFloat(meta.dtype)))
+    return Invalid(meta, Concat("prescale_factor and postscale_factor apply to sums and averages "
+                                "of float tensors only, not to ",
+                                ReduceOpName(meta.reduce_op), " of ", DataTypeName(meta.dtype)));
   if (meta.op == OpType::kAllgather && meta.shape.empty())
     return Invalid(meta,
                    "allgather concatenates along dimension 0 and needs a tensor of rank >= 1; "

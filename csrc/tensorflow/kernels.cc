@@ -104,6 +104,16 @@ std::vector<T> VectorOf(const Tensor& t) {
 
 char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
+// The allreduce ops' prescale_factor times postscale_factor: one factor the runtime applies
+// after the sum.
+double ScaleAttr(OpKernelConstruction* c) {
+  float pre = 1.0f, post = 1.0f;
+  absl::Status s = c->GetAttr("prescale_factor", &pre);
+  if (s.ok()) s = c->GetAttr("postscale_factor", &post);
+  if (!s.ok()) c->SetStatus(s);
+  return static_cast<double>(pre) * static_cast<double>(post);
+}
+
 // The allreduce ops' reduce_op attr (the registration restricts its values).
 ReduceOp ReduceOpAttr(OpKernelConstruction* c) {
   std::string name;
@@ -178,7 +188,7 @@ class CollectiveKernel : public AsyncOpKernel {
 class AllreduceKernel : public CollectiveKernel {
  public:
   explicit AllreduceKernel(OpKernelConstruction* c)
-      : CollectiveKernel(c, OpType::kAllreduce), reduce_op_(ReduceOpAttr(c)) {
+      : CollectiveKernel(c, OpType::kAllreduce), reduce_op_(ReduceOpAttr(c)), scale_(ScaleAttr(c)) {
     OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -191,12 +201,14 @@ class AllreduceKernel : public CollectiveKernel {
     request.output = DataOf(output);
     request.average = average_;
     request.meta.reduce_op = reduce_op_;
+    request.scale = scale_;
     Submit(ctx, done, std::move(request));
   }
 
  private:
   bool average_ = false;
   ReduceOp reduce_op_;
+  double scale_;
 };
 
 // The output shape of an allreduce (the input's) or a reducescatter (this rank's slice of
@@ -217,7 +229,9 @@ template <OpType kOp>
 class GroupedKernel : public AsyncOpKernel {
  public:
   explicit GroupedKernel(OpKernelConstruction* c)
-      : AsyncOpKernel(c), reduce_op_(kOp == OpType::kAllreduce ? ReduceOpAttr(c) : ReduceOp::kSum) {
+      : AsyncOpKernel(c),
+        reduce_op_(kOp == OpType::kAllreduce ? ReduceOpAttr(c) : ReduceOp::kSum),
+        scale_(kOp == OpType::kAllreduce ? ScaleAttr(c) : 1.0) {
     OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
   }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -270,6 +284,7 @@ class GroupedKernel : public AsyncOpKernel {
       request.output = s.ok() ? DataOf(output) : nullptr;
       request.average = average_;
       request.meta.reduce_op = reduce_op_;
+      request.scale = scale_;
       request.done = [finish_one](const Status& st) { finish_one(ToTfStatus(st)); };
       if (s.ok()) {
         Status q = Runtime::Get().Enqueue(std::move(request));
@@ -282,6 +297,7 @@ class GroupedKernel : public AsyncOpKernel {
  private:
   bool average_ = false;
   ReduceOp reduce_op_;
+  double scale_;
 };
 
 class ReducescatterKernel : public CollectiveKernel {
@@ -497,6 +513,8 @@ REGISTER_OP("BluefogAllreduce")
     .Attr(TypeAttr(OpType::kAllreduce))
     .Attr("average: bool")
     .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
@@ -511,6 +529,8 @@ REGISTER_OP("BluefogGroupedAllreduce")
     .Attr("N: int >= 0")
     .Attr("average: bool")
     .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
     .Input("tensors: N * T")
     .Input("tensor_name: string")
     .Output("outputs: N * T")

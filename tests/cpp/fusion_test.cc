@@ -75,6 +75,10 @@ TEST(Fusion, AveragingIsDecidedOnce) {
   AveragePlan one_rank = PlanAverage({true}, ReduceOp::kSum, 1);
   EXPECT_EQ(one_rank.collective_divisor, 1);
   EXPECT_EQ(one_rank.after, (std::vector<int64_t>{1}));
+  AveragePlan scaled = PlanAverage({true, true}, ReduceOp::kSum, 4, {1.0, 0.5});
+  EXPECT_EQ(scaled.collective_divisor, 1);  // the scaled slice must be divided on its own
+  EXPECT_EQ(scaled.after, (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(scaled.scale, (std::vector<double>{1.0, 0.5}));
   AveragePlan max = PlanAverage({false, false}, ReduceOp::kMax, 4);
   EXPECT_EQ(max.collective_divisor, 1);
 }

@@ -5,7 +5,7 @@
 namespace bluefog {
 namespace {
 
-bool IsFloat(DataType d) {
+bool Float(DataType d) {
   return d == DataType::kFloat16 || d == DataType::kBFloat16 || d == DataType::kFloat32 ||
          d == DataType::kFloat64;
 }
@@ -15,11 +15,12 @@ TEST(OpRules, DtypesPerOp) {
     const DataType d = static_cast<DataType>(v);
     SCOPED_TRACE(DataTypeName(d));
     EXPECT_EQ(OpAcceptsDtype(OpType::kAllreduce, d), d != DataType::kBool);
+    EXPECT_EQ(IsFloat(d), Float(d));
     EXPECT_TRUE(OpAcceptsDtype(OpType::kAllgather, d));
     EXPECT_TRUE(OpAcceptsDtype(OpType::kBroadcast, d));
     EXPECT_TRUE(OpAcceptsDtype(OpType::kNeighborAllgather, d));
-    EXPECT_EQ(OpAcceptsDtype(OpType::kNeighborAllreduce, d), IsFloat(d));
-    EXPECT_EQ(OpAcceptsDtype(OpType::kNeighborAllgatherGrad, d), IsFloat(d));
+    EXPECT_EQ(OpAcceptsDtype(OpType::kNeighborAllreduce, d), Float(d));
+    EXPECT_EQ(OpAcceptsDtype(OpType::kNeighborAllgatherGrad, d), Float(d));
   }
 }
 

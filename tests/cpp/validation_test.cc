@@ -42,6 +42,13 @@ TEST(Validation, LocalMistakes) {
             "averaging only");
   avg_min.average = false;
   EXPECT_TRUE(ValidateRequest(avg_min).ok());
+  Request scaled_int = Req(OpType::kAllreduce, {2}, DataType::kInt32);
+  scaled_int.scale = 0.5;
+  EXPECT_NE(ValidateRequest(scaled_int).message().find("prescale_factor and postscale_factor"),
+            std::string::npos);
+  Request scaled = Req(OpType::kAllreduce, {2});
+  scaled.scale = 0.5;
+  EXPECT_TRUE(ValidateRequest(scaled).ok());
 }
 
 TEST(Validation, LayoutMistakes) {
