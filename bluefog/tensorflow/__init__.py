@@ -39,12 +39,10 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     grouped_allreduce,
 )
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
-from bluefog.tensorflow.optimizers import (  # noqa: F401, E402
-    DistributedGradientTape,
-    DistributedOptimizer,
-    broadcast_variables,
-)
-from bluefog.tensorflow.decentralized import (  # noqa: F401, E402
+from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
+from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
+from bluefog.tensorflow.decentralized import (  # noqa: F401
     DistributedAdaptThenCombineOptimizer,
     DistributedAdaptWithCombineOptimizer,
     DistributedNeighborAllreduceOptimizer,
