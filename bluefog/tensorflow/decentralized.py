@@ -51,6 +51,7 @@ __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineO
 COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", "allreduce",
                        "empty")
 
+
 def _next_graph_index(prefix: str) -> int:
     """How many combinations with `prefix` were traced before in the graph being built."""
     if tf.executing_eagerly():

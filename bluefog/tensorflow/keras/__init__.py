@@ -18,13 +18,15 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
+from bluefog.tensorflow.compression import Compression  # noqa: F401
+from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.keras import callbacks  # noqa: F401
 from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
-from bluefog.tensorflow.compression import Compression  # noqa: F401
+from bluefog.tensorflow.keras_optimizer import DistributedOptimizer
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Average,
     Max,
@@ -35,8 +37,6 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     allreduce,
     broadcast,
 )
-from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
-from bluefog.tensorflow.keras_optimizer import DistributedOptimizer
 from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 
 

@@ -119,7 +119,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     destabilise the first epochs, so this callback sets the rate, at the start of every batch of
     the first ``warmup_epochs`` epochs, to::
 
-        lr = initial_lr / N * (1 + (N - 1) * progress),   progress = (epoch + batch / steps) / warmup_epochs
+        lr = initial_lr / N * (1 + (N - 1) * progress)
+        progress = (epoch + batch / steps) / warmup_epochs
 
     i.e. from ``initial_lr / N`` (the single-process rate) at the first batch up to ``initial_lr``
     at the end of warmup, where it sets exactly ``initial_lr`` and then leaves the rate alone.

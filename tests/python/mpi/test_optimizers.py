@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 import bluefog.tensorflow.keras as bfk
+
 from conftest import needs_ranks
 
 W = np.array([1.0, -2.0, 0.5], dtype=np.float32)

@@ -14,6 +14,7 @@ import tensorflow as tf
 import bluefog.tensorflow as bf
 from bluefog.common import topology_util as tu
 from bluefog.tensorflow import op_library
+
 from conftest import needs_ranks, rank_values
 
 SHAPE = (3, 2)
@@ -457,7 +458,7 @@ def test_consensus_rate(topo_name, rank, size):
     x = tf.constant(x_all[rank])
     mix = tf.function(lambda t: bf.neighbor_allreduce(t, name=f"topo.consensus.{topo_name}"))
     steps = 12
-    for k in range(1, steps + 1):
+    for _ in range(steps):
         x = mix(x)
     rows = gather_rows(x.numpy(), name=f"topo.consensus.{topo_name}.gather")
     err = np.linalg.norm(rows - mean)
