@@ -35,7 +35,7 @@ from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
-from bluefog.tensorflow.op_rules import rank_str
+from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["Averaging", "average_gradients", "averaging_options", "check_initialized",
            "check_name", "eager_function", "next_graph_index"]
@@ -134,8 +134,8 @@ def _to_gradient(g, prefix: str, j: int):
     try:
         return tf.convert_to_tensor(g)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"rank {rank_str()}: bluefog {prefix}: gradient {j} is a "
-                        f"{type(g).__name__}, which is not a tensor: {e}") from None
+        raise TypeError(f"{op_error_prefix(prefix)}: gradient {j} is a {type(g).__name__}, "
+                        f"which is not a tensor: {e}") from None
 
 
 def average_gradients(grads: Sequence, prefix: str, how: Averaging) -> List:

@@ -58,8 +58,8 @@ def request_name(op: str, name: Optional[str]) -> str:
     """
     if name is not None:
         if not isinstance(name, str) or not name:
-            raise ValueError(f"rank {op_rules.rank_str()}: bluefog {op}: name must be a "
-                             f"non-empty str or None, got {name!r}")
+            raise ValueError(f"{op_rules.op_error_prefix(op)}: name must be a non-empty str or "
+                             f"None, got {name!r}")
         return name
     with _lock:
         n = _name_counters.get(op, 0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Optional
 
 import tensorflow as tf
 
@@ -69,12 +70,16 @@ def rank_str() -> str:
     return str(basics.rank()) if basics.is_initialized() else "?"
 
 
-def op_error_prefix(op: str, name: str, of_tensor: bool = True) -> str:
+def op_error_prefix(op: str, name: Optional[str] = None, of_tensor: bool = True) -> str:
     """The start of every error message about request ``name`` of ``op``.
 
     ``"rank R: bluefog OP of tensor 'NAME'"``; with ``of_tensor=False`` (a request that names a
-    group of tensors or a Python object) ``"rank R: bluefog OP 'NAME'"``.
+    group of tensors or a Python object) ``"rank R: bluefog OP 'NAME'"``; without a name (an
+    error before there is one, or about a whole wrapper) ``"rank R: bluefog OP"``. R is ``?``
+    before ``init()``.
     """
+    if name is None:
+        return f"rank {rank_str()}: bluefog {op}"
     what = " of tensor" if of_tensor else ""
     return f"rank {rank_str()}: bluefog {op}{what} '{name}'"
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import averaging, mpi_ops, wrapping
+from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["broadcast_variables"]
 
@@ -65,8 +66,8 @@ def broadcast_variables(variables, root_rank: int) -> Optional[tf.Operation]:
                             "not a tf.Variable or keras.Variable")
     averaging.check_initialized("broadcast_variables")
     if not 0 <= root_rank < basics.size():
-        raise ValueError(f"rank {basics.rank()}: bluefog broadcast_variables: root_rank "
-                         f"{root_rank} is outside [0, {basics.size()})")
+        raise ValueError(f"{op_error_prefix('broadcast_variables')}: root_rank {root_rank} is "
+                         f"outside [0, {basics.size()})")
     if tf.executing_eagerly():
         if not variables or basics.size() == 1:
             return None

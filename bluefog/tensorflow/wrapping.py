@@ -16,6 +16,7 @@ and ``_learning_rate``): Keras 3 offers no public way to copy a built optimizer.
 from __future__ import annotations
 
 import threading
+import types
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
@@ -23,7 +24,7 @@ __all__ = ["BluefogKerasOptimizer", "import_keras", "derived_class", "copy_optim
            "trainable_variables"]
 
 
-def import_keras():
+def import_keras() -> types.ModuleType:
     """The ``keras`` module, imported on first use only: ``import bluefog.tensorflow`` stays
     light."""
     import keras as keras_module  # noqa: PLC0415

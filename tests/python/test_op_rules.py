@@ -27,6 +27,15 @@ CORE_OP_TYPES = {
 }
 
 
+def test_error_prefix_format():
+    # Single process, no init(): the rank is unknown.
+    assert (op_rules.op_error_prefix("allreduce", "w.0")
+            == "rank ?: bluefog allreduce of tensor 'w.0'")
+    assert (op_rules.op_error_prefix("grouped_allreduce", "g", of_tensor=False)
+            == "rank ?: bluefog grouped_allreduce 'g'")
+    assert op_rules.op_error_prefix("broadcast_variables") == "rank ?: bluefog broadcast_variables"
+
+
 def test_every_python_op_maps_to_a_core_op_type():
     mapped = sorted(op for ops in CORE_OP_TYPES.values() for op in ops)
     assert mapped == sorted(op_rules.OP_RULES)

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.op_rules import op_error_prefix
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
@@ -32,8 +33,8 @@ def _check_root_rank(root_rank, what: str) -> int:
         raise TypeError(f"bluefog {what}: root_rank must be an int, got {root_rank!r}")
     root_rank = int(root_rank)
     if basics.is_initialized() and not 0 <= root_rank < basics.size():
-        raise ValueError(f"rank {basics.rank()}: bluefog {what}: root_rank {root_rank} is "
-                         f"outside [0, {basics.size()})")
+        raise ValueError(f"{op_error_prefix(what)}: root_rank {root_rank} is outside "
+                         f"[0, {basics.size()})")
     if root_rank < 0:
         raise ValueError(f"bluefog {what}: root_rank must be >= 0, got {root_rank}")
     return root_rank
