@@ -14,7 +14,7 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build cpp-build demo test test-cpp test-python sanitize stress bench clean
+.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize stress bench clean
 
 all: build
 
@@ -61,6 +61,10 @@ test-python: build
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
 	done
+
+# Static checks: ruff over the Python (rules in pyproject.toml's [tool.ruff]).
+lint: $(VENV)/.deps-stamp
+	$(VENV)/bin/ruff check bluefog tests examples bench
 
 # The C++ core's tests under AddressSanitizer + UndefinedBehaviorSanitizer, then ThreadSanitizer.
 sanitize: $(VENV)/.deps-stamp

@@ -121,7 +121,7 @@ def tail(path, n=4000):
 
 def launch(args):
     ports = free_ports(args.ranks)
-    cluster = {"worker": ["localhost:%d" % p for p in ports]}
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
     logdir = tempfile.mkdtemp(prefix="tf_mwms_")
     passthrough = list(sys.argv[1:])
     procs, logs = [], []
@@ -133,7 +133,7 @@ def launch(args):
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if args.cpu_bfc:
             env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-        log = os.path.join(logdir, "worker%d.log" % i)
+        log = os.path.join(logdir, f"worker{i}.log")
         logs.append(log)
         logf = open(log, "wb")
         procs.append(subprocess.Popen(
@@ -150,21 +150,21 @@ def launch(args):
             codes = [p.poll() for p in procs]
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad:
-                failed = "worker %d exited with %d" % bad[0]
+                failed = "worker {} exited with {}".format(*bad[0])
                 break
             if all(c == 0 for c in codes):
                 break
             if time.time() > deadline:
-                failed = "timeout after %.0f s" % args.timeout
+                failed = f"timeout after {args.timeout:.0f} s"
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
         failed = "interrupted"
     if failed:
         kill_all(procs)
-        sys.stderr.write("tf_mwms: %s; worker logs in %s\n" % (failed, logdir))
+        sys.stderr.write(f"tf_mwms: {failed}; worker logs in {logdir}\n")
         for i, log in enumerate(logs):
-            sys.stderr.write("---- worker %d (tail) ----\n%s\n" % (i, tail(log)))
+            sys.stderr.write(f"---- worker {i} (tail) ----\n{tail(log)}\n")
         return 1
     shutil.rmtree(logdir, ignore_errors=True)  # logs only matter on failure
     return 0
@@ -248,9 +248,8 @@ def worker(args):
               flush=True)
 
     if not args.json and me == 0:
-        print("# MWMS RING all_reduce(SUM, float32), ranks=%d, reps=%d\n"
-              "%12s %14s %12s" % (n, args.reps, "bytes", "median_us",
-                                  "algbw_MB/s"), flush=True)
+        print(f"# MWMS RING all_reduce(SUM, float32), ranks={n}, reps={args.reps}\n"
+              f"{'bytes':>12} {'median_us':>14} {'algbw_MB/s':>12}", flush=True)
 
     # Each worker contributes me+1, so a correct cross-process sum is
     # n(n+1)/2 and a local-only shortcut (me+1) cannot pass.
@@ -261,11 +260,11 @@ def worker(args):
         x = tf.fill([nbytes // 4], tf.constant(me + 1, tf.float32))
         got = allreduce(x).numpy()
         if not np.all(got == want):
-            raise SystemExit("worker %d: %d B all-reduce gave %r, want %r"
-                             % (me, nbytes, got[:4], want))
+            raise SystemExit(f"worker {me}: {nbytes} B all-reduce gave {got[:4]!r}, "
+                             f"want {want!r}")
         t = measure(allreduce, x)
         emit({"impl": "mwms", "ranks": n, "bytes": nbytes, "median_s": t},
-             "%12d %14.2f %12.1f" % (nbytes, t * 1e6, nbytes / t / 1e6))
+             f"{nbytes:12d} {t * 1e6:14.2f} {nbytes / t / 1e6:12.1f}")
         del x, got
 
     if not args.no_small:
@@ -275,11 +274,10 @@ def worker(args):
               for _ in range(100)]
         got = allreduce_many(xs)
         if not all(np.all(g.numpy() == want) for g in got):
-            raise SystemExit("worker %d: 100x1KiB all-reduce mismatch" % me)
+            raise SystemExit(f"worker {me}: 100x1KiB all-reduce mismatch")
         t = measure(allreduce_many, xs)
         emit({"impl": "mwms_100x1KiB", "ranks": n, "median_s": t},
-             "# 100 x 1 KiB in one all_reduce call: median step %.2f us"
-             % (t * 1e6))
+             f"# 100 x 1 KiB in one all_reduce call: median step {t * 1e6:.2f} us")
     return 0
 
 

@@ -1,4 +1,7 @@
-"""The three collectives on every rank: run with `bfrun -np 2 python examples/collectives_demo.py`."""
+"""The three collectives on every rank.
+
+Run with `bfrun -np 2 python examples/collectives_demo.py`.
+"""
 
 import tensorflow as tf
 

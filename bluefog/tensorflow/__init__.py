@@ -22,11 +22,13 @@ from bluefog.common.topology import (  # noqa: F401
     unified_mpi_window_model_supported,
 )
 from bluefog.tensorflow.compression import Compression  # noqa: F401
-from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
-    hierarchical_neighbor_allreduce,
-    neighbor_allgather,
-    neighbor_allreduce,
+from bluefog.tensorflow.decentralized import (  # noqa: F401
+    DistributedAdaptThenCombineOptimizer,
+    DistributedAdaptWithCombineOptimizer,
+    DistributedNeighborAllreduceOptimizer,
 )
+from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Average,
     Max,
@@ -38,17 +40,13 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     broadcast,
     grouped_allreduce,
 )
+from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
+    hierarchical_neighbor_allreduce,
+    neighbor_allgather,
+    neighbor_allreduce,
+)
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
-from bluefog.tensorflow.optimizers import (  # noqa: F401, E402
-    DistributedGradientTape,
-    DistributedOptimizer,
-    broadcast_variables,
-)
-from bluefog.tensorflow.decentralized import (  # noqa: F401, E402
-    DistributedAdaptThenCombineOptimizer,
-    DistributedAdaptWithCombineOptimizer,
-    DistributedNeighborAllreduceOptimizer,
-)
+from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 
 
 def __getattr__(name):

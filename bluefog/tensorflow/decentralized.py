@@ -39,14 +39,11 @@ must therefore build their optimizers in the same order (or pass the same explic
 
 from __future__ import annotations
 
-import threading
-import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from bluefog.common import basics
-from bluefog.tensorflow import mpi_ops, neighbor_ops, optimizers
+from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, wrapping
 
 __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
            "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES"]
@@ -54,15 +51,12 @@ __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineO
 COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", "allreduce",
                        "empty")
 
-_lock = threading.Lock()
-_classes: Dict[Tuple[type, str], type] = {}
-
 
 def _next_graph_index(prefix: str) -> int:
     """How many combinations with `prefix` were traced before in the graph being built."""
     if tf.executing_eagerly():
         return 0
-    return optimizers._next_graph_index(prefix)
+    return averaging.next_graph_index(prefix)
 
 
 def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str) -> List[tf.Tensor]:
@@ -77,7 +71,8 @@ def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str) -> 
     out: List[Optional[tf.Tensor]] = list(tensors)
     by_dtype: Dict[tf.DType, List[int]] = {}
     for i, t in enumerate(tensors):
-        if t.dtype in neighbor_ops.FLOAT_DTYPES:
+        # Only what the neighbour combination accepts is combined; the rest stays local.
+        if t.dtype in op_rules.accepted_dtypes("neighbor_allreduce"):
             by_dtype.setdefault(t.dtype, []).append(i)
     for dtype in sorted(by_dtype, key=lambda d: d.name):
         idx = by_dtype[dtype]
@@ -95,7 +90,7 @@ def _read(variable) -> tf.Tensor:
     return tf.identity(tf.convert_to_tensor(variable))
 
 
-class _DecentralizedKerasOptimizer:
+class _DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     """Mixin in front of a Keras optimizer class; ``apply`` adds the neighbour combination.
 
     Keras 3 sends every update through ``apply`` (``apply_gradients`` and ``model.fit`` call
@@ -120,7 +115,7 @@ class _DecentralizedKerasOptimizer:
             return list(trainable_variables)
         if not self.built:
             return None  # the base class raises its own error
-        return list(self._trainable_variables)
+        return wrapping.trainable_variables(self)
 
     def _bluefog_should_communicate(self):
         """True (Python bool or bool tensor) when this call communicates; counts the call."""
@@ -170,53 +165,9 @@ class _DecentralizedKerasOptimizer:
         return result
 
 
-def _decentralized_class(base: type, mode: str) -> type:
-    """The subclass of `base` that combines after ("atc") or with ("awc") the local step.
-
-    It keeps the base's name and module, so Keras saves it as the plain optimizer.
-    """
-    with _lock:
-        cls = _classes.get((base, mode))
-        if cls is None:
-            cls = type(base.__name__, (_DecentralizedKerasOptimizer, base),
-                       {"__module__": base.__module__,
-                        "__qualname__": getattr(base, "__qualname__", base.__name__),
-                        "__doc__": base.__doc__, "_bluefog_mode": mode})
-            _classes[(base, mode)] = cls
-    return cls
-
-
-def _copy_optimizer(optimizer, cls, what: str):
-    """A new `cls` instance with `optimizer`'s configuration and, if it is built, its state."""
-    import keras  # noqa: PLC0415
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a callable learning rate warns when serialized
-        config = optimizer.get_config()
-    lr = getattr(optimizer, "_learning_rate", None)
-    if "learning_rate" in config and lr is not None and not isinstance(lr, keras.Variable):
-        config["learning_rate"] = lr  # a schedule or callable: pass the object itself
-    try:
-        new = cls.from_config(config)
-    except Exception as e:  # noqa: BLE001 - user optimizers whose config does not round-trip
-        raise ValueError(f"bluefog {what}: cannot re-create {type(optimizer).__name__} from its "
-                         f"get_config() ({type(e).__name__}: {e})") from e
-    if optimizer.built:
-        with keras.name_scope(new.name, caller=new):
-            new.build(list(optimizer._trainable_variables))
-        new.built = True
-        if len(optimizer.variables) != len(new.variables):
-            raise ValueError(f"bluefog {what}: cannot copy the state of the built "
-                             f"{type(optimizer).__name__}; wrap it before it is built")
-        for src, dst in zip(optimizer.variables, new.variables):
-            dst.assign(src)
-    return new
-
-
 def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communication: int,
           name: Optional[str], what: str):
-    import keras  # noqa: PLC0415
-
+    keras = wrapping.import_keras()
     if not isinstance(communication_type, str) or communication_type not in COMMUNICATION_TYPES:
         raise ValueError(f"bluefog {what}: communication_type must be one of "
                          f"{', '.join(repr(c) for c in COMMUNICATION_TYPES)}, got "
@@ -226,8 +177,7 @@ def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communica
             or num_steps_per_communication < 1):
         raise ValueError(f"bluefog {what}: num_steps_per_communication must be an int >= 1, got "
                          f"{num_steps_per_communication!r}")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"bluefog {what}: name must be a non-empty str or None, got {name!r}")
+    averaging.check_name(name, what)
     if isinstance(optimizer, type):
         raise ValueError(f"bluefog {what}: pass an optimizer instance such as "
                          f"keras.optimizers.SGD(0.1), not the class {optimizer.__name__}")
@@ -235,14 +185,13 @@ def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communica
         raise ValueError(f"bluefog {what}: expected a keras.optimizers.Optimizer instance, got "
                          f"{type(optimizer).__name__}")
 
-    distributed = getattr(optimizers, "_DistributedKerasOptimizer", None)
-    if isinstance(optimizer, _DecentralizedKerasOptimizer) or (
-            distributed is not None and isinstance(optimizer, distributed)):
+    if isinstance(optimizer, wrapping.BluefogKerasOptimizer):
         raise ValueError(f"bluefog {what}: this optimizer already communicates (it is a "
                          "bluefog distributed optimizer); wrap the plain optimizer once")
-    if not basics.is_initialized():
-        raise ValueError(f"bluefog {what}: bluefog is not initialized; call bf.init() first")
-    new = _copy_optimizer(optimizer, _decentralized_class(type(optimizer), mode), what)
+    averaging.check_initialized(what)
+    cls = wrapping.derived_class(_DecentralizedKerasOptimizer, type(optimizer),
+                                 {"_bluefog_mode": mode})
+    new = wrapping.copy_optimizer(optimizer, cls, what)
     new._bluefog_communication = communication_type
     new._bluefog_every = num_steps_per_communication
     new._bluefog_prefix = name or f"{what}.{new.name}"

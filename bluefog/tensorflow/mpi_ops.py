@@ -6,10 +6,6 @@ names requests, validates arguments and registers gradients.
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import os
-import threading
 from typing import Optional, Union
 
 import tensorflow as tf
@@ -17,31 +13,14 @@ import tensorflow as tf
 from bluefog.common import basics
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
-
-_ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
-_OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast",
-             "BluefogNeighborAllreduce", "BluefogNeighborAllgather",
-             "BluefogNeighborAllgatherGrad")
-
-
-def _allow_concurrent_collectives_in_functions() -> None:
-    """Lets tf.function run independent collectives concurrently.
-
-    The ops are stateful (so grappler never constant-folds or merges them), and tf.function
-    chains stateful ops in program order, which would run a step's gradient allreduces one at a
-    time and defeat fusion. The runtime matches requests by name, so their order does not matter:
-    declare them order-insensitive, as TensorFlow does for its own collectives.
-    """
-    from tensorflow.python.framework import auto_control_deps
-
-    # "Must run, order-insensitive": not chained to other stateful ops, but still run even when
-    # nothing consumes the result (another rank may be waiting for this collective).
-    must_run = getattr(auto_control_deps, "MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS", None)
-    if isinstance(must_run, frozenset):
-        auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = must_run | set(_OP_TYPES)
-
-
-_allow_concurrent_collectives_in_functions()
+from bluefog.tensorflow.op_library import (
+    device_scope,
+    forward_name,
+    name_input,
+    ops,
+    request_name,
+)
+from bluefog.tensorflow.op_rules import check_dtype, op_error_prefix, to_tensor
 
 # The reductions of allreduce's `op` (Horovod's names). Average and Sum are `average=True/False`.
 Average = "average"
@@ -64,100 +43,6 @@ def _reduce_op(op, average: bool, what: str):
     return False, op
 
 
-NUMERIC_DTYPES = frozenset([tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
-                            tf.float16, tf.bfloat16, tf.float32, tf.float64])
-ALL_DTYPES = NUMERIC_DTYPES | {tf.bool}
-
-_name_lock = threading.Lock()
-_name_counters: dict = {}
-
-
-def _request_name(op: str, name: Optional[str]) -> str:
-    """The name every rank uses to match this request.
-
-    Without a name, the n-th unnamed call of `op` in this process is called "op.noname.n": it
-    matches across ranks as long as every rank issues its unnamed collectives in one order.
-    """
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"rank {_rank_or_unknown()}: bluefog {op}: name must be a non-empty "
-                             f"str or None, got {name!r}")
-        return name
-    with _name_lock:
-        n = _name_counters.get(op, 0)
-        _name_counters[op] = n + 1
-    return f"{op}.noname.{n}"
-
-
-_name_tensors: "collections.OrderedDict[str, tf.Tensor]" = collections.OrderedDict()
-_NAME_CACHE_SIZE = 4096
-
-
-def _name_input(name: str):
-    """The op's name input. In eager mode a ready string tensor: handing the generated op a
-    Python str makes TensorFlow take its slow dispatch path (~50 us more per call)."""
-    if not tf.executing_eagerly():
-        return name
-    with _name_lock:
-        t = _name_tensors.get(name)
-        if t is not None:
-            _name_tensors.move_to_end(name)
-            return t
-    t = tf.constant(name)
-    if ".noname." not in name:  # unnamed calls never repeat a name
-        with _name_lock:
-            _name_tensors[name] = t
-            if len(_name_tensors) > _NAME_CACHE_SIZE:
-                _name_tensors.popitem(last=False)
-    return t
-
-
-_consts: "collections.OrderedDict[tuple, tf.Tensor]" = collections.OrderedDict()
-
-
-def _const(values, dtype: tf.DType):
-    """A small constant op input (ranks, weights); cached in eager mode, where the same
-    topology lists repeat every step and building a tensor costs more than the collective."""
-    if not tf.executing_eagerly():
-        return tf.constant(values, dtype, shape=None if isinstance(values, float) else
-                           [len(values)])
-    key = (dtype, values if isinstance(values, float) else tuple(values))
-    with _name_lock:
-        t = _consts.get(key)
-        if t is not None:
-            return t
-    t = tf.constant(values, dtype, shape=None if isinstance(values, float) else [len(values)])
-    with _name_lock:
-        _consts[key] = t
-        if len(_consts) > _NAME_CACHE_SIZE:
-            _consts.popitem(last=False)
-    return t
-
-
-def _rank_or_unknown() -> str:
-    return str(basics.rank()) if basics.is_initialized() else "?"
-
-
-def _check_dtype(tensor: tf.Tensor, op: str, name: str, allowed: frozenset) -> None:
-    if tensor.dtype not in allowed:
-        supported = ", ".join(sorted(d.name for d in allowed))
-        raise TypeError(f"rank {_rank_or_unknown()}: bluefog {op} of tensor '{name}': dtype "
-                        f"{tensor.dtype.name} is not supported; supported dtypes: {supported}")
-
-
-def _device_scope(device: str):
-    return tf.device(device) if device else contextlib.nullcontext()
-
-
-def _to_tensor(tensor, op: str, name: str) -> tf.Tensor:
-    try:
-        return tf.convert_to_tensor(tensor)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"rank {_rank_or_unknown()}: bluefog {op} of tensor '{name}': expected a "
-                        f"tf.Tensor, tf.Variable or array-like, got {type(tensor).__name__}: {e}"
-                        ) from None
-
-
 def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: bool = True,
               name: Optional[str] = None, device: str = "",
               compression=Compression.none, op=None) -> Union[tf.Tensor, tf.IndexedSlices]:
@@ -172,31 +57,31 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
     and max return NaN where any rank has NaN.
     """
-    name = _request_name("allreduce", name)
+    name = request_name("allreduce", name)
     if not isinstance(average, bool):
-        raise TypeError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}': "
-                        f"average must be a bool, got {average!r}")
+        raise TypeError(f"{op_error_prefix('allreduce', name)}: average must be a bool, got "
+                        f"{average!r}")
     reduce_op = "sum"
     if op is not None or compression is not Compression.none:
-        what = f"rank {_rank_or_unknown()}: bluefog allreduce of tensor '{name}'"
+        what = op_error_prefix("allreduce", name)
         average, reduce_op = _reduce_op(op, average, what)
         if compression is not Compression.none:
             compression = compression_check(compression, what)
     if isinstance(tensor, tf.IndexedSlices):
         if reduce_op != "sum":
-            raise ValueError(f"rank {_rank_or_unknown()}: bluefog allreduce of tensor "
-                             f"'{name}': op {reduce_op} is not defined for tf.IndexedSlices; "
-                             "convert it to a dense tensor first (tf.convert_to_tensor)")
+            raise ValueError(f"{op_error_prefix('allreduce', name)}: op {reduce_op} is not "
+                             "defined for tf.IndexedSlices; convert it to a dense tensor first "
+                             "(tf.convert_to_tensor)")
         return _allreduce_indexed_slices(tensor, average, name, device, compression)
     if not isinstance(tensor, tf.Tensor):
-        tensor = _to_tensor(tensor, "allreduce", name)
-    _check_dtype(tensor, "allreduce", name, NUMERIC_DTYPES)
+        tensor = to_tensor(tensor, "allreduce", name)
+    check_dtype(tensor, "allreduce", name)
     if compression is Compression.none and not device and op is None:  # the common path, lean
-        return _ops.bluefog_allreduce(tensor, tensor_name=_name_input(name), average=average)
+        return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average)
     sent, context = compression.compress(tensor)
-    with _device_scope(device):
-        out = _ops.bluefog_allreduce(sent, tensor_name=_name_input(name), average=average,
-                                     reduce_op=reduce_op)
+    with device_scope(device):
+        out = ops.bluefog_allreduce(sent, tensor_name=name_input(name), average=average,
+                                    reduce_op=reduce_op)
     return compression.decompress(out, context)
 
 
@@ -210,17 +95,16 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     shapes and dtypes in the same order. ``IndexedSlices`` and ``None`` entries are handled one
     by one (``None`` stays ``None``). ``op`` as for ``allreduce``.
     """
-    name = _request_name("grouped_allreduce", name)
+    name = request_name("grouped_allreduce", name)
+    what = op_error_prefix("grouped_allreduce", name, of_tensor=False)
     if not isinstance(average, bool):
-        raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': "
-                        f"average must be a bool, got {average!r}")
-    what = f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}'"
+        raise TypeError(f"{what}: average must be a bool, got {average!r}")
     average, reduce_op = _reduce_op(op, average, what)
     if compression is not Compression.none:
         compression = compression_check(compression, what)
     if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"rank {_rank_or_unknown()}: bluefog grouped_allreduce '{name}': tensors "
-                        f"must be a list or tuple of tensors, got {type(tensors).__name__}")
+        raise TypeError(f"{what}: tensors must be a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
     results: list = [None] * len(tensors)
     contexts: list = [None] * len(tensors)
     by_dtype: dict = {}
@@ -234,19 +118,19 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
             results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device,
                                                    compression)
             continue
-        t = _to_tensor(t, "grouped_allreduce", f"{name}.{i}")
-        _check_dtype(t, "grouped_allreduce", f"{name}.{i}", NUMERIC_DTYPES)
+        t = to_tensor(t, "grouped_allreduce", f"{name}.{i}")
+        check_dtype(t, "grouped_allreduce", f"{name}.{i}")
         # Grouped and named by the dtype before compression: ranks that disagree on compression
         # then meet under one name and get a dtype error, instead of waiting for each other.
         dtype = t.dtype
         if compression is not Compression.none:
             t, contexts[i] = compression.compress(t)
         by_dtype.setdefault(dtype, []).append((i, t))
-    with _device_scope(device):
+    with device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
-            outs = _ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
-                                                  tensor_name=_name_input(f"{name}.{dtype.name}"),
-                                                  reduce_op=reduce_op)
+            outs = ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
+                                                 tensor_name=name_input(f"{name}.{dtype.name}"),
+                                                 reduce_op=reduce_op)
             for (i, _), out in zip(items, outs):
                 results[i] = out
     if compression is not Compression.none:
@@ -258,7 +142,7 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,
                               device: str, compression=Compression.none) -> tf.IndexedSlices:
     sent, context = compression.compress(slices.values)
-    with _device_scope(device):
+    with device_scope(device):
         values = compression.decompress(allgather(sent, name=name + ".values"), context)
         indices = allgather(slices.indices, name=name + ".indices")
     if average:
@@ -277,14 +161,14 @@ def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None)
 
     Ranks may pass different sizes of dimension 0; rank and the other dimensions must match.
     """
-    name = _request_name("allgather", name)
-    tensor = _to_tensor(tensor, "allgather", name)
-    _check_dtype(tensor, "allgather", name, ALL_DTYPES)
+    name = request_name("allgather", name)
+    tensor = to_tensor(tensor, "allgather", name)
+    check_dtype(tensor, "allgather", name)
     if tensor.shape.rank == 0:
-        raise ValueError(f"rank {_rank_or_unknown()}: bluefog allgather of tensor '{name}': "
-                         "allgather concatenates along dimension 0 and needs a tensor of rank "
-                         ">= 1; reshape the scalar to [1] first")
-    return _ops.bluefog_allgather(tensor, tensor_name=_name_input(name))
+        raise ValueError(f"{op_error_prefix('allgather', name)}: allgather concatenates along "
+                         "dimension 0 and needs a tensor of rank >= 1; reshape the scalar to [1] "
+                         "first")
+    return ops.bluefog_allgather(tensor, tensor_name=name_input(name))
 
 
 def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
@@ -293,27 +177,16 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
 
     Every rank must pass the same name, ``root_rank``, dtype and shape.
     """
-    name = _request_name("broadcast", name)
-    tensor = _to_tensor(tensor, "broadcast", name)
-    _check_dtype(tensor, "broadcast", name, ALL_DTYPES)
+    name = request_name("broadcast", name)
+    tensor = to_tensor(tensor, "broadcast", name)
+    check_dtype(tensor, "broadcast", name)
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
-        raise TypeError(f"rank {_rank_or_unknown()}: bluefog broadcast of tensor '{name}': "
-                        f"root_rank must be an int, got {root_rank!r}")
+        raise TypeError(f"{op_error_prefix('broadcast', name)}: root_rank must be an int, got "
+                        f"{root_rank!r}")
     if basics.is_initialized() and not 0 <= root_rank < basics.size():
-        raise ValueError(f"rank {basics.rank()}: bluefog broadcast of tensor '{name}': root_rank "
-                         f"{root_rank} is outside [0, {basics.size()})")
-    return _ops.bluefog_broadcast(tensor, tensor_name=_name_input(name), root_rank=root_rank)
-
-
-def _forward_name(op, index: int = -1) -> Optional[str]:
-    """The backward request's name: the forward request's (op input `index`) + ".grad"."""
-    value = tf.get_static_value(op.inputs[index])
-    if value is None:
-        return None
-    if hasattr(value, "item"):  # a numpy scalar or 0-d array
-        value = value.item()
-    return (value.decode() if isinstance(value, bytes) else str(value)) + ".grad"
-
+        raise ValueError(f"{op_error_prefix('broadcast', name)}: root_rank {root_rank} is "
+                         f"outside [0, {basics.size()})")
+    return ops.bluefog_broadcast(tensor, tensor_name=name_input(name), root_rank=root_rank)
 
 
 def _reduce_op_attr(op) -> str:
@@ -348,14 +221,14 @@ def _allreduce_grad(op, grad):
     """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
     reduce_op = _reduce_op_attr(op)
     if reduce_op == "sum":
-        return [allreduce(grad, average=op.get_attr("average"), name=_forward_name(op)), None]
+        return [allreduce(grad, average=op.get_attr("average"), name=forward_name(op)), None]
     return [_extremum_or_product_grad(op.inputs[0], op.outputs[0], grad, reduce_op,
-                                      _forward_name(op)), None]
+                                      forward_name(op)), None]
 
 
 @tf.RegisterGradient("BluefogGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
-    base = _forward_name(op)
+    base = forward_name(op)
     reduce_op = _reduce_op_attr(op)
     if reduce_op == "sum":
         reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base)
@@ -369,7 +242,7 @@ def _grouped_allreduce_grad(op, *grads):
 @tf.RegisterGradient("BluefogAllgather")
 def _allgather_grad(op, grad):
     """Each rank's input receives its own slice of the upstream gradient summed over ranks."""
-    base = _forward_name(op)
+    base = forward_name(op)
     summed = allreduce(grad, average=False, name=base)
     first_dims = allgather(tf.shape(op.inputs[0], out_type=tf.int64)[:1],
                            name=None if base is None else base + ".dims")
@@ -381,7 +254,7 @@ def _allgather_grad(op, grad):
 @tf.RegisterGradient("BluefogBroadcast")
 def _broadcast_grad(op, grad):
     """Only the root's input influences the result: it receives the summed gradient."""
-    summed = allreduce(grad, average=False, name=_forward_name(op))
+    summed = allreduce(grad, average=False, name=forward_name(op))
     if basics.rank() == op.get_attr("root_rank"):
         return [summed, None]
     # The zeros must wait for the allreduce, or graphs would prune it on non-root ranks and the

@@ -14,25 +14,23 @@ from typing import Dict, Iterable, Optional, Union
 import tensorflow as tf
 
 from bluefog.common import basics, topology
-from bluefog.tensorflow import mpi_ops
-
-FLOAT_DTYPES = frozenset([tf.float16, tf.bfloat16, tf.float32, tf.float64])
+from bluefog.tensorflow.op_library import const_input, forward_name, name_input, ops, request_name
+from bluefog.tensorflow.op_rules import check_dtype, op_error_prefix, to_tensor
 
 
 def _ranks(values: Iterable, what: str, name: str) -> list:
     out = []
     for r in values:
         if isinstance(r, bool) or not isinstance(r, int):
-            raise TypeError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': "
-                            f"{what} must hold int ranks, got {r!r}")
+            raise TypeError(f"{op_error_prefix('neighbor op', name)}: {what} must hold int "
+                            f"ranks, got {r!r}")
         if not 0 <= r < basics.size() or r == basics.rank():
-            raise ValueError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': "
-                             f"{what} holds rank {r}, which is not another rank in "
-                             f"[0, {basics.size()})")
+            raise ValueError(f"{op_error_prefix('neighbor op', name)}: {what} holds rank {r}, "
+                             f"which is not another rank in [0, {basics.size()})")
         out.append(r)
     if len(set(out)) != len(out):
-        raise ValueError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': {what} "
-                         f"lists a rank twice: {out}")
+        raise ValueError(f"{op_error_prefix('neighbor op', name)}: {what} lists a rank "
+                         f"twice: {out}")
     return sorted(out)
 
 
@@ -40,8 +38,8 @@ def _weight(value, what: str, name: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"rank {basics.rank()}: bluefog neighbor op of tensor '{name}': {what} "
-                        f"must be a number, got {value!r}") from None
+        raise TypeError(f"{op_error_prefix('neighbor op', name)}: {what} must be a number, "
+                        f"got {value!r}") from None
 
 
 def _weights(mapping, what: str, name: str) -> Dict[int, float]:
@@ -50,9 +48,8 @@ def _weights(mapping, what: str, name: str) -> Dict[int, float]:
         return {r: _weight(mapping[r], f"{what}[{r}]", name) for r in ranks}
     if isinstance(mapping, (list, tuple)):
         return {r: 1.0 for r in _ranks(mapping, what, name)}
-    raise TypeError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor '{name}': "
-                    f"{what} must be a dict {{rank: weight}} or a list of ranks, got "
-                    f"{type(mapping).__name__}")
+    raise TypeError(f"{op_error_prefix('neighbor_allreduce', name)}: {what} must be a dict "
+                    f"{{rank: weight}} or a list of ranks, got {type(mapping).__name__}")
 
 
 # Plain Python over static arguments: AutoGraph has nothing to convert (and fails on
@@ -73,11 +70,11 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
     receive lists must mirror each other, which is always checked (the check rides on the
     negotiation that happens anyway, so ``enable_topo_check`` cannot make it cheaper).
     """
-    name = mpi_ops._request_name("neighbor_allreduce", name)
-    tensor = mpi_ops._to_tensor(tensor, "neighbor_allreduce", name)
-    mpi_ops._check_dtype(tensor, "neighbor_allreduce", name, FLOAT_DTYPES)
+    name = request_name("neighbor_allreduce", name)
+    tensor = to_tensor(tensor, "neighbor_allreduce", name)
+    check_dtype(tensor, "neighbor_allreduce", name)
     if (src_weights is None) != (dst_weights is None):
-        raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor '{name}': "
+        raise ValueError(f"{op_error_prefix('neighbor_allreduce', name)}: "
                          "src_weights and dst_weights must be given together (a dynamic "
                          "topology needs both the sources and the destinations of this call)")
     if src_weights is None:
@@ -88,8 +85,8 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
         send_weights: list = []
     else:
         if self_weight is None:
-            raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allreduce of tensor "
-                             f"'{name}': self_weight must be given with src_weights")
+            raise ValueError(f"{op_error_prefix('neighbor_allreduce', name)}: self_weight must "
+                             "be given with src_weights")
         recv = _weights(src_weights, "src_weights", name)
         send = _weights(dst_weights, "dst_weights", name)
         self_weight = _weight(self_weight, "self_weight", name)
@@ -100,13 +97,13 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
 
 def _neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, recv_weights,
                            send_weights):
-    return mpi_ops._ops.bluefog_neighbor_allreduce(
-        tensor, tensor_name=mpi_ops._name_input(name),
-        send_ranks=mpi_ops._const(send_ranks, tf.int32),
-        recv_ranks=mpi_ops._const(recv_ranks, tf.int32),
-        self_weight=mpi_ops._const(float(self_weight), tf.float64),
-        recv_weights=mpi_ops._const(recv_weights, tf.float64),
-        send_weights=mpi_ops._const(send_weights, tf.float64))
+    return ops.bluefog_neighbor_allreduce(
+        tensor, tensor_name=name_input(name),
+        send_ranks=const_input(send_ranks, tf.int32),
+        recv_ranks=const_input(recv_ranks, tf.int32),
+        self_weight=const_input(float(self_weight), tf.float64),
+        recv_weights=const_input(recv_weights, tf.float64),
+        send_weights=const_input(send_weights, tf.float64))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -118,23 +115,23 @@ def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optiona
     topology's in- and out-neighbours are used; given, they must be given together and mirror
     the other ranks' lists.
     """
-    name = mpi_ops._request_name("neighbor_allgather", name)
-    tensor = mpi_ops._to_tensor(tensor, "neighbor_allgather", name)
-    mpi_ops._check_dtype(tensor, "neighbor_allgather", name, mpi_ops.ALL_DTYPES)
+    name = request_name("neighbor_allgather", name)
+    tensor = to_tensor(tensor, "neighbor_allgather", name)
+    check_dtype(tensor, "neighbor_allgather", name)
     if tensor.shape.rank == 0:
-        raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allgather of tensor '{name}': "
+        raise ValueError(f"{op_error_prefix('neighbor_allgather', name)}: "
                          "needs a tensor of rank >= 1; reshape the scalar to [1] first")
     if (src_ranks is None) != (dst_ranks is None):
-        raise ValueError(f"rank {basics.rank()}: bluefog neighbor_allgather of tensor '{name}': "
+        raise ValueError(f"{op_error_prefix('neighbor_allgather', name)}: "
                          "src_ranks and dst_ranks must be given together")
     if src_ranks is None:
         recv, send = topology.in_neighbor_ranks(), topology.out_neighbor_ranks()
     else:
         recv = _ranks(src_ranks, "src_ranks", name)
         send = _ranks(dst_ranks, "dst_ranks", name)
-    return mpi_ops._ops.bluefog_neighbor_allgather(
-        tensor, tensor_name=mpi_ops._name_input(name), send_ranks=mpi_ops._const(send, tf.int32),
-        recv_ranks=mpi_ops._const(recv, tf.int32))
+    return ops.bluefog_neighbor_allgather(
+        tensor, tensor_name=name_input(name), send_ranks=const_input(send, tf.int32),
+        recv_ranks=const_input(recv, tf.int32))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -152,31 +149,29 @@ def hierarchical_neighbor_allreduce(
     ``send_neighbor_machines`` for this call. Every rank of a machine gets the same result.
     Ranks must be placed on machines in contiguous blocks of ``local_size()`` (mpirun's default).
     """
-    name = mpi_ops._request_name("hierarchical_neighbor_allreduce", name)
-    tensor = mpi_ops._to_tensor(tensor, "hierarchical_neighbor_allreduce", name)
-    mpi_ops._check_dtype(tensor, "hierarchical_neighbor_allreduce", name, FLOAT_DTYPES)
+    name = request_name("hierarchical_neighbor_allreduce", name)
+    tensor = to_tensor(tensor, "hierarchical_neighbor_allreduce", name)
+    check_dtype(tensor, "hierarchical_neighbor_allreduce", name)
     me, local, local_rank = basics.rank(), basics.local_size(), basics.local_rank()
     machine, first = topology.machine_of(me), me - local_rank
     local_peers = [r for r in range(first, first + local) if r != me]
+    what = op_error_prefix("hierarchical_neighbor_allreduce", name)
     mean = _neighbor_allreduce_op(tensor, name + ".local", local_peers, local_peers,
                                   1.0 / local, [1.0 / local] * len(local_peers), [])
     if (neighbor_machine_weights is None) != (send_neighbor_machines is None):
-        raise ValueError(f"rank {me}: bluefog hierarchical_neighbor_allreduce of tensor "
-                         f"'{name}': neighbor_machine_weights and send_neighbor_machines must be "
+        raise ValueError(f"{what}: neighbor_machine_weights and send_neighbor_machines must be "
                          "given together")
     if neighbor_machine_weights is None:
         self_w, machine_weights = topology.machine_recv_weights()
         send_machines = topology.out_neighbor_machines()
     else:
         if self_weight is None:
-            raise ValueError(f"rank {me}: bluefog hierarchical_neighbor_allreduce of tensor "
-                             f"'{name}': self_weight must be given with neighbor_machine_weights")
+            raise ValueError(f"{what}: self_weight must be given with neighbor_machine_weights")
         self_w, machine_weights = float(self_weight), dict(neighbor_machine_weights)
         send_machines = list(send_neighbor_machines)
     for m in list(machine_weights) + list(send_machines):
         if not isinstance(m, int) or not 0 <= m < topology.num_machines() or m == machine:
-            raise ValueError(f"rank {me}: bluefog hierarchical_neighbor_allreduce of tensor "
-                             f"'{name}': machine {m!r} is not another machine in "
+            raise ValueError(f"{what}: machine {m!r} is not another machine in "
                              f"[0, {topology.num_machines()})")
     # The same local rank on each neighbour machine carries that machine's mean.
     recv = sorted(machine_weights)
@@ -191,9 +186,9 @@ def _neighbor_allreduce_grad(op, grad):
     """The transpose exchange: what was received with weight w is sent back scaled by w."""
     send_ranks, recv_ranks, self_weight, recv_weights, send_weights = op.inputs[2:7]
     # The forward request's name is input 1 (the last input is send_weights here).
-    base = mpi_ops._forward_name(op, index=1)
-    back = mpi_ops._ops.bluefog_neighbor_allreduce(
-        grad, tensor_name=base or mpi_ops._request_name("neighbor_allreduce", None),
+    base = forward_name(op, index=1)
+    back = ops.bluefog_neighbor_allreduce(
+        grad, tensor_name=base or request_name("neighbor_allreduce", None),
         send_ranks=recv_ranks, recv_ranks=send_ranks, self_weight=self_weight,
         send_weights=recv_weights,
         recv_weights=tf.cond(tf.size(send_weights) > 0, lambda: send_weights,
@@ -206,10 +201,10 @@ def _neighbor_allgather_grad(op, grad):
     """Each in-neighbour's slice of the upstream gradient goes back to it; every rank sums the
     slices its out-neighbours send back."""
     tensor, _, send_ranks, recv_ranks = op.inputs
-    base = mpi_ops._forward_name(op, index=1)
-    back = mpi_ops._ops.bluefog_neighbor_allgather_grad(
+    base = forward_name(op, index=1)
+    back = ops.bluefog_neighbor_allgather_grad(
         tf.convert_to_tensor(grad),
-        tensor_name=base or mpi_ops._request_name("neighbor_allgather.grad", None),
+        tensor_name=base or request_name("neighbor_allgather.grad", None),
         send_ranks=recv_ranks, recv_ranks=send_ranks,
         first_dim=tf.shape(tensor, out_type=tf.int64)[0])
     return [back, None, None, None]

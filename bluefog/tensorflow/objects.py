@@ -18,15 +18,16 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.op_library import request_name
+from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["broadcast_object", "allgather_object"]
 
 
 def _check(op: str, name: str) -> None:
     if not tf.executing_eagerly():
-        raise RuntimeError(f"rank {mpi_ops._rank_or_unknown()}: bluefog {op} '{name}': works in "
-                           "eager mode only (it pickles Python objects); call it outside "
-                           "tf.function")
+        raise RuntimeError(f"{op_error_prefix(op, name, of_tensor=False)}: works in eager mode "
+                           "only (it pickles Python objects); call it outside tf.function")
 
 
 def _pickled(obj: Any):
@@ -40,13 +41,13 @@ def _pickled(obj: Any):
 
 def _unpicklable(op: str, name: str, ranks: List[int], reason: Optional[str]) -> TypeError:
     mine = f" (here: {reason})" if reason else ""
-    return TypeError(f"rank {basics.rank()}: bluefog {op} '{name}': the object of rank(s) "
+    return TypeError(f"{op_error_prefix(op, name, of_tensor=False)}: the object of rank(s) "
                      f"{ranks} cannot be pickled{mine}; pass picklable objects")
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None) -> Any:
     """``obj`` of ``root_rank``, on every rank (the other ranks' ``obj`` is ignored)."""
-    name = mpi_ops._request_name("broadcast_object", name)
+    name = request_name("broadcast_object", name)
     _check("broadcast_object", name)
     me = basics.rank()
     data, reason = _pickled(obj) if me == root_rank else (None, None)
@@ -64,7 +65,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
 
 def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
     """Every rank's ``obj``, as a list indexed by rank."""
-    name = mpi_ops._request_name("allgather_object", name)
+    name = request_name("allgather_object", name)
     _check("allgather_object", name)
     data, reason = _pickled(obj)
     lengths = mpi_ops.allgather(tf.constant([-1 if reason else data.size], tf.int64),

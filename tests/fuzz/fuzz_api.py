@@ -520,7 +520,7 @@ def is_clear(e: BaseException, bf) -> bool:
     return "bluefog" in str(e).lower()
 
 
-def is_clear_for(case: "Case", e: BaseException, bf) -> bool:
+def is_clear_for(case: Case, e: BaseException, bf) -> bool:
     # A device string is handed to tf.device: TensorFlow's own error names the bad device.
     if case.kind == "bad_device" and isinstance(e, (ValueError, tf.errors.InvalidArgumentError)):
         return "device" in str(e)
@@ -585,7 +585,7 @@ def main(argv=None) -> int:
         outcome, got, error = OUTCOME_OK, None, None
         try:
             if in_function:
-                got = tf.function(lambda: case.run(rank, size))()
+                got = tf.function(lambda: case.run(rank, size))()  # noqa: B023 - called at once
             else:
                 got = case.run(rank, size)
             if isinstance(got, (list, tuple)):

@@ -45,8 +45,9 @@ def test_console_script_if_installed():
     script = os.path.join(os.path.dirname(sys.executable), "bfrun")
     if not os.path.exists(script):
         pytest.skip("the bfrun console script is not installed next to this python")
-    result = subprocess.run([script, "-np", "2", sys.executable, "-c",
-                             "import os, sys; sys.stdout.write('hello %s\\n' % os.environ['OMPI_COMM_WORLD_RANK'])"],
+    program = ("import os, sys; "
+               "sys.stdout.write('hello %s\\n' % os.environ['OMPI_COMM_WORLD_RANK'])")
+    result = subprocess.run([script, "-np", "2", sys.executable, "-c", program],
                             capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "hello 0" in result.stdout and "hello 1" in result.stdout

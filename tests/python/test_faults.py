@@ -23,7 +23,7 @@ import re
 
 import pytest
 
-from mpi_jobs import bfrun_available, have_mpirun, mpirun_prefix, run_job, PYTHON
+from mpi_jobs import PYTHON, bfrun_available, have_mpirun, mpirun_prefix, run_job
 
 pytestmark = pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed")
 

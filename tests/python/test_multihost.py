@@ -45,9 +45,9 @@ def test_three_netns_hosts_api_and_link_cut():
         kill_tree(proc)
         out, _ = proc.communicate()
         pytest.fail(f"run_netns.sh did not finish within {TIMEOUT_S} s:\n{out[-6000:]}")
-    lines = [l for l in out.splitlines() if l.startswith("[run_netns]") or "| " in l]
+    lines = [line for line in out.splitlines() if line.startswith("[run_netns]") or "| " in line]
     print("\n".join(lines))
     if proc.returncode == 77:
-        pytest.skip(next((l for l in lines if "SKIP" in l), "run_netns.sh skipped"))
+        pytest.skip(next((line for line in lines if "SKIP" in line), "run_netns.sh skipped"))
     assert proc.returncode == 0, out[-8000:]
     assert "[run_netns] all passed" in out

@@ -277,8 +277,8 @@ def case_summary(case: dict) -> str:
     shape = case.get("shape", case.get("shapes", case.get("rest")))
     dtype = case.get("dtype") or case.get("dtypes")
     dname = dtype.name if hasattr(dtype, "name") else [d.name for d in dtype]
-    return (f"case {case['index']} {case['op']} {case.get('reduce', '')} dtype {dname} shape {shape} "
-            f"name {case['name'][:40]!r}")
+    return (f"case {case['index']} {case['op']} {case.get('reduce', '')} dtype {dname} "
+            f"shape {shape} name {case['name'][:40]!r}")
 
 
 # ------------------------------------------------------------------------------- execution
@@ -438,7 +438,6 @@ def main(argv=None) -> int:
     wall = time.monotonic() - t_start
     rss_end = rss_mb()
     rss_warm = rss_end if rss_warm is None else rss_warm
-    growth = rss_end - rss_warm
 
     # Every rank's figures, gathered to rank 0 (a collective itself, so run only when no rank
     # stopped early: errors are rank-local and would make this collective hang).

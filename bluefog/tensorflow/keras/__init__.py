@@ -18,13 +18,15 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
+from bluefog.tensorflow.compression import Compression  # noqa: F401
+from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.keras import callbacks  # noqa: F401
 from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
-from bluefog.tensorflow.compression import Compression  # noqa: F401
+from bluefog.tensorflow.keras_optimizer import DistributedOptimizer
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Average,
     Max,
@@ -35,11 +37,7 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     allreduce,
     broadcast,
 )
-from bluefog.tensorflow.optimizers import (  # noqa: F401
-    DistributedGradientTape,
-    DistributedOptimizer,
-    broadcast_variables,
-)
+from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 
 
 def load_model(filepath, custom_objects=None, compile: bool = True, **kwargs):
@@ -57,9 +55,9 @@ def load_model(filepath, custom_objects=None, compile: bool = True, **kwargs):
                                     **kwargs)
     optimizer = getattr(model, "optimizer", None)
     if compile and optimizer is not None:
-        from bluefog.tensorflow.optimizers import _DistributedKerasOptimizer  # noqa: PLC0415
+        from bluefog.tensorflow.keras_optimizer import is_distributed  # noqa: PLC0415
 
-        if not isinstance(optimizer, _DistributedKerasOptimizer):
+        if not is_distributed(optimizer):
             model.optimizer = DistributedOptimizer(optimizer)
             # Functions traced with the old optimizer must not be reused.
             model.train_function = None

@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
-from bluefog.tensorflow.optimizers import broadcast_variables
+from bluefog.tensorflow.op_rules import op_error_prefix
+from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback"]
@@ -32,8 +33,8 @@ def _check_root_rank(root_rank, what: str) -> int:
         raise TypeError(f"bluefog {what}: root_rank must be an int, got {root_rank!r}")
     root_rank = int(root_rank)
     if basics.is_initialized() and not 0 <= root_rank < basics.size():
-        raise ValueError(f"rank {basics.rank()}: bluefog {what}: root_rank {root_rank} is "
-                         f"outside [0, {basics.size()})")
+        raise ValueError(f"{op_error_prefix(what)}: root_rank {root_rank} is outside "
+                         f"[0, {basics.size()})")
     if root_rank < 0:
         raise ValueError(f"bluefog {what}: root_rank must be >= 0, got {root_rank}")
     return root_rank
@@ -119,7 +120,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     destabilise the first epochs, so this callback sets the rate, at the start of every batch of
     the first ``warmup_epochs`` epochs, to::
 
-        lr = initial_lr / N * (1 + (N - 1) * progress),   progress = (epoch + batch / steps) / warmup_epochs
+        lr = initial_lr / N * (1 + (N - 1) * progress)
+        progress = (epoch + batch / steps) / warmup_epochs
 
     i.e. from ``initial_lr / N`` (the single-process rate) at the first batch up to ``initial_lr``
     at the end of warmup, where it sets exactly ``initial_lr`` and then leaves the rate alone.

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
+
 from conftest import needs_ranks, rank_values
 
 NUMERIC_DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 from bluefog.common import topology_util as tu
+
 from conftest import rank_values
 
 OPTIMIZERS = {"atc": bf.DistributedAdaptThenCombineOptimizer,

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
+
 from conftest import rank_values
 
 NUM_OPS = 40

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
+
 from conftest import needs_ranks
 
 

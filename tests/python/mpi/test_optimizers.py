@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 import bluefog.tensorflow.keras as bfk
+
 from conftest import needs_ranks
 
 W = np.array([1.0, -2.0, 0.5], dtype=np.float32)
@@ -335,11 +336,11 @@ def test_fit_with_backward_passes_per_step(rank, size, run_eagerly):
 
 
 def test_accumulating_optimizer_communicates_on_update_steps_only(rank, size, monkeypatch):
-    from bluefog.tensorflow import optimizers
+    from bluefog.tensorflow import averaging
 
     calls = []
-    average = optimizers._average_gradients
-    monkeypatch.setattr(optimizers, "_average_gradients",
+    average = averaging.average_gradients
+    monkeypatch.setattr(averaging, "average_gradients",
                         lambda *a, **k: calls.append(1) or average(*a, **k))
     v = tf.Variable(W)
     # Created with Keras' own option: the same behaviour as backward_passes_per_step=3.

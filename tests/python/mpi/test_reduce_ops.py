@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
+
 from conftest import needs_ranks
 
 SMALL, LARGE = 37, 300_001  # elements: LARGE float32 is over the 1 MiB ring threshold

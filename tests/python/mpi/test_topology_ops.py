@@ -13,6 +13,8 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 from bluefog.common import topology_util as tu
+from bluefog.tensorflow import op_library
+
 from conftest import needs_ranks, rank_values
 
 SHAPE = (3, 2)
@@ -411,7 +413,7 @@ def test_neighbor_allgather_gradient_wrong_rows_fails_on_every_rank(rank, size):
     grad = tf.zeros([rows, 2], tf.float64)
     with pytest.raises(tf.errors.FailedPreconditionError,
                        match=r"rank 0's upstream gradient has \d+ rows"):
-        bf.mpi_ops._ops.bluefog_neighbor_allgather_grad(
+        op_library.ops.bluefog_neighbor_allgather_grad(
             grad, tensor_name="topo.gather.grad.badrows", send_ranks=peers, recv_ranks=peers,
             first_dim=rank + 1)
     after = bf.allreduce(tf.constant(1.0), average=False, name="topo.gather.grad.after")
@@ -456,7 +458,7 @@ def test_consensus_rate(topo_name, rank, size):
     x = tf.constant(x_all[rank])
     mix = tf.function(lambda t: bf.neighbor_allreduce(t, name=f"topo.consensus.{topo_name}"))
     steps = 12
-    for k in range(1, steps + 1):
+    for _ in range(steps):
         x = mix(x)
     rows = gather_rows(x.numpy(), name=f"topo.consensus.{topo_name}.gather")
     err = np.linalg.norm(rows - mean)

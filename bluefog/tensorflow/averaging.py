@@ -1,0 +1,167 @@
+"""Gradient averaging and collective naming shared by the training wrappers.
+
+``DistributedGradientTape``, both forms of ``DistributedOptimizer``, ``broadcast_variables``
+and the decentralized optimizers build on this module.
+
+Naming. Every collective is matched across ranks by name, so the names used here must be the
+same on every rank and unique among the collectives that may be in flight together:
+
+* while tracing a ``tf.function`` or building a v1 graph, the ``k``-th averaging with prefix
+  ``p`` in that graph is one grouped allreduce named ``"p.k"`` (its requests are derived from
+  that name: one per dtype, one per sparse gradient). The counter ``k`` is kept per
+  graph (``next_graph_index``), so a retrace (on one rank only, e.g. for a smaller last batch)
+  produces the same names again, and two optimizers or tapes used in one step get different
+  names;
+* in eager mode the averaging runs in a cached ``tf.function`` per prefix
+  (``eager_function``), so that all the gradients of one step are reduced concurrently, with
+  the same naming inside it.
+
+The prefix of an optimizer is its bluefog name (``"Distributed" + class name`` by default) plus
+the Keras optimizer's own name, which Keras makes unique within a process
+(``"adam"``, ``"adam_1"``, ...); the prefix of a tape is ``"DistributedGradientTape"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any, Callable, Dict, List
+
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.compression import Compression
+from bluefog.tensorflow.compression import check as compression_check
+from bluefog.tensorflow.op_rules import op_error_prefix
+
+__all__ = ["Averaging", "average_gradients", "averaging_options", "check_initialized",
+           "check_name", "eager_function", "next_graph_index"]
+
+_lock = threading.Lock()
+# Graph (tf.function FuncGraph or v1 Graph) -> {prefix: number of collectives traced so far}.
+_graph_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Caller-chosen key -> tf.function used in eager mode.
+_eager_functions: Dict[Hashable, Callable] = {}
+
+
+def next_graph_index(prefix: str) -> int:
+    """The how-many-th collective with ``prefix`` this is in the graph being built (from 0).
+
+    Counted per graph (the default graph in eager mode), so that tracing a function again
+    yields the same names.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    with _lock:
+        counters = _graph_counters.setdefault(graph, {})
+        k = counters.get(prefix, 0)
+        counters[prefix] = k + 1
+    return k
+
+
+def eager_function(key: Hashable, python_function: Callable) -> Callable:
+    """The ``tf.function`` of ``python_function`` cached under ``key`` (made on first use).
+
+    Eager callers run their collectives inside one cached function so that they are issued
+    together; the key must identify everything the function's names depend on.
+    """
+    with _lock:
+        fn = _eager_functions.get(key)
+        if fn is None:
+            fn = tf.function(python_function, reduce_retracing=True, autograph=False)
+            _eager_functions[key] = fn
+    return fn
+
+
+def check_initialized(what: str) -> None:
+    """Raises ValueError unless ``bf.init()`` has run (``what`` names the caller)."""
+    if not basics.is_initialized():
+        raise ValueError(f"bluefog {what}: bluefog is not initialized; call bf.init() first "
+                         "(on every rank)")
+
+
+def check_name(name: Any, what: str) -> None:
+    """Raises ValueError unless ``name`` (a wrapper's request-name prefix) is None or a
+    non-empty str."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"bluefog {what}: name must be a non-empty str or None, got {name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Averaging:
+    """How a tape or an optimizer averages gradients. Hashable: it keys the eager functions."""
+
+    device: str = ""
+    compression: Any = Compression.none
+    sparse_as_dense: bool = False
+
+
+def _check_device(device, what: str) -> str:
+    if device is None:
+        return ""
+    if not isinstance(device, str):
+        raise TypeError(f"bluefog {what}: device must be a str such as '' or '/cpu:0', got "
+                        f"{device!r}")
+    return device
+
+
+def averaging_options(device, compression, sparse_as_dense, what: str) -> Averaging:
+    """The checked averaging options of a tape or optimizer (``what``).
+
+    Raises TypeError for a non-bool ``sparse_as_dense`` or a non-str ``device``, and what
+    ``compression.check`` raises for an unknown compression.
+    """
+    if not isinstance(sparse_as_dense, bool):
+        raise TypeError(f"bluefog {what}: sparse_as_dense must be a bool, got "
+                        f"{sparse_as_dense!r}")
+    return Averaging(_check_device(device, what),
+                     compression_check(compression, f"bluefog {what}"), sparse_as_dense)
+
+
+def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
+    # One grouped request: the dense gradients of one dtype go through a single op, so the
+    # runtime gets them together and fuses them.
+    k = next_graph_index(prefix)
+    return mpi_ops.grouped_allreduce(list(tensors), average=True, name=f"{prefix}.{k}",
+                                     device=how.device, compression=how.compression)
+
+
+def _to_gradient(g, prefix: str, j: int):
+    if g is None or isinstance(g, (tf.Tensor, tf.IndexedSlices)):
+        return g
+    try:
+        return tf.convert_to_tensor(g)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{op_error_prefix(prefix)}: gradient {j} is a {type(g).__name__}, "
+                        f"which is not a tensor: {e}") from None
+
+
+def average_gradients(grads: Sequence, prefix: str, how: Averaging) -> List:
+    """The mean over ranks of every non-None entry of ``grads``; None entries stay None.
+
+    ``prefix`` names the requests (see the module's docstring); every rank must pass the same
+    structure of gradients. Raises TypeError for an entry that is not a tensor.
+    """
+    grads = [_to_gradient(g, prefix, j) for j, g in enumerate(grads)]
+    if how.sparse_as_dense:
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
+    if basics.size() == 1:
+        return grads
+    present = [j for j, g in enumerate(grads) if g is not None]
+    if not present:
+        return grads
+    values = [grads[j] for j in present]
+    if tf.executing_eagerly():
+        def average(tensors):
+            return _allreduce_in_graph(tensors, prefix, how)
+
+        reduced = eager_function(("allreduce", prefix, how), average)(values)
+    else:
+        reduced = _allreduce_in_graph(values, prefix, how)
+    out = list(grads)
+    for j, r in zip(present, reduced):
+        out[j] = r
+    return out

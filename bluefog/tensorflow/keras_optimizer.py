@@ -1,0 +1,195 @@
+"""``DistributedOptimizer``: averages the gradients over all ranks before applying them.
+
+A Keras 3 optimizer is wrapped here (a mixin in front of its class, see ``wrapping``); a
+``tf.compat.v1.train.Optimizer`` is handed to ``v1_optimizer``. The requests are named as
+described in ``averaging``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import averaging, mpi_ops, wrapping
+from bluefog.tensorflow.compression import Compression
+from bluefog.tensorflow.v1_optimizer import wrap_v1_optimizer
+
+__all__ = ["DistributedOptimizer", "is_distributed"]
+
+
+class _DistributedKerasOptimizer(wrapping.BluefogKerasOptimizer):
+    """Mixin placed in front of a Keras optimizer class: ``apply`` averages the gradients.
+
+    Keras 3 routes every update through ``apply``: ``apply_gradients`` (what ``model.fit``
+    calls) calls it, and so does ``LossScaleOptimizer`` for its inner optimizer. Overriding it
+    alone averages each step's gradients exactly once.
+
+    With gradient accumulation (Keras' ``gradient_accumulation_steps``, which
+    ``backward_passes_per_step`` sets), only every N-th ``apply`` updates the variables, from
+    the mean of the N local gradients; Keras clips that mean first, so ``_clip_gradients``
+    averages it over ranks, and the steps in between communicate nothing.
+    """
+
+    _bluefog_name: str = "Distributed"
+    _bluefog_how = averaging.Averaging()
+
+    @property
+    def _bluefog_prefix(self) -> str:
+        return f"{self._bluefog_name}.{self.name}"
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if not self.gradient_accumulation_steps:
+            # Looked up on the module at call time, so that tests can observe the calls.
+            grads = averaging.average_gradients(grads, self._bluefog_prefix, self._bluefog_how)
+        return super().apply(grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        if self.gradient_accumulation_steps:  # an update step: grads is the local mean
+            grads = averaging.average_gradients(list(grads), self._bluefog_prefix,
+                                                self._bluefog_how)
+        return super()._clip_gradients(grads)
+
+
+def is_distributed(optimizer) -> bool:
+    """Whether ``optimizer`` is a Keras optimizer made by ``DistributedOptimizer``."""
+    return isinstance(optimizer, _DistributedKerasOptimizer)
+
+
+def _all_ranks_true(flag, prefix: str):
+    """Whether the boolean scalar `flag` is true on every rank."""
+    count = tf.cast(flag, tf.int32)
+    if tf.executing_eagerly():
+        name = prefix
+    else:
+        name = f"{prefix}.{averaging.next_graph_index(prefix)}"
+    total = mpi_ops.allreduce(count, average=False, name=name)
+    return tf.equal(total, basics.size())
+
+
+def _patch_loss_scale_optimizer(keras) -> None:
+    """Makes ``LossScaleOptimizer(DistributedOptimizer(opt))`` agree on overflow across ranks.
+
+    The loss-scale optimizer skips a step when *its* gradients are not finite, and only then
+    calls the inner optimizer, whose ``apply`` runs the allreduce. Its gradients are the local
+    ones, so one rank may skip while the others wait in the allreduce: with a distributed inner
+    optimizer the finiteness test is made collective (finite on every rank), which is what the
+    averaged gradients would show. Nothing changes for other inner optimizers. (Keras wraps the
+    compiled optimizer this way by itself under the ``mixed_float16`` policy.)
+    """
+    cls = keras.optimizers.LossScaleOptimizer
+    if getattr(cls.check_finite, "_bluefog_collective", False):
+        return
+    original = cls.check_finite
+
+    def check_finite(self, grads):
+        finite = original(self, grads)
+        inner = getattr(self, "inner_optimizer", None)
+        if is_distributed(inner) and basics.size() > 1:
+            finite = _all_ranks_true(finite, f"{inner._bluefog_prefix}.finite")
+        return finite
+
+    # Marks the patched method, so that it is installed once.
+    check_finite._bluefog_collective = True
+    check_finite.__doc__ = original.__doc__
+    cls.check_finite = check_finite
+
+
+def _check_keras_optimizer(keras, optimizer) -> None:
+    if isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"bluefog DistributedOptimizer: pass an optimizer instance such as "
+                         f"{optimizer.__name__}(learning_rate=...), not the class")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        hint = " (an optimizer name string is not accepted: pass an instance)" \
+            if isinstance(optimizer, str) else ""
+        raise ValueError(f"bluefog DistributedOptimizer: expected a keras.optimizers.Optimizer or "
+                         f"tf.compat.v1.train.Optimizer instance, got {type(optimizer).__name__}"
+                         f"{hint}")
+    if isinstance(optimizer, wrapping.BluefogKerasOptimizer):
+        raise ValueError("bluefog DistributedOptimizer: this optimizer is already distributed "
+                         "(it is a bluefog optimizer that communicates); wrap the plain optimizer "
+                         "only once")
+
+
+def _accumulation_overrides(optimizer, backward_passes_per_step: int) -> Dict[str, Any]:
+    """The configuration changes that make Keras accumulate over the given number of steps."""
+    if backward_passes_per_step == 1:
+        return {}
+    current = optimizer.gradient_accumulation_steps
+    if current and current != backward_passes_per_step:
+        raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step="
+                         f"{backward_passes_per_step} but the optimizer already accumulates "
+                         f"over gradient_accumulation_steps={current}; give one of them")
+    if optimizer.built and not current:
+        raise ValueError("bluefog DistributedOptimizer: backward_passes_per_step needs "
+                         "gradient accumulators, which a built optimizer does not have; wrap "
+                         "the optimizer before it is built (before compile/fit or the first "
+                         "apply)")
+    return {"gradient_accumulation_steps": backward_passes_per_step}
+
+
+def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
+                         device: str = "", compression=Compression.none,
+                         backward_passes_per_step: int = 1, sparse_as_dense: bool = False):
+    """An optimizer that averages gradients over all ranks before applying them.
+
+    * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
+      new optimizer of a subclass of the same class, with the same configuration (learning-rate
+      schedule, clipping, ...) and, if the original was already built, the same state. Use it in
+      ``model.compile(optimizer=...)`` or call ``apply``/``apply_gradients`` yourself. It is an
+      ordinary optimizer otherwise: ``optimizer.learning_rate = x`` works, ``get_config``
+      returns the wrapped class's config, and a model saved with it loads anywhere as a model
+      with the plain optimizer.
+    * ``tf.compat.v1.train.Optimizer``: returns an optimizer whose ``compute_gradients`` (and so
+      ``minimize``) averages the gradients; for graph mode / ``tf.compat.v1.Session``.
+
+    Args:
+        optimizer: the optimizer instance to wrap.
+        name: prefix of the names of the allreduce requests (default ``"Distributed"`` + the
+            optimizer's class name). Ranks must agree on it.
+        use_locking: passed to ``tf.compat.v1.train.Optimizer``; unused for Keras optimizers.
+        device: device for the allreduce ops ('' = default placement).
+        compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
+            (applied in their own dtype); ``bf.Compression.none`` (default) sends them as they
+            are. Ranks must agree on it.
+        backward_passes_per_step: Keras optimizers only. Above 1, gradients are accumulated
+            locally (Keras' ``gradient_accumulation_steps``) and averaged over ranks once every
+            that many steps, when the variables are updated; the steps in between do not
+            communicate. An optimizer created with ``gradient_accumulation_steps`` behaves the
+            same way without this argument.
+        sparse_as_dense: average ``tf.IndexedSlices`` gradients as dense tensors (one fused
+            allreduce) instead of gathering every rank's rows.
+
+    Raises:
+        ValueError: for a bad argument, something that is not an optimizer instance, an
+            optimizer that already communicates, or before ``bf.init()``.
+        TypeError: for a bad ``device`` or ``sparse_as_dense``.
+    """
+    averaging.check_name(name, "DistributedOptimizer")
+    if not isinstance(use_locking, bool):
+        raise ValueError(f"bluefog DistributedOptimizer: use_locking must be a bool, got "
+                         f"{use_locking!r}")
+    how = averaging.averaging_options(device, compression, sparse_as_dense,
+                                      "DistributedOptimizer")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step must be an int "
+                         f">= 1, got {backward_passes_per_step!r}")
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return wrap_v1_optimizer(optimizer, name or "Distributed" + type(optimizer).__name__,
+                                 use_locking, how, backward_passes_per_step)
+
+    keras = wrapping.import_keras()
+    _check_keras_optimizer(keras, optimizer)
+    averaging.check_initialized("DistributedOptimizer")
+    _patch_loss_scale_optimizer(keras)
+    base = type(optimizer)
+    overrides = _accumulation_overrides(optimizer, backward_passes_per_step)
+    new = wrapping.copy_optimizer(optimizer,
+                                  wrapping.derived_class(_DistributedKerasOptimizer, base),
+                                  "DistributedOptimizer", overrides)
+    new._bluefog_name = name or "Distributed" + base.__name__
+    new._bluefog_how = how
+    return new

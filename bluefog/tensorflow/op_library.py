@@ -1,0 +1,134 @@
+"""The compiled TensorFlow ops and what every Python wrapper needs to call them.
+
+``ops`` is the loaded ``libbluefog_tf.so`` (``ops.bluefog_allreduce``, ...). The helpers give
+every request a name that matches across ranks and turn names and small lists into op inputs
+cheaply. ``mpi_ops``, ``neighbor_ops`` and ``objects`` build on this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from typing import Optional
+
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import op_rules
+
+__all__ = ["ops", "request_name", "name_input", "const_input", "forward_name", "device_scope"]
+
+ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
+
+
+def _allow_concurrent_collectives_in_functions() -> None:
+    """Lets tf.function run independent collectives concurrently.
+
+    The ops are stateful (so grappler never constant-folds or merges them), and tf.function
+    chains stateful ops in program order, which would run a step's gradient allreduces one at a
+    time and defeat fusion. The runtime matches requests by name, so their order does not matter:
+    declare them order-insensitive, as TensorFlow does for its own collectives.
+    """
+    # TensorFlow's only hook for this is a private module's set; nothing else in bluefog
+    # touches TensorFlow internals of this kind.
+    from tensorflow.python.framework import auto_control_deps
+
+    # "Must run, order-insensitive": not chained to other stateful ops, but still run even when
+    # nothing consumes the result (another rank may be waiting for this collective).
+    must_run = getattr(auto_control_deps, "MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS", None)
+    if isinstance(must_run, frozenset):
+        auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+            must_run | op_rules.tf_op_types())
+
+
+_allow_concurrent_collectives_in_functions()
+
+_lock = threading.Lock()
+_name_counters: dict = {}
+
+
+def request_name(op: str, name: Optional[str]) -> str:
+    """The name every rank uses to match this request of ``op``.
+
+    A given ``name`` must be a non-empty str (ValueError otherwise) and is returned as is.
+    Without a name, the n-th unnamed call of ``op`` in this process is called "op.noname.n": it
+    matches across ranks as long as every rank issues its unnamed collectives in one order.
+    """
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{op_rules.op_error_prefix(op)}: name must be a non-empty str or "
+                             f"None, got {name!r}")
+        return name
+    with _lock:
+        n = _name_counters.get(op, 0)
+        _name_counters[op] = n + 1
+    return f"{op}.noname.{n}"
+
+
+_name_tensors: collections.OrderedDict[str, tf.Tensor] = collections.OrderedDict()
+_CACHE_SIZE = 4096
+
+
+def name_input(name: str):
+    """The op's name input. In eager mode a ready string tensor: handing the generated op a
+    Python str makes TensorFlow take its slow dispatch path (~50 us more per call)."""
+    if not tf.executing_eagerly():
+        return name
+    with _lock:
+        t = _name_tensors.get(name)
+        if t is not None:
+            _name_tensors.move_to_end(name)
+            return t
+    t = tf.constant(name)
+    if ".noname." not in name:  # unnamed calls never repeat a name
+        with _lock:
+            _name_tensors[name] = t
+            if len(_name_tensors) > _CACHE_SIZE:
+                _name_tensors.popitem(last=False)
+    return t
+
+
+_consts: collections.OrderedDict[tuple, tf.Tensor] = collections.OrderedDict()
+
+
+def const_input(values, dtype: tf.DType):
+    """A small constant op input: a float scalar or a 1-D list (ranks, weights).
+
+    Cached in eager mode, where the same topology lists repeat every step and building a
+    tensor costs more than the collective.
+    """
+    shape = None if isinstance(values, float) else [len(values)]
+    if not tf.executing_eagerly():
+        return tf.constant(values, dtype, shape=shape)
+    key = (dtype, values if isinstance(values, float) else tuple(values))
+    with _lock:
+        t = _consts.get(key)
+        if t is not None:
+            return t
+    t = tf.constant(values, dtype, shape=shape)
+    with _lock:
+        _consts[key] = t
+        if len(_consts) > _CACHE_SIZE:
+            _consts.popitem(last=False)
+    return t
+
+
+def forward_name(op, index: int = -1) -> Optional[str]:
+    """The backward request's name: the forward request's (op input ``index``) + ".grad".
+
+    None when the forward name is not known while tracing (the gradient then gets an unnamed
+    request).
+    """
+    value = tf.get_static_value(op.inputs[index])
+    if value is None:
+        return None
+    if hasattr(value, "item"):  # a numpy scalar or 0-d array
+        value = value.item()
+    return (value.decode() if isinstance(value, bytes) else str(value)) + ".grad"
+
+
+def device_scope(device: str):
+    """``tf.device(device)``, or no scope for ``''`` (default placement)."""
+    return tf.device(device) if device else contextlib.nullcontext()

@@ -1,0 +1,80 @@
+"""``broadcast_variables``: every rank takes one rank's variable values.
+
+So that all ranks start from the same model (and optimizer) state. The requests are named as
+described in ``averaging``: ``"broadcast_variables.k.j"`` for variable ``j`` of the ``k``-th
+broadcast in a graph.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import averaging, mpi_ops, wrapping
+from bluefog.tensorflow.op_rules import op_error_prefix
+
+__all__ = ["broadcast_variables"]
+
+
+def _broadcast_in_graph(tensors: Sequence, root_rank: int, prefix: str) -> List:
+    k = averaging.next_graph_index(prefix)
+    return [mpi_ops.broadcast(t, root_rank, name=f"{prefix}.{k}.{j}")
+            for j, t in enumerate(tensors)]
+
+
+def _eager_broadcast_fn(root_rank: int) -> Callable:
+    def bcast(tensors):
+        return _broadcast_in_graph(tensors, root_rank, "broadcast_variables")
+
+    return averaging.eager_function(("broadcast", "broadcast_variables", root_rank), bcast)
+
+
+def _is_variable(v) -> bool:
+    if isinstance(v, tf.Variable):
+        return True
+    try:
+        return isinstance(v, wrapping.import_keras().Variable)
+    except ImportError:  # pragma: no cover - keras always comes with tensorflow 2.21
+        return False
+
+
+def broadcast_variables(variables, root_rank: int) -> Optional[tf.Operation]:
+    """Sets every variable in ``variables`` to its value on ``root_rank``, on every rank.
+
+    Accepts ``tf.Variable`` and Keras variables (e.g. ``model.variables`` or
+    ``optimizer.variables``). Every rank must pass the same variables, in the same order.
+
+    Eager mode: assigns at once and returns None. Graph mode (inside ``tf.function`` or a v1
+    graph): returns an op grouping the assignments, to be run (in a Session) on every rank.
+    """
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        raise TypeError(f"bluefog broadcast_variables: root_rank must be an int, got "
+                        f"{root_rank!r}")
+    if _is_variable(variables):
+        raise TypeError("bluefog broadcast_variables: expected a list of variables, got a single "
+                        "variable; pass [variable]")
+    try:
+        variables = list(variables)
+    except TypeError:
+        raise TypeError(f"bluefog broadcast_variables: expected a list of variables, got "
+                        f"{type(variables).__name__}") from None
+    for j, v in enumerate(variables):
+        if not _is_variable(v):
+            raise TypeError(f"bluefog broadcast_variables: element {j} is a {type(v).__name__}, "
+                            "not a tf.Variable or keras.Variable")
+    averaging.check_initialized("broadcast_variables")
+    if not 0 <= root_rank < basics.size():
+        raise ValueError(f"{op_error_prefix('broadcast_variables')}: root_rank {root_rank} is "
+                         f"outside [0, {basics.size()})")
+    if tf.executing_eagerly():
+        if not variables or basics.size() == 1:
+            return None
+        values = _eager_broadcast_fn(root_rank)([tf.convert_to_tensor(v) for v in variables])
+        for v, value in zip(variables, values):
+            v.assign(value)
+        return None
+    values = _broadcast_in_graph([tf.convert_to_tensor(v) for v in variables], root_rank,
+                                 "broadcast_variables")
+    return tf.group(*[v.assign(value) for v, value in zip(variables, values)])
