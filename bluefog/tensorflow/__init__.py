@@ -46,6 +46,12 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     neighbor_allreduce,
 )
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
+from bluefog.tensorflow.scatter_ops import (  # noqa: F401
+    alltoall,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+)
 from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 
 

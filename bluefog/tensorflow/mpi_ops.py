@@ -31,6 +31,36 @@ Product = "product"
 _REDUCE_OPS = (Average, Sum, Min, Max, Product)
 
 
+class UnsupportedReductionError(ValueError, NotImplementedError):
+    """A reduction that is not defined for the input (e.g. min of a ``tf.IndexedSlices``).
+
+    Both a ValueError and a NotImplementedError, so code written for Horovod (which raises the
+    latter) and code written for bluefog catch it alike.
+    """
+
+
+def _check_scale(prescale_factor, postscale_factor, dtype: tf.DType, reduce_op: str,
+                 what: str) -> float:
+    """prescale_factor * postscale_factor, checked: the runtime applies one factor after the
+    sum, which is what Horovod's two factors give for sums and averages (up to rounding)."""
+    for label, value in (("prescale_factor", prescale_factor),
+                         ("postscale_factor", postscale_factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{what}: {label} must be a number, got {value!r}")
+    scale = float(prescale_factor) * float(postscale_factor)
+    if scale != 1.0 and (reduce_op != "sum" or not dtype.is_floating):
+        raise ValueError(f"{what}: prescale_factor and postscale_factor apply to sums and "
+                         f"averages of float tensors only, not to {reduce_op} of {dtype.name}")
+    return scale
+
+
+def _scale_attrs(prescale_factor, postscale_factor) -> dict:
+    """The scale attributes to pass, none when they are 1 (the op's defaults)."""
+    if prescale_factor == 1.0 and postscale_factor == 1.0:
+        return {}
+    return {"prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor)}
+
+
 def _reduce_op(op, average: bool, what: str):
     """(average, reduce_op attr) for `op` (None: `average` decides)."""
     if op is None:
@@ -45,7 +75,8 @@ def _reduce_op(op, average: bool, what: str):
 
 def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: bool = True,
               name: Optional[str] = None, device: str = "",
-              compression=Compression.none, op=None) -> Union[tf.Tensor, tf.IndexedSlices]:
+              compression=Compression.none, op=None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
@@ -55,7 +86,9 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
     ``op`` (``bf.Average``, ``bf.Sum``, ``bf.Min``, ``bf.Max``, ``bf.Product``), when given,
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
-    and max return NaN where any rank has NaN.
+    and max return NaN where any rank has NaN. ``prescale_factor`` and ``postscale_factor``
+    (Horovod's) multiply the sum or mean of float tensors; bluefog applies their product once,
+    in C++, after the sum.
     """
     name = request_name("allreduce", name)
     if not isinstance(average, bool):
@@ -67,33 +100,43 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
         average, reduce_op = _reduce_op(op, average, what)
         if compression is not Compression.none:
             compression = compression_check(compression, what)
+    scaled = prescale_factor != 1.0 or postscale_factor != 1.0
     if isinstance(tensor, tf.IndexedSlices):
         if reduce_op != "sum":
-            raise ValueError(f"{op_error_prefix('allreduce', name)}: op {reduce_op} is not "
-                             "defined for tf.IndexedSlices; convert it to a dense tensor first "
-                             "(tf.convert_to_tensor)")
-        return _allreduce_indexed_slices(tensor, average, name, device, compression)
+            raise UnsupportedReductionError(
+                f"{op_error_prefix('allreduce', name)}: op {reduce_op} is not defined for "
+                "tf.IndexedSlices; convert it to a dense tensor first (tf.convert_to_tensor)")
+        scale = (_check_scale(prescale_factor, postscale_factor, tensor.values.dtype, reduce_op,
+                              op_error_prefix("allreduce", name)) if scaled else 1.0)
+        return _allreduce_indexed_slices(tensor, average, name, device, compression, scale)
     if not isinstance(tensor, tf.Tensor):
         tensor = to_tensor(tensor, "allreduce", name)
     check_dtype(tensor, "allreduce", name)
-    if compression is Compression.none and not device and op is None:  # the common path, lean
+    if compression is Compression.none and not device and op is None and not scaled:
+        # the common path, lean
         return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average)
+    if scaled:
+        _check_scale(prescale_factor, postscale_factor, tensor.dtype, reduce_op,
+                     op_error_prefix("allreduce", name))
     sent, context = compression.compress(tensor)
     with device_scope(device):
         out = ops.bluefog_allreduce(sent, tensor_name=name_input(name), average=average,
-                                    reduce_op=reduce_op)
+                                    reduce_op=reduce_op,
+                                    **_scale_attrs(prescale_factor, postscale_factor))
     return compression.decompress(out, context)
 
 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
-                      device: str = "", compression=Compression.none, op=None) -> list:
+                      device: str = "", compression=Compression.none, op=None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
     """Allreduce of every tensor in ``tensors``, as few TF ops and collectives as possible.
 
     Equivalent to ``[allreduce(t, average, compression=...) for t in tensors]`` but dense
     tensors of one dtype (after compression) go through a single op, so the runtime receives
     them together and fuses them. Every rank must pass the same number of tensors with the same
     shapes and dtypes in the same order. ``IndexedSlices`` and ``None`` entries are handled one
-    by one (``None`` stays ``None``). ``op`` as for ``allreduce``.
+    by one (``None`` stays ``None``). ``op``, ``prescale_factor`` and ``postscale_factor`` as
+    for ``allreduce``.
     """
     name = request_name("grouped_allreduce", name)
     what = op_error_prefix("grouped_allreduce", name, of_tensor=False)
@@ -113,13 +156,17 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
             continue
         if isinstance(t, tf.IndexedSlices):
             if reduce_op != "sum":
-                raise ValueError(f"{what}: op {reduce_op} is not defined for tf.IndexedSlices "
-                                 f"(tensor {i}); convert it to a dense tensor first")
+                raise UnsupportedReductionError(
+                    f"{what}: op {reduce_op} is not defined for tf.IndexedSlices (tensor {i}); "
+                    "convert it to a dense tensor first")
+            scale = _check_scale(prescale_factor, postscale_factor, t.values.dtype, reduce_op,
+                                 what)
             results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device,
-                                                   compression)
+                                                   compression, scale)
             continue
         t = to_tensor(t, "grouped_allreduce", f"{name}.{i}")
         check_dtype(t, "grouped_allreduce", f"{name}.{i}")
+        _check_scale(prescale_factor, postscale_factor, t.dtype, reduce_op, what)
         # Grouped and named by the dtype before compression: ranks that disagree on compression
         # then meet under one name and get a dtype error, instead of waiting for each other.
         dtype = t.dtype
@@ -130,7 +177,9 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
             outs = ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
                                                  tensor_name=name_input(f"{name}.{dtype.name}"),
-                                                 reduce_op=reduce_op)
+                                                 reduce_op=reduce_op,
+                                                 **_scale_attrs(prescale_factor,
+                                                                postscale_factor))
             for (i, _), out in zip(items, outs):
                 results[i] = out
     if compression is not Compression.none:
@@ -140,13 +189,16 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,
-                              device: str, compression=Compression.none) -> tf.IndexedSlices:
+                              device: str, compression=Compression.none,
+                              scale: float = 1.0) -> tf.IndexedSlices:
     sent, context = compression.compress(slices.values)
     with device_scope(device):
         values = compression.decompress(allgather(sent, name=name + ".values"), context)
         indices = allgather(slices.indices, name=name + ".indices")
     if average:
         values = _divide(values, basics.size())
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -216,12 +268,19 @@ def _extremum_or_product_grad(x, y, grad, reduce_op: str, base: Optional[str]):
     return summed * tf.cast(others, grad.dtype)
 
 
+def _scale_of(op) -> dict:
+    """The forward op's scale factors, for its gradient (the same linear map)."""
+    return {"prescale_factor": op.get_attr("prescale_factor"),
+            "postscale_factor": op.get_attr("postscale_factor")}
+
+
 @tf.RegisterGradient("BluefogAllreduce")
 def _allreduce_grad(op, grad):
     """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
     reduce_op = _reduce_op_attr(op)
     if reduce_op == "sum":
-        return [allreduce(grad, average=op.get_attr("average"), name=forward_name(op)), None]
+        return [allreduce(grad, average=op.get_attr("average"), name=forward_name(op),
+                          **_scale_of(op)), None]
     return [_extremum_or_product_grad(op.inputs[0], op.outputs[0], grad, reduce_op,
                                       forward_name(op)), None]
 
@@ -231,7 +290,8 @@ def _grouped_allreduce_grad(op, *grads):
     base = forward_name(op)
     reduce_op = _reduce_op_attr(op)
     if reduce_op == "sum":
-        reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base)
+        reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base,
+                                    **_scale_of(op))
         return reduced + [None]
     return [None if g is None else
             _extremum_or_product_grad(op.inputs[i], op.outputs[i], tf.convert_to_tensor(g),

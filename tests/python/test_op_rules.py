@@ -24,6 +24,8 @@ CORE_OP_TYPES = {
     3: ["neighbor_allreduce", "hierarchical_neighbor_allreduce"],
     4: ["neighbor_allgather"],
     5: ["neighbor_allgather.grad"],
+    6: ["alltoall"],
+    7: ["reducescatter", "grouped_reducescatter"],
 }
 
 

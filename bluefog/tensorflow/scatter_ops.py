@@ -1,0 +1,176 @@
+"""Horovod's collectives beyond the seed: alltoall, reducescatter and the grouped forms of
+reducescatter and allgather, with their gradients.
+
+Like the seed's collectives, each is a C++ AsyncOpKernel matched across ranks by name; this
+module validates arguments, names requests and registers gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow.mpi_ops import Average, Sum, allgather
+from bluefog.tensorflow.op_library import forward_name, name_input, ops, request_name
+from bluefog.tensorflow.op_rules import check_dtype, op_error_prefix, to_tensor
+
+__all__ = ["alltoall", "reducescatter", "grouped_reducescatter", "grouped_allgather"]
+
+
+def _check_rank_at_least_one(tensor: tf.Tensor, op: str, name: str) -> None:
+    if tensor.shape.rank == 0:
+        raise ValueError(f"{op_error_prefix(op, name)}: {op} splits dimension 0 over the ranks "
+                         "and needs a tensor of rank >= 1; reshape the scalar to [1] first")
+
+
+def _static_splits(splits, tensor: tf.Tensor, what: str) -> Optional[list]:
+    """``splits`` as a list of ints when it is known before running (else None), checked."""
+    if isinstance(splits, (tf.Tensor, tf.Variable)):
+        value = tf.get_static_value(splits)
+        if value is None:
+            return None
+        splits = value
+    values = [int(s) for s in np.asarray(splits).reshape([-1])]
+    if basics.is_initialized() and len(values) != basics.size():
+        raise ValueError(f"{what}: splits has {len(values)} entries for {basics.size()} ranks; "
+                         "pass one row count per rank")
+    if any(s < 0 for s in values):
+        raise ValueError(f"{what}: splits {values} has a negative entry")
+    rows = tensor.shape[0]
+    if rows is not None and sum(values) != rows:
+        raise ValueError(f"{what}: splits {values} add up to {sum(values)} rows, but the tensor "
+                         f"has {rows} rows")
+    return values
+
+
+def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
+             name: Optional[str] = None) -> tuple:
+    """Rank r sends rows ``[offset_j, offset_j + splits[j])`` of ``tensor`` to each rank j.
+
+    Returns ``(output, received_splits)``: the concatenation, in rank order, of the rows every
+    rank sent to this one, and how many rows each rank sent (int32, one entry per rank), as
+    Horovod does. ``splits`` (a list, array or int tensor with one entry per rank, summing to
+    dimension 0) defaults to equal splits, which needs dimension 0 to be a multiple of the
+    number of ranks. Ranks may send different numbers of rows; the other dimensions and the
+    dtype must match on every rank. The gradient is the reverse alltoall.
+    """
+    name = request_name("alltoall", name)
+    what = op_error_prefix("alltoall", name)
+    tensor = to_tensor(tensor, "alltoall", name)
+    check_dtype(tensor, "alltoall", name)
+    _check_rank_at_least_one(tensor, "alltoall", name)
+    if splits is None:
+        rows = tensor.shape[0]
+        if basics.is_initialized() and rows is not None and rows % basics.size():
+            raise ValueError(f"{what}: dimension 0 has {rows} rows, which do not split evenly "
+                             f"over {basics.size()} ranks; pass splits (one row count per rank)")
+        splits_input = tf.zeros([0], tf.int64)
+    else:
+        static = _static_splits(splits, tensor, what)
+        splits_input = (tf.constant(static, tf.int64, shape=[len(static)]) if static is not None
+                        else tf.cast(tf.reshape(splits, [-1]), tf.int64))
+    output, received = ops.bluefog_alltoall(tensor, tensor_name=name_input(name),
+                                            splits=splits_input)
+    return output, tf.cast(received, tf.int32)
+
+
+@tf.RegisterGradient("BluefogAlltoall")
+def _alltoall_grad(op, grad, _):
+    """Each received block goes back to the rank that sent it."""
+    back, _unused = ops.bluefog_alltoall(grad, tensor_name=name_input(_grad_name(op, "alltoall")),
+                                         splits=op.outputs[1])
+    return [back, None, None]
+
+
+def _grad_name(op, what: str) -> str:
+    return forward_name(op, 1) or request_name(what + ".grad", None)
+
+
+def _average_flag(op, what: str) -> bool:
+    if op not in (Average, Sum):
+        raise ValueError(f"{what}: op must be bf.Average or bf.Sum for a reducescatter, got "
+                         f"{op!r}")
+    return op == Average
+
+
+def reducescatter(tensor: Union[tf.Tensor, tf.Variable], op=Average,
+                  name: Optional[str] = None) -> tf.Tensor:
+    """The sum (``op=bf.Sum``) or mean (``bf.Average``, the default) of ``tensor`` over ranks,
+    of which each rank returns its slice of dimension 0.
+
+    Every rank must pass the same shape and dtype. Dimension 0 is split as Horovod splits it:
+    ``rows // size`` rows each, and one more for the first ``rows % size`` ranks (ranks beyond
+    the rows get zero rows). Integer averages truncate toward zero. The gradient is the
+    allgather of the upstream gradients (divided by the number of ranks for an average).
+    """
+    name = request_name("reducescatter", name)
+    average = _average_flag(op, op_error_prefix("reducescatter", name))
+    tensor = to_tensor(tensor, "reducescatter", name)
+    check_dtype(tensor, "reducescatter", name)
+    _check_rank_at_least_one(tensor, "reducescatter", name)
+    return ops.bluefog_reducescatter(tensor, tensor_name=name_input(name), average=average)
+
+
+def _gather_grad(grad, average: bool, name: Optional[str]):
+    gathered = allgather(grad, name=name)
+    if average:
+        gathered = gathered / tf.cast(basics.size(), gathered.dtype)
+    return gathered
+
+
+@tf.RegisterGradient("BluefogReducescatter")
+def _reducescatter_grad(op, grad):
+    return [_gather_grad(grad, op.get_attr("average"), forward_name(op)), None]
+
+
+def grouped_reducescatter(tensors: Sequence, op=Average, name: Optional[str] = None) -> list:
+    """``[reducescatter(t, op) for t in tensors]`` with the tensors of one dtype in one op.
+
+    Every rank must pass the same number of tensors with the same shapes and dtypes, in the
+    same order.
+    """
+    name = request_name("grouped_reducescatter", name)
+    what = op_error_prefix("grouped_reducescatter", name, of_tensor=False)
+    average = _average_flag(op, what)
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{what}: tensors must be a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
+    by_dtype: dict = {}
+    for i, t in enumerate(tensors):
+        t = to_tensor(t, "grouped_reducescatter", f"{name}.{i}")
+        check_dtype(t, "grouped_reducescatter", f"{name}.{i}")
+        _check_rank_at_least_one(t, "grouped_reducescatter", f"{name}.{i}")
+        by_dtype.setdefault(t.dtype, []).append((i, t))
+    results: list = [None] * len(tensors)
+    for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+        outs = ops.bluefog_grouped_reducescatter(
+            [t for _, t in items], average=average,
+            tensor_name=name_input(f"{name}.{dtype.name}"))
+        for (i, _), out in zip(items, outs):
+            results[i] = out
+    return results
+
+
+@tf.RegisterGradient("BluefogGroupedReducescatter")
+def _grouped_reducescatter_grad(op, *grads):
+    base = forward_name(op)
+    average = op.get_attr("average")
+    return [None if g is None else
+            _gather_grad(tf.convert_to_tensor(g), average, None if base is None else f"{base}.{i}")
+            for i, g in enumerate(grads)] + [None]
+
+
+def grouped_allgather(tensors: Sequence, name: Optional[str] = None) -> list:
+    """``[allgather(t) for t in tensors]``, named ``name.0`` ... ``name.N-1``.
+
+    Every rank must pass the same number of tensors, in the same order; as for ``allgather``,
+    dimension 0 may differ between ranks.
+    """
+    name = request_name("grouped_allgather", name)
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{op_error_prefix('grouped_allgather', name, of_tensor=False)}: tensors "
+                        f"must be a list or tuple of tensors, got {type(tensors).__name__}")
+    return [allgather(t, name=f"{name}.{i}") for i, t in enumerate(tensors)]
