@@ -63,7 +63,8 @@ def test_alltoall_equal_splits(mode, dtype, rank, size, op_name):
 def test_alltoall_uneven_splits(mode, rank, size, op_name):
     # Rank r sends (r + j) % 3 rows to rank j; row k holds 100 * r + k.
     splits = [(rank + j) % 3 for j in range(size)]
-    x = (100 * rank + np.arange(sum(splits), dtype=np.float32))[:, None] * np.ones([1, 2], np.float32)
+    x = ((100 * rank + np.arange(sum(splits), dtype=np.float32))[:, None]
+         * np.ones([1, 2], np.float32))
     out, received = _run(mode, lambda t: bf.alltoall(t, splits=splits, name=op_name), x)
     want_rows, want_splits = [], []
     for j in range(size):
@@ -132,7 +133,8 @@ def test_reducescatter(mode, dtype, op, rank, size, op_name):
         want = np.trunc(want)
     assert out.shape == (count, 2)
     rtol = {tf.float16: 1e-3, tf.bfloat16: 1e-2}.get(dtype, 1e-6)
-    np.testing.assert_allclose(out.astype(np.float64), np.repeat(want[:, None], 2, axis=1), rtol=rtol)
+    np.testing.assert_allclose(out.astype(np.float64), np.repeat(want[:, None], 2, axis=1),
+                               rtol=rtol)
 
 
 def test_reducescatter_default_is_average_and_fewer_rows_than_ranks(rank, size, op_name):
