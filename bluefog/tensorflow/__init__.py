@@ -35,6 +35,7 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Min,
     Product,
     Sum,
+    UnsupportedReductionError,
     allgather,
     allreduce,
     broadcast,
@@ -46,13 +47,23 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     neighbor_allreduce,
 )
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
+from bluefog.tensorflow.process_ops import (  # noqa: F401
+    local_rank_op,
+    local_size_op,
+    rank_op,
+    size_op,
+)
 from bluefog.tensorflow.scatter_ops import (  # noqa: F401
     alltoall,
     grouped_allgather,
     grouped_reducescatter,
     reducescatter,
 )
-from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
+from bluefog.tensorflow.variables import (  # noqa: F401
+    broadcast_,
+    broadcast_global_variables,
+    broadcast_variables,
+)
 
 
 def __getattr__(name):

@@ -96,6 +96,9 @@ class Averaging:
     device: str = ""
     compression: Any = Compression.none
     sparse_as_dense: bool = False
+    # Horovod's gradient_predivide_factor f: gradients are multiplied by 1/f before the sum and
+    # by f/size after it (one factor in C++ here), instead of one division by size.
+    predivide: float = 1.0
 
 
 def _check_device(device, what: str) -> str:
@@ -107,23 +110,36 @@ def _check_device(device, what: str) -> str:
     return device
 
 
-def averaging_options(device, compression, sparse_as_dense, what: str) -> Averaging:
+def averaging_options(device, compression, sparse_as_dense, what: str,
+                      gradient_predivide_factor: float = 1.0) -> Averaging:
     """The checked averaging options of a tape or optimizer (``what``).
 
-    Raises TypeError for a non-bool ``sparse_as_dense`` or a non-str ``device``, and what
+    Raises TypeError for a non-bool ``sparse_as_dense``, a non-str ``device`` or a non-number
+    ``gradient_predivide_factor``, ValueError for a factor that is not positive, and what
     ``compression.check`` raises for an unknown compression.
     """
     if not isinstance(sparse_as_dense, bool):
         raise TypeError(f"bluefog {what}: sparse_as_dense must be a bool, got "
                         f"{sparse_as_dense!r}")
+    f = gradient_predivide_factor
+    if isinstance(f, bool) or not isinstance(f, (int, float)):
+        raise TypeError(f"bluefog {what}: gradient_predivide_factor must be a number, got {f!r}")
+    if not f > 0:
+        raise ValueError(f"bluefog {what}: gradient_predivide_factor must be > 0, got {f!r}")
     return Averaging(_check_device(device, what),
-                     compression_check(compression, f"bluefog {what}"), sparse_as_dense)
+                     compression_check(compression, f"bluefog {what}"), sparse_as_dense,
+                     float(f))
 
 
 def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
     # One grouped request: the dense gradients of one dtype go through a single op, so the
     # runtime gets them together and fuses them.
     k = next_graph_index(prefix)
+    if how.predivide != 1.0:
+        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
+                                         device=how.device, compression=how.compression,
+                                         prescale_factor=1.0 / how.predivide,
+                                         postscale_factor=how.predivide / basics.size())
     return mpi_ops.grouped_allreduce(list(tensors), average=True, name=f"{prefix}.{k}",
                                      device=how.device, compression=how.compression)
 

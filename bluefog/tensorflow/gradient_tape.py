@@ -98,7 +98,8 @@ class _DistributedGradientTape(tf.GradientTape):
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
                             compression=Compression.none,
-                            sparse_as_dense: bool = False) -> tf.GradientTape:
+                            sparse_as_dense: bool = False,
+                            gradient_predivide_factor: float = 1.0) -> tf.GradientTape:
     """Wraps ``gradtape`` so that ``gradient()`` returns gradients averaged over all ranks.
 
     Works with persistent and non-persistent tapes, ``watch_accessed_variables=False``, in eager
@@ -122,6 +123,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
         sparse_as_dense: average ``tf.IndexedSlices`` gradients as dense tensors (one fused
             allreduce) instead of gathering every rank's rows; pays when the rows touched per
             step are a large part of the table.
+        gradient_predivide_factor: as Horovod's: gradients are scaled by
+            ``1 / gradient_predivide_factor`` before the sum over ranks and by
+            ``gradient_predivide_factor / size`` after it (still the average; a factor such as
+            ``size`` keeps float16 sums from overflowing). Float gradients only.
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
@@ -133,6 +138,6 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
         raise ValueError("bluefog DistributedGradientTape: this tape is already a "
                          "DistributedGradientTape; wrap the tf.GradientTape only once")
     how = averaging.averaging_options(device, compression, sparse_as_dense,
-                                      "DistributedGradientTape")
+                                      "DistributedGradientTape", gradient_predivide_factor)
     averaging.check_initialized("DistributedGradientTape")
     return _DistributedGradientTape(gradtape, "DistributedGradientTape", how)

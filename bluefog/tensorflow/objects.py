@@ -2,8 +2,10 @@
 
 For what is not a tensor: a resume epoch read from a checkpoint on rank 0, a config dict, each
 rank's file list or metrics. The object is pickled into a uint8 tensor and sent with the
-tensor collectives (its length first, so the ranks' objects may differ in size). Eager mode
-only; every rank must call them in the same order (or with the same ``name``).
+tensor collectives (its length first, so the ranks' objects may differ in size). They run
+eagerly, or in a ``tf.compat.v1`` graph through a session (``session=``, or the default
+session), as Horovod's do; not inside a ``tf.function``. Every rank must call them in the same
+order (or with the same ``name``).
 
 Unpickling runs code chosen by the sender: use these only between ranks of one job.
 """
@@ -11,7 +13,7 @@ Unpickling runs code chosen by the sender: use these only between ranks of one j
 from __future__ import annotations
 
 import pickle
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -24,10 +26,21 @@ from bluefog.tensorflow.op_rules import op_error_prefix
 __all__ = ["broadcast_object", "allgather_object"]
 
 
-def _check(op: str, name: str) -> None:
-    if not tf.executing_eagerly():
-        raise RuntimeError(f"{op_error_prefix(op, name, of_tensor=False)}: works in eager mode "
-                           "only (it pickles Python objects); call it outside tf.function")
+def _runner(op: str, name: str, session) -> Callable:
+    """How to get the value of a tensor built here: ``.numpy()`` eagerly; in a v1 graph, the
+    given or default session runs it."""
+    what = op_error_prefix(op, name, of_tensor=False)
+    if tf.executing_eagerly():
+        return lambda t: t.numpy()
+    if tf.inside_function():
+        raise RuntimeError(f"{what}: works in eager mode only, or in a tf.compat.v1 graph "
+                           "through a session (it pickles Python objects); call it outside "
+                           "tf.function")
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise RuntimeError(f"{what}: in graph mode it runs its collectives through a session; "
+                           "pass session=sess or call it inside `with sess.as_default():`")
+    return session.run
 
 
 def _pickled(obj: Any):
@@ -45,35 +58,44 @@ def _unpicklable(op: str, name: str, ranks: List[int], reason: Optional[str]) ->
                      f"{ranks} cannot be pickled{mine}; pass picklable objects")
 
 
-def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None) -> Any:
-    """``obj`` of ``root_rank``, on every rank (the other ranks' ``obj`` is ignored)."""
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
+                     session=None) -> Any:
+    """``obj`` of ``root_rank``, on every rank (the other ranks' ``obj`` is ignored).
+
+    In a ``tf.compat.v1`` graph, ``session`` (default: the default session) runs the
+    collectives it adds to the graph.
+    """
     name = request_name("broadcast_object", name)
-    _check("broadcast_object", name)
+    run = _runner("broadcast_object", name, session)
     me = basics.rank()
     data, reason = _pickled(obj) if me == root_rank else (None, None)
     # The length goes first (-1: the root could not pickle), so every rank fails together.
     sent = -1 if reason else (0 if data is None else data.size)
     length = mpi_ops.broadcast(tf.constant([sent], tf.int64), root_rank=root_rank,
                                name=name + ".length")
-    n = int(length.numpy()[0])
+    n = int(run(length)[0])
     if n < 0:
         raise _unpicklable("broadcast_object", name, [root_rank], reason)
     payload = tf.constant(data) if data is not None else tf.zeros([n], tf.uint8)
     received = mpi_ops.broadcast(payload, root_rank=root_rank, name=name + ".data")
-    return obj if me == root_rank else pickle.loads(received.numpy().tobytes())
+    if me == root_rank:
+        run(received)  # the root takes part too, but keeps its own object
+        return obj
+    return pickle.loads(run(received).tobytes())
 
 
-def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
-    """Every rank's ``obj``, as a list indexed by rank."""
+def allgather_object(obj: Any, name: Optional[str] = None, session=None) -> List[Any]:
+    """Every rank's ``obj``, as a list indexed by rank (``session`` as for
+    ``broadcast_object``)."""
     name = request_name("allgather_object", name)
-    _check("allgather_object", name)
+    run = _runner("allgather_object", name, session)
     data, reason = _pickled(obj)
-    lengths = mpi_ops.allgather(tf.constant([-1 if reason else data.size], tf.int64),
-                                name=name + ".lengths").numpy()
+    lengths = run(mpi_ops.allgather(tf.constant([-1 if reason else data.size], tf.int64),
+                                    name=name + ".lengths"))
     if (lengths < 0).any():
         raise _unpicklable("allgather_object", name, [int(r) for r in np.flatnonzero(lengths < 0)],
                            reason)
-    gathered = mpi_ops.allgather(tf.constant(data), name=name + ".data").numpy().tobytes()
+    gathered = run(mpi_ops.allgather(tf.constant(data), name=name + ".data")).tobytes()
     out, start = [], 0
     for n in lengths:
         out.append(pickle.loads(gathered[start:start + int(n)]))

@@ -15,7 +15,7 @@ from bluefog.common import basics
 from bluefog.tensorflow import averaging, mpi_ops, wrapping
 from bluefog.tensorflow.op_rules import op_error_prefix
 
-__all__ = ["broadcast_variables"]
+__all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables"]
 
 
 def _broadcast_in_graph(tensors: Sequence, root_rank: int, prefix: str) -> List:
@@ -78,3 +78,37 @@ def broadcast_variables(variables, root_rank: int) -> Optional[tf.Operation]:
     values = _broadcast_in_graph([tf.convert_to_tensor(v) for v in variables], root_rank,
                                  "broadcast_variables")
     return tf.group(*[v.assign(value) for v, value in zip(variables, values)])
+
+
+def broadcast_(variables, root_rank: int):
+    """Horovod's in-place broadcast: sets ``variables`` to their values on ``root_rank`` and
+    returns them.
+
+    Eager mode: assigns at once and returns the list of variables. Graph mode: returns the
+    assigned values (``v.assign(...)`` of each), to be run on every rank. Every rank must pass
+    the same variables in the same order.
+    """
+    variables = list(variables) if not _is_variable(variables) else variables
+    op = broadcast_variables(variables, root_rank)
+    if tf.executing_eagerly():
+        return variables
+    with tf.control_dependencies([op]):
+        return [tf.identity(v) for v in variables]
+
+
+def broadcast_global_variables(root_rank: int) -> tf.Operation:
+    """The op that broadcasts every ``tf.compat.v1`` global variable from ``root_rank``.
+
+    For TF1-style graphs run by a ``tf.compat.v1.Session`` (as Horovod's); run the returned op
+    on every rank after initializing the variables. In eager mode there are no global
+    variables: use ``bf.broadcast_variables(model.weights + optimizer.variables, root_rank)``.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError("bluefog broadcast_global_variables: works in tf.compat.v1 graph mode "
+                           "only (eager mode has no global variable collection); use "
+                           "bf.broadcast_variables(model.weights + optimizer.variables, "
+                           "root_rank) instead")
+    variables = tf.compat.v1.global_variables()
+    if not variables:
+        return tf.no_op()
+    return broadcast_variables(variables, root_rank)

@@ -58,3 +58,22 @@ def test_objects_are_eager_only(rank):
         inside()
     with pytest.raises(ValueError, match="root_rank"):
         bf.broadcast_object(1, root_rank=bf.size(), name="obj.badroot")
+
+
+def test_objects_in_a_v1_graph_through_the_session(rank, size):
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        # The default session.
+        got = bf.broadcast_object({"epoch": 7} if rank == 0 else None, root_rank=0,
+                                  name="obj.graph.bcast")
+        assert got == {"epoch": 7}
+        assert bf.allgather_object(f"r{rank}", name="obj.graph.gather") == [
+            f"r{r}" for r in range(size)]
+    # No default session: an explicit one, or a clear error.
+    graph = tf.Graph()
+    with graph.as_default():
+        with pytest.raises(RuntimeError, match="session"):
+            bf.broadcast_object(1, name="obj.graph.nosession")
+        with tf.compat.v1.Session(graph=graph) as sess:
+            assert bf.allgather_object(rank, name="obj.graph.explicit", session=sess) == list(
+                range(size))

@@ -1,0 +1,87 @@
+"""Horovod's API beyond the collectives, as a ported script calls it: in-place broadcasts,
+broadcast_global_variables in tf.compat.v1 graphs, the layout ops, gradient_predivide_factor,
+and the error class for unsupported IndexedSlices reductions.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bluefog.tensorflow as bf
+
+
+def test_broadcast_in_place_returns_the_variables(rank, size):
+    vs = [tf.Variable([float(rank)] * 2), tf.Variable(rank + 10)]
+    out = bf.broadcast_(vs, root_rank=size - 1)
+    assert out[0] is vs[0] and out[1] is vs[1]
+    np.testing.assert_allclose(vs[0].numpy(), [size - 1.0] * 2)
+    assert int(vs[1].numpy()) == size - 1 + 10
+
+
+def test_broadcast_global_variables_in_a_v1_graph(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.get_variable("a", initializer=tf.constant([float(rank), 1.0]))
+        b = tf.compat.v1.get_variable("b", initializer=tf.constant(rank, tf.int64))
+        bcast = bf.broadcast_global_variables(0)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(bcast)
+            values = sess.run([a, b])
+    np.testing.assert_allclose(values[0], [0.0, 1.0])
+    assert values[1] == 0
+
+
+def test_broadcast_global_variables_refuses_eager_mode():
+    with pytest.raises(RuntimeError, match="graph mode only"):
+        bf.broadcast_global_variables(0)
+
+
+def test_layout_ops(rank, size):
+    assert int(bf.rank_op()) == rank
+    assert int(bf.size_op()) == size
+    assert int(bf.local_rank_op()) == bf.local_rank()
+    assert int(bf.local_size_op()) == bf.local_size()
+    assert bf.rank_op().dtype == tf.int32
+
+    @tf.function
+    def in_function():
+        return bf.rank_op() * 10 + bf.size_op()
+
+    assert int(in_function()) == rank * 10 + size
+
+
+def test_gradient_predivide_factor_still_averages(rank, size):
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(rank + 1))
+    tape = bf.DistributedGradientTape(tape, gradient_predivide_factor=float(size))
+    grad = tape.gradient(loss, w)
+    np.testing.assert_allclose(grad.numpy(), [(size + 1) / 2] * 2, rtol=1e-6)
+
+
+def test_gradient_predivide_factor_in_keras_optimizer(rank, size):
+    import keras
+
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), gradient_predivide_factor=2.0,
+                                  name="hapi.predivide")
+    w = tf.Variable([0.0, 0.0])
+    opt.apply_gradients([(tf.constant([float(rank + 1), 2.0 * (rank + 1)]), w)])
+    np.testing.assert_allclose(w.numpy(), [-(size + 1) / 2, -(size + 1)], rtol=1e-6)
+
+
+def test_gradient_predivide_factor_must_be_positive():
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        bf.DistributedGradientTape(tf.GradientTape(), gradient_predivide_factor=0.0)
+    with pytest.raises(TypeError, match="gradient_predivide_factor"):
+        bf.DistributedGradientTape(tf.GradientTape(), gradient_predivide_factor="2")
+
+
+def test_unsupported_indexed_slices_reduction_is_also_not_implemented(rank, size):
+    slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([3, 2]))
+    with pytest.raises(NotImplementedError):
+        bf.allreduce(slices, op=bf.Max, name="hapi.slices.max")
+    with pytest.raises(ValueError):
+        bf.allreduce(slices, op=bf.Min, name="hapi.slices.min")
+    assert issubclass(bf.UnsupportedReductionError, NotImplementedError)
+    assert issubclass(bf.UnsupportedReductionError, ValueError)
