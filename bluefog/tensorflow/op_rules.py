@@ -63,9 +63,13 @@ def accepted_dtypes(op: str) -> frozenset:
     return OP_RULES[op].dtypes
 
 
+# Registered ops that take no tensor (so no dtype rule): join.
+_TENSORLESS_OP_TYPES = frozenset(["BluefogJoin"])
+
+
 def tf_op_types() -> frozenset:
     """Every TensorFlow op type bluefog registers."""
-    return frozenset(rule.tf_op_type for rule in OP_RULES.values())
+    return frozenset(rule.tf_op_type for rule in OP_RULES.values()) | _TENSORLESS_OP_TYPES
 
 
 def rank_str() -> str:

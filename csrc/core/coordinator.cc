@@ -75,6 +75,21 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
               metas, [](const TensorMeta& x) { return std::string(ReduceOpName(x.reduce_op)); }),
           "Pass the same op on every rank.");
   }
+  for (const auto& m : metas) {
+    if (m->average != m0.average)
+      return fail("averaging",
+                  DescribeDifference(metas,
+                                     [](const TensorMeta& x) {
+                                       return std::string(x.average ? "average" : "sum");
+                                     }),
+                  "Pass the same average (or op) on every rank.");
+  }
+  for (const auto& m : metas) {
+    if (m->scale != m0.scale)
+      return fail("scale factor",
+                  DescribeDifference(metas, [](const TensorMeta& x) { return Concat(x.scale); }),
+                  "Pass the same prescale_factor * postscale_factor on every rank.");
+  }
   if (IsNeighborOp(m0.op)) {
     // Every receive must be matched by the sender's send and vice versa, or the exchange hangs.
     const int n = static_cast<int>(metas.size());
@@ -133,7 +148,27 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
   return Status::Ok();
 }
 
-Coordinator::Coordinator(int size) : size_(size) {}
+Coordinator::Coordinator(int size) : size_(size), joined_(size, false) {}
+
+bool Coordinator::OnlyJoinedMissing(const Entry& entry) const {
+  if (num_joined_ == 0) return false;
+  for (int r = 0; r < size_; ++r)
+    if (!entry.metas[r] && !joined_[r]) return false;
+  return true;
+}
+
+void Coordinator::CompleteForJoined() {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : table_)
+    if (entry.count > 0 && OnlyJoinedMissing(entry)) names.push_back(name);
+  // Every rank completes them in the same order, whatever its map's iteration order.
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    auto it = table_.find(name);
+    ready_.push_back(Complete(it->second));
+    table_.erase(it);
+  }
+}
 
 void Coordinator::Announce(int rank, const TensorMeta& meta) {
   BF_ENFORCE(rank >= 0 && rank < size_, StatusCode::kInternal, "announcement from rank ", rank,
@@ -143,7 +178,22 @@ void Coordinator::Announce(int rank, const TensorMeta& meta) {
   BF_ENFORCE(!entry.metas[rank].has_value(), StatusCode::kInternal, "rank ", rank,
              " announced tensor '", meta.name, "' twice");
   entry.metas[rank] = meta;
+  if (meta.op == OpType::kJoin && !joined_[rank]) {
+    joined_[rank] = true;
+    ++num_joined_;
+    last_joined_ = rank;
+  }
   if (++entry.count == size_) {
+    ready_.push_back(Complete(entry));
+    table_.erase(meta.name);
+    if (meta.op == OpType::kJoin) {  // every rank has joined: the join is over
+      std::fill(joined_.begin(), joined_.end(), false);
+      num_joined_ = 0;
+      last_joined_ = -1;
+    }
+  } else if (meta.op == OpType::kJoin) {
+    CompleteForJoined();
+  } else if (OnlyJoinedMissing(entry)) {
     ready_.push_back(Complete(entry));
     table_.erase(meta.name);
   }
@@ -151,7 +201,34 @@ void Coordinator::Announce(int rank, const TensorMeta& meta) {
 
 Response Coordinator::Complete(Entry& entry) const {
   Response response;
+  if (entry.count < size_) {
+    // Stand in for the joined ranks: an allreduce runs with their zeros, an allgather with
+    // their zero rows; any other op cannot run while a rank has stopped submitting.
+    const TensorMeta* present = nullptr;
+    for (const auto& m : entry.metas)
+      if (m && !present) present = &*m;
+    for (int r = 0; r < size_; ++r) {
+      if (entry.metas[r]) continue;
+      response.joined.push_back(r);
+      TensorMeta stand_in = *present;
+      if (HasPerRankFirstDim(stand_in.op) && !stand_in.shape.empty()) stand_in.shape[0] = 0;
+      entry.metas[r] = std::move(stand_in);
+    }
+    const OpType op = present->op;
+    if (op != OpType::kAllreduce && op != OpType::kAllgather) {
+      response.meta = *present;
+      response.status = Status(
+          StatusCode::kPrecondition,
+          Concat("bluefog ", OpTypeName(op), " of tensor '", present->name, "': rank(s) ",
+                 RanksString(std::vector<int32_t>(response.joined.begin(), response.joined.end())),
+                 " have called join() and submit no more collectives; only allreduce and "
+                 "allgather run until every rank has joined"));
+      response.joined.clear();
+      return response;
+    }
+  }
   response.meta = *entry.metas[0];
+  if (response.meta.op == OpType::kJoin) response.last_joined = last_joined_;
   response.status = CheckAgreement(entry.metas);
   if (response.status.ok() && IsNeighborOp(response.meta.op)) {
     std::string& sig = response.topology_signature;

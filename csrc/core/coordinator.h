@@ -26,6 +26,11 @@ struct Response {
   Status status;
   // Every rank's announcement, in rank order (status ok only): what the response cache keeps.
   std::vector<TensorMeta> rank_metas;
+  // Ranks that had joined (bf.join()) instead of announcing: the coordinator stood in for them
+  // (allreduce: their meta, to be run with zeros; allgather: zero rows). Ascending.
+  std::vector<int> joined;
+  // join: the last rank to join.
+  int last_joined = -1;
 };
 
 struct WaitingTensor {
@@ -53,10 +58,18 @@ class Coordinator {
     int count = 0;
   };
   Response Complete(Entry& entry) const;
+  // Whether every rank that has not announced `entry` has joined.
+  bool OnlyJoinedMissing(const Entry& entry) const;
+  // Completes, in name order, the entries that now lack only joined ranks.
+  void CompleteForJoined();
 
   int size_;
   std::unordered_map<std::string, Entry> table_;
   std::vector<Response> ready_;
+  // Ranks that have joined and are waiting for the others to join.
+  std::vector<bool> joined_;
+  int num_joined_ = 0;
+  int last_joined_ = -1;
 };
 
 // Checks that ranks' metadata agree under the op's rules; returns the error for every rank, or ok.

@@ -1,5 +1,6 @@
 #include "core/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -22,8 +23,32 @@ int64_t RowBytes(const TensorMeta& meta) {
   return row_elems * static_cast<int64_t>(ElementSize(meta.dtype));
 }
 
+Request* Executor::RequestFor(const Response& response) {
+  if (!std::binary_search(response.joined.begin(), response.joined.end(), info_.rank))
+    return requests_->Lookup(response.meta.name);
+  Request& r = stand_ins_.emplace_back();
+  r.meta = response.meta;
+  if (HasPerRankFirstDim(r.meta.op) && !r.meta.shape.empty()) r.meta.shape[0] = 0;
+  r.average = r.meta.average;
+  r.scale = r.meta.scale;
+  const size_t bytes = r.meta.NumBytes();
+  if (zeros_.size() < bytes) zeros_.resize(bytes, 0);
+  if (dropped_.size() < bytes) dropped_.resize(bytes);
+  r.input = zeros_.data();
+  r.output = dropped_.data();
+  r.allocate_output = [this](const std::vector<int64_t>& shape) -> void* {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    // Sized by the caller's dtype: the largest element is 8 bytes.
+    if (dropped_.size() < static_cast<size_t>(n) * 8) dropped_.resize(static_cast<size_t>(n) * 8);
+    return dropped_.data();
+  };
+  return &r;
+}
+
 size_t Executor::Execute(std::vector<Response>& ready) {
   size_t collectives = 0;
+  stand_ins_.clear();
   for (const Group& g : PlanGroups(ready, limits_)) {
     const Response* group = ready.data() + g.begin;
     const size_t n = g.end - g.begin;
@@ -44,6 +69,7 @@ size_t Executor::Execute(std::vector<Response>& ready) {
         case OpType::kNeighborAllgatherGrad: NeighborAllgatherGrad(r); break;
         case OpType::kAlltoall: Alltoall(r); break;
         case OpType::kReducescatter: Reducescatter(r); break;
+        case OpType::kJoin: Join(r); break;
       }
     } catch (const BluefogError& e) {
       for (size_t k = 0; k < n; ++k)
@@ -67,10 +93,10 @@ void Executor::Allreduces(const Response* group, size_t n) {
   std::vector<double> scale;
   size_t total = 0;
   for (size_t k = 0; k < n; ++k) {
-    reqs.push_back(requests_->Lookup(group[k].meta.name));
+    reqs.push_back(RequestFor(group[k]));
     total += reqs.back()->meta.NumBytes();
-    average.push_back(reqs.back()->average);
-    scale.push_back(reqs.back()->scale);
+    average.push_back(reqs.back()->meta.average);
+    scale.push_back(reqs.back()->meta.scale);
   }
   const AveragePlan plan = PlanAverage(average, op, info_.size, scale);
   const size_t elem = ElementSize(dtype);
@@ -123,7 +149,7 @@ void* Executor::AllocateOutput(Request* req, const std::vector<int64_t>& shape, 
 }
 
 void Executor::Allgather(const Response& response) {
-  Request* req = requests_->Lookup(response.meta.name);
+  Request* req = RequestFor(response);
   const TensorMeta& meta = req->meta;
   const int64_t row_bytes = RowBytes(meta);
   std::vector<int64_t> bytes_per_rank(info_.size);
@@ -196,11 +222,18 @@ void Executor::Reducescatter(const Response& response) {
   std::vector<int64_t> counts(info_.size);
   for (int r = 0; r < info_.size; ++r)
     counts[r] = ReducescatterRows(rows, info_.size, r) * row_elems;
-  const AveragePlan plan = PlanAverage({req->average}, meta.reduce_op, info_.size);
+  const AveragePlan plan = PlanAverage({meta.average}, meta.reduce_op, info_.size);
   if (meta.NumElements() > 0)
     transport_->ReduceScatter(req->input, req->output, counts, meta.dtype, meta.reduce_op,
                               plan.collective_divisor);
   requests_->Finish(meta.name, Status::Ok());
+}
+
+// Every rank has joined: the join completes with the last rank to join, no data moves.
+void Executor::Join(const Response& response) {
+  Request* req = requests_->Lookup(response.meta.name);
+  if (req->output) *static_cast<int32_t*>(req->output) = response.last_joined;
+  requests_->Finish(response.meta.name, Status::Ok());
 }
 
 }  // namespace bluefog

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,10 @@ class Executor {
   void NeighborAllgatherGrad(const Response& response);
   void Alltoall(const Response& response);
   void Reducescatter(const Response& response);
+  void Join(const Response& response);
+  // This rank's request for `response`: its own or, when it has joined (bf.join()), a stand-in
+  // that contributes zeros (allreduce) or no rows (allgather) and whose result is dropped.
+  Request* RequestFor(const Response& response);
   // The allgathers' output, or scratch memory (and an error in *status) when it cannot be
   // allocated: this rank must still take part in the collective, or the others would wait.
   void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
@@ -61,6 +66,9 @@ class Executor {
   // Grown to the largest size seen, never shrunk: no allocation per step.
   std::vector<char> fusion_buffer_;
   std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies
+  std::deque<Request> stand_ins_;      // this round's stand-ins for a joined rank
+  std::vector<char> zeros_;            // their input: only ever read, so it stays zero
+  std::vector<char> dropped_;          // their output
 };
 
 // Bytes of one slice along dimension 0.

@@ -32,6 +32,7 @@ constexpr OpRule kRules[kNumOpTypes] = {
     /* alltoall */ {kAll, "", true},
     /* reducescatter */
     {kNumeric, "cannot be summed; cast it to an integer or float dtype first", true},
+    /* join */ {kAll, "", false},
 };
 
 const OpRule& RuleOf(OpType op) { return kRules[static_cast<int>(op)]; }

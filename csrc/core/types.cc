@@ -48,6 +48,7 @@ const char* OpTypeName(OpType op) {
     case OpType::kNeighborAllgatherGrad: return "neighbor_allgather gradient";
     case OpType::kAlltoall: return "alltoall";
     case OpType::kReducescatter: return "reducescatter";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }

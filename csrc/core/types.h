@@ -39,8 +39,11 @@ enum class OpType : uint8_t {
   // The sum (or average) over ranks, of which rank r keeps its slice of dimension 0
   // (ReducescatterRows).
   kReducescatter,
+  // bf.join(): this rank has no more data. Until every rank has joined, it takes part in the
+  // other ranks' allreduces (with zeros) and allgathers (with no rows).
+  kJoin,
 };
-constexpr int kNumOpTypes = 8;
+constexpr int kNumOpTypes = 9;
 bool IsNeighborOp(OpType op);
 
 // How allreduce combines the ranks' values (elementwise). Averaging is a sum divided by the
@@ -76,6 +79,11 @@ struct TensorMeta {
   int64_t input_rows = -1;
   // alltoall only: the rows of dimension 0 this rank sends to each rank (one entry per rank).
   std::vector<int64_t> splits;
+  // allreduce and reducescatter: whether the sum is divided by the number of ranks, and the
+  // factor it is multiplied by (Request's, copied at submission). Agreed, because they decide
+  // how the collective divides (the ring divides each rank's segment before sending it on).
+  bool average = false;
+  double scale = 1.0;
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * ElementSize(dtype); }

@@ -73,6 +73,10 @@ std::string EncodeRound(const RoundMessage& message) {
       Put<uint32_t>(out, static_cast<uint32_t>(m.splits.size()));
       for (int64_t s : m.splits) Put<int64_t>(out, s);
     }
+    if (m.op == OpType::kAllreduce || m.op == OpType::kReducescatter) {
+      Put<uint8_t>(out, m.average ? 1 : 0);
+      Put<double>(out, m.scale);
+    }
     if (m.op == OpType::kAllreduce) Put<uint8_t>(out, static_cast<uint8_t>(m.reduce_op));
   }
   return out;
@@ -113,6 +117,10 @@ RoundMessage DecodeRound(const char* data, size_t size) {
       BF_ENFORCE(n <= size, StatusCode::kInternal, "malformed negotiation message: ", n, " splits");
       m.splits.resize(n);
       for (uint32_t k = 0; k < n; ++k) m.splits[k] = in.Get<int64_t>();
+    }
+    if (m.op == OpType::kAllreduce || m.op == OpType::kReducescatter) {
+      m.average = in.Get<uint8_t>() != 0;
+      m.scale = in.Get<double>();
     }
     if (m.op == OpType::kAllreduce) {
       const int reduce_op = in.Get<uint8_t>();

@@ -356,6 +356,31 @@ class AlltoallKernel : public CollectiveKernel {
   }
 };
 
+// Input 0 is the request name; output 0 (int32 scalar) the last rank to join.
+class JoinKernel : public AsyncOpKernel {
+ public:
+  explicit JoinKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(0), 0, "tensor_name", OpType::kJoin, ""), done);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &output), done);
+    Request request;
+    request.meta.op = OpType::kJoin;
+    request.meta.name = std::string(ctx->input(0).scalar<::tensorflow::tstring>()());
+    request.meta.dtype = DataType::kInt32;
+    request.output = DataOf(output);
+    request.done = [ctx, done](const Status& s) {
+      if (!s.ok()) ctx->SetStatus(ToTfStatus(s));
+      done();
+    };
+    Status s = Runtime::Get().Enqueue(std::move(request));
+    if (!s.ok()) {
+      ctx->SetStatus(ToTfStatus(s));
+      done();
+    }
+  }
+};
+
 class AllgatherKernel : public CollectiveKernel {
  public:
   explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, OpType::kAllgather) {}
@@ -593,6 +618,19 @@ REGISTER_OP("BluefogAlltoall")
         "Rank r sends rows [offset_j, offset_j + splits[j]) to rank j and returns what every "
         "rank sent it, in rank order, and how many rows each sent.");
 
+REGISTER_OP("BluefogJoin")
+    .Input("tensor_name: string")
+    .Output("last_joined: int32")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckSideInputs(c, 0));
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(
+        "Returns once every rank has joined; until then this rank takes part in the others' "
+        "allreduces (with zeros) and allgathers (with no rows). Output: the last rank to join.");
+
 REGISTER_OP("BluefogAllgather")
     .Attr(TypeAttr(OpType::kAllgather))
     .Input("tensor: T")
@@ -671,6 +709,7 @@ REGISTER_KERNEL_BUILDER(Name("BluefogReducescatter").Device(::tensorflow::DEVICE
 REGISTER_KERNEL_BUILDER(Name("BluefogGroupedReducescatter").Device(::tensorflow::DEVICE_CPU),
                         GroupedKernel<OpType::kReducescatter>);
 REGISTER_KERNEL_BUILDER(Name("BluefogAlltoall").Device(::tensorflow::DEVICE_CPU), AlltoallKernel);
+REGISTER_KERNEL_BUILDER(Name("BluefogJoin").Device(::tensorflow::DEVICE_CPU), JoinKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogAllgather").Device(::tensorflow::DEVICE_CPU), AllgatherKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogNeighborAllreduce").Device(::tensorflow::DEVICE_CPU),
                         NeighborAllreduceKernel);

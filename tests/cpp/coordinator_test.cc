@@ -54,6 +54,56 @@ TEST(Coordinator, AlltoallCollectsEverySplitAndChecksTrailingShapes) {
       << ready[0].status.message();
 }
 
+TEST(Coordinator, JoinedRanksAreStoodInForUntilEveryRankJoins) {
+  Coordinator c(3);
+  c.Announce(0, Meta("x", OpType::kAllreduce, {4}));  // before rank 1 joins: waits for it
+  EXPECT_TRUE(c.TakeReady().empty());
+  c.Announce(1, Meta("join.0", OpType::kJoin, {}, DataType::kInt32));
+  EXPECT_TRUE(c.TakeReady().empty());  // rank 2 has not announced x yet
+  c.Announce(2, Meta("x", OpType::kAllreduce, {4}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_TRUE(ready[0].status.ok()) << ready[0].status.message();
+  EXPECT_EQ(ready[0].joined, std::vector<int>({1}));
+
+  c.Announce(0, Meta("g", OpType::kAllgather, {2, 3}));
+  c.Announce(2, Meta("g", OpType::kAllgather, {5, 3}));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_TRUE(ready[0].status.ok());
+  EXPECT_EQ(ready[0].first_dims, std::vector<int64_t>({2, 0, 5}));
+
+  c.Announce(0, Meta("b", OpType::kBroadcast, {1}, DataType::kFloat32, 0));
+  c.Announce(2, Meta("b", OpType::kBroadcast, {1}, DataType::kFloat32, 0));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_NE(ready[0].status.message().find("rank(s) [1] have called join()"), std::string::npos)
+      << ready[0].status.message();
+
+  c.Announce(2, Meta("join.0", OpType::kJoin, {}, DataType::kInt32));
+  c.Announce(0, Meta("join.0", OpType::kJoin, {}, DataType::kInt32));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].meta.op, OpType::kJoin);
+  EXPECT_EQ(ready[0].last_joined, 0);
+  // The join is over: a rank missing from the next allreduce is waited for again.
+  c.Announce(0, Meta("y", OpType::kAllreduce, {1}));
+  c.Announce(2, Meta("y", OpType::kAllreduce, {1}));
+  EXPECT_TRUE(c.TakeReady().empty());
+}
+
+TEST(Coordinator, RanksMustAgreeOnAveraging) {
+  Coordinator c(2);
+  TensorMeta a = Meta("a", OpType::kAllreduce, {2});
+  a.average = true;
+  c.Announce(0, a);
+  c.Announce(1, Meta("a", OpType::kAllreduce, {2}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_NE(ready[0].status.message().find("ranks disagree on the averaging"), std::string::npos)
+      << ready[0].status.message();
+}
+
 TEST(Coordinator, CompletionOrderFollowsLastAnnouncement) {
   Coordinator c(2);
   c.Announce(0, Meta("x", OpType::kAllreduce, {1}));

@@ -1,0 +1,104 @@
+"""bf.join(): ranks with different numbers of batches finish without a hang, the joined ranks
+contribute zeros to the others' allreduces (and no rows to allgathers), and after a broadcast
+from the last rank to join (which ran every step) the weights are identical on every rank and
+equal to a closed-form (or numpy-simulated) result.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bluefog.tensorflow as bf
+
+
+def _batches(rank):
+    return 3 + 2 * (rank % 3)  # 3, 5, 7, 3 batches on ranks 0..3
+
+
+def test_join_returns_the_last_rank_and_stands_in_for_allreduce_and_allgather(rank, size):
+    steps = _batches(rank)
+    total = np.zeros(2)
+    gathered_rows = []
+    for t in range(max(_batches(r) for r in range(size))):
+        if t >= steps:
+            break
+        total += bf.allreduce(tf.constant([1.0, float(rank)]), average=False,
+                              name=f"join.sum.{t}").numpy()
+        gathered = bf.allgather(tf.fill([1, 2], float(rank)), name=f"join.g.{t}")
+        gathered_rows.append(gathered.shape[0])
+    last = int(bf.join())
+    # The last rank to join is one with the most batches.
+    assert _batches(last) == max(_batches(r) for r in range(size))
+    # Step t summed only the ranks still active at t.
+    want = np.zeros(2)
+    for t in range(steps):
+        active = [r for r in range(size) if _batches(r) > t]
+        want += [len(active), sum(active)]
+    np.testing.assert_allclose(total, want)
+    assert gathered_rows == [sum(1 for r in range(size) if _batches(r) > t) for t in range(steps)]
+    # After the join, collectives wait for every rank again.
+    out = bf.allreduce(tf.constant([1.0]), average=False, name="join.after")
+    np.testing.assert_allclose(out.numpy(), [size])
+
+
+def test_custom_loop_with_uneven_batches(rank, size):
+    w = tf.Variable([0.0, 0.0])
+    opt_lr = 0.5
+    for t in range(_batches(rank)):
+        c = np.array([rank + 1.0 + t, 1.0], np.float32)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * c)
+        tape = bf.DistributedGradientTape(tape)
+        (g,) = tape.gradient(loss, [w])
+        w.assign_sub(opt_lr * g)
+    # A rank that stopped early missed the last updates: take the weights of the last rank to
+    # join, which ran every step (the pattern join() returns that rank for).
+    bf.broadcast_variables([w], root_rank=int(bf.join()))
+    # Average over size() ranks (joined ones count, with zero gradients).
+    want = np.zeros(2)
+    for r in range(size):
+        for t in range(_batches(r)):
+            want -= opt_lr * np.array([r + 1.0 + t, 1.0]) / size
+    np.testing.assert_allclose(w.numpy(), want, rtol=1e-6)
+    everyone = bf.allgather(tf.expand_dims(w, 0), name="join.loop.weights").numpy()
+    np.testing.assert_array_equal(everyone, np.repeat(everyone[:1], size, axis=0))
+
+
+def test_keras_fit_with_uneven_shards(rank, size):
+    import keras
+
+    keras.utils.set_random_seed(1)
+    batch = 4
+    rng = np.random.default_rng(7)
+    data = [(rng.normal(size=(batch * _batches(r), 3)).astype(np.float32),
+             rng.normal(size=(batch * _batches(r), 1)).astype(np.float32)) for r in range(size)]
+    model = keras.Sequential([keras.Input([3]), keras.layers.Dense(1, use_bias=False,
+                                                                   kernel_initializer="zeros")])
+    lr = 0.1
+    model.compile(optimizer=bf.DistributedOptimizer(keras.optimizers.SGD(lr), name="join.fit"),
+                  loss="mse")
+    x, y = data[rank]
+    history = model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    bf.broadcast_variables(model.weights, root_rank=int(bf.join()))
+    assert len(history.history["loss"]) == 1
+    # numpy: each step averages (over size) the MSE gradients of the ranks still active.
+    w = np.zeros((3, 1))
+    for t in range(max(_batches(r) for r in range(size))):
+        g = np.zeros_like(w)
+        for r in range(size):
+            if t < _batches(r):
+                rows = slice(t * batch, (t + 1) * batch)
+                xb, yb = data[r][0][rows], data[r][1][rows]
+                g += 2.0 / batch * xb.T @ (xb @ w - yb)
+        w -= lr * g / size
+    np.testing.assert_allclose(model.get_weights()[0], w, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+def test_only_allreduce_and_allgather_run_while_a_rank_has_joined(rank, size):
+    if rank != 0:
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match=r"rank\(s\) \[0\] have called join"):
+            bf.broadcast(tf.ones([2]), root_rank=1, name="join.bcast")
+    # Rank 0 joined first, so the last to join is another rank.
+    assert int(bf.join()) != 0
