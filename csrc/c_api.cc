@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "core/op_rules.h"
 #include "core/runtime.h"
@@ -56,6 +57,34 @@ int bluefog_mpi_threads_supported(void) {
   return IfRunning([](const auto& i) { return i.threads_multiple ? 1 : 0; });
 }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
+int bluefog_add_process_set(const int* ranks, int count) {
+  int id = -1;
+  if (Guard([&] {
+        id = bluefog::Runtime::Get().AddProcessSet(std::vector<int>(ranks, ranks + count));
+      }) != 0)
+    return -1;
+  return id;
+}
+int bluefog_remove_process_set(int id) {
+  return Guard([id] { bluefog::Runtime::Get().RemoveProcessSet(id); });
+}
+int bluefog_process_set_rank(int id) {
+  int rank, size;
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  return rt.running() && rt.SetLayout(id, &rank, &size) ? rank : -1;
+}
+int bluefog_process_set_size(int id) {
+  int rank, size;
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  return rt.running() && rt.SetLayout(id, &rank, &size) ? size : -1;
+}
+int bluefog_process_set_ranks(int id, int* out, int capacity) {
+  if (!bluefog::Runtime::Get().running()) return -1;
+  std::vector<int> ranks = bluefog::Runtime::Get().SetRanks(id);
+  if (ranks.empty()) return -1;
+  for (int k = 0; k < capacity && k < static_cast<int>(ranks.size()); ++k) out[k] = ranks[k];
+  return static_cast<int>(ranks.size());
+}
 int bluefog_op_accepts_dtype(int op_type, int dtype) {
   if (!bluefog::IsValidOpType(op_type) || !bluefog::IsValidDataType(dtype)) return -1;
   return bluefog::OpAcceptsDtype(static_cast<bluefog::OpType>(op_type),

@@ -19,6 +19,16 @@ const char* bluefog_last_error(void);  // thread-local; valid until the next fai
 // that name no op or dtype. Lets the Python layer check its own table against the core's.
 int bluefog_op_accepts_dtype(int op_type, int dtype);
 
+// Process sets. add: every rank passes the same ranks, in the same order of calls; returns the
+// new set's id (>= 1) or -1. remove: 0 or -1. rank/size: this rank's index in set `id` and its
+// size, -1 when this rank is not in it. ranks: writes up to `capacity` job-wide ranks of the set
+// to `out` and returns how many it has (-1: no such set).
+int bluefog_add_process_set(const int* ranks, int count);
+int bluefog_remove_process_set(int id);
+int bluefog_process_set_rank(int id);
+int bluefog_process_set_size(int id);
+int bluefog_process_set_ranks(int id, int* out, int capacity);
+
 #ifdef __cplusplus
 }
 #endif

@@ -90,6 +90,15 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
                   DescribeDifference(metas, [](const TensorMeta& x) { return Concat(x.scale); }),
                   "Pass the same prescale_factor * postscale_factor on every rank.");
   }
+  if (m0.op == OpType::kAddProcessSet || m0.op == OpType::kRemoveProcessSet) {
+    for (const auto& m : metas) {
+      if (m->send_ranks != m0.send_ranks)
+        return fail(m0.op == OpType::kAddProcessSet ? "process set's ranks" : "process set",
+                    DescribeDifference(
+                        metas, [](const TensorMeta& x) { return RanksString(x.send_ranks); }),
+                    "Every rank must add (and remove) the same process sets in the same order.");
+    }
+  }
   if (IsNeighborOp(m0.op)) {
     // Every receive must be matched by the sender's send and vice versa, or the exchange hangs.
     const int n = static_cast<int>(metas.size());

@@ -70,6 +70,9 @@ size_t Executor::Execute(std::vector<Response>& ready) {
         case OpType::kAlltoall: Alltoall(r); break;
         case OpType::kReducescatter: Reducescatter(r); break;
         case OpType::kJoin: Join(r); break;
+        case OpType::kAddProcessSet:
+        case OpType::kRemoveProcessSet:  // run by the channel before the executors
+          throw BluefogError(StatusCode::kInternal, "process set request reached the executor");
       }
     } catch (const BluefogError& e) {
       for (size_t k = 0; k < n; ++k)

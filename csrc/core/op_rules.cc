@@ -33,6 +33,8 @@ constexpr OpRule kRules[kNumOpTypes] = {
     /* reducescatter */
     {kNumeric, "cannot be summed; cast it to an integer or float dtype first", true},
     /* join */ {kAll, "", false},
+    /* add_process_set */ {kAll, "", false},
+    /* remove_process_set */ {kAll, "", false},
 };
 
 const OpRule& RuleOf(OpType op) { return kRules[static_cast<int>(op)]; }

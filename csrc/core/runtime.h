@@ -1,30 +1,27 @@
-// The process-wide runtime: one background thread that negotiates requests with the other ranks
-// and runs every MPI call. The C API and the framework kernels are its only callers.
+// The process-wide runtime: starts MPI on a background thread, owns the channel of every rank
+// of the job (the global process set) and one channel per process set this rank belongs to,
+// and routes each request to its set's channel. The C API and the framework kernels are its
+// only callers.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
+#include "core/channel.h"
 #include "core/config.h"
-#include "core/coordinator.h"
-#include "core/executor.h"
 #include "core/request.h"
-#include "core/response_cache.h"
-#include "core/stall_report.h"
 #include "core/timeline.h"
 #include "mpi/transport.h"
 
 namespace bluefog {
 
-class Runtime : private RequestTable {
+class Runtime {
  public:
   static Runtime& Get();
 
@@ -33,57 +30,50 @@ class Runtime : private RequestTable {
   // Stops every rank's runtime: pending requests fail with a "shut down" error. Idempotent.
   void Shutdown();
 
-  bool running() const { return state_.load() == State::kRunning; }
+  bool running() const;
+  // This rank in the whole job.
   const TransportInfo& info() const { return info_; }
-  const Config& config() const { return config_; }
 
-  // Validates locally and queues. A non-ok status means the request was not queued and `done`
-  // will not be called.
+  // Validates locally and queues on the request's process set. A non-ok status means the
+  // request was not queued and `done` will not be called.
   Status Enqueue(Request request);
 
- private:
-  enum class State { kNotStarted, kRunning, kStopped };
-  Runtime() = default;
-  void Loop(std::promise<void>* started);
-  // One negotiation round and the collectives it made ready; returns false once stopped.
-  // Sets *anyone_spoke when some rank announced something.
-  bool RunRound(bool* anyone_spoke);
-  // RequestTable, for the executors. Lookup's result stays valid: only this thread erases.
-  Request* Lookup(const std::string& name) override;
-  // Removes the local request for `name` and reports `status` to it.
-  void Finish(const std::string& name, const Status& status) override;
-  // Stops the loop after an error the runtime cannot recover from: records the reason, and
-  // gives up finalizing MPI, since an exchange may still be pending.
-  void Abandon(const std::string& reason);
-  void FailAll(const Status& status);
-  void CheckStalls();
+  // Process sets. Every rank must register (and remove) the same sets in the same order;
+  // these block until every rank has. Throw BluefogError (disagreement, unknown set, ...).
+  int AddProcessSet(const std::vector<int>& ranks);
+  void RemoveProcessSet(int id);
+  // This rank's index and the size of set `id` (0: the whole job). False when this rank is not
+  // in the set, or there is no such set.
+  bool SetLayout(int id, int* rank, int* size);
+  // The job-wide ranks of a registered set; empty when there is none.
+  std::vector<int> SetRanks(int id);
 
-  std::atomic<State> state_{State::kNotStarted};
+ private:
+  Runtime() = default;
+  void Main(std::promise<void>* started);
+  // On the global channel's thread: registers or removes the set of `response`.
+  int OnSetResponse(const Response& response);
+  // Runs a registration or removal request on the global channel and waits for it.
+  int RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks);
+
   Config config_;
   TransportInfo info_;
   MpiTransport transport_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<ResponseCache> cache_;  // only the background thread touches it
+  Timeline timeline_;
+  std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
+  std::atomic<bool> started_{false};
   std::thread thread_;
 
-  std::mutex mutex_;  // guards the members below
-  std::condition_variable wake_;
-  std::deque<TensorMeta> unannounced_;
-  std::unordered_map<std::string, Request> in_flight_;
-  bool shutdown_requested_ = false;
-  std::string stop_reason_;
-
-  struct Stats {
-    uint64_t rounds = 0;
-    uint64_t announced = 0;
-    uint64_t announced_cached = 0;  // of those, as a cache bit
-    uint64_t completed = 0;
-    uint64_t collectives = 0;  // after fusion
-  } stats_;
-  Timeline timeline_;
-  Executor executor_{&transport_, this, &timeline_};
-  StallWatch stall_watch_{0, 0};
-  bool abandoned_mpi_ = false;  // a collective was left pending: MPI cannot be finalized
+  struct ProcessSet {
+    std::vector<int> ranks;                   // job-wide, ascending
+    std::unique_ptr<MpiTransport> transport;  // members only
+    std::unique_ptr<Channel> channel;         // members only
+  };
+  std::mutex sets_mutex_;  // guards sets_ and next_set_id_
+  std::map<int, ProcessSet> sets_;
+  int next_set_id_ = 1;
+  std::atomic<int> add_calls_{0};
+  std::atomic<int> remove_calls_{0};
 };
 
 }  // namespace bluefog

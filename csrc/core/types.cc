@@ -49,6 +49,8 @@ const char* OpTypeName(OpType op) {
     case OpType::kAlltoall: return "alltoall";
     case OpType::kReducescatter: return "reducescatter";
     case OpType::kJoin: return "join";
+    case OpType::kAddProcessSet: return "add_process_set";
+    case OpType::kRemoveProcessSet: return "remove_process_set";
   }
   return "unknown";
 }

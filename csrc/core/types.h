@@ -42,8 +42,12 @@ enum class OpType : uint8_t {
   // bf.join(): this rank has no more data. Until every rank has joined, it takes part in the
   // other ranks' allreduces (with zeros) and allgathers (with no rows).
   kJoin,
+  // Registering and removing a process set (send_ranks: its ranks, or {id} to remove). Agreed
+  // on the global channel like a collective, so every rank does it at the same point.
+  kAddProcessSet,
+  kRemoveProcessSet,
 };
-constexpr int kNumOpTypes = 9;
+constexpr int kNumOpTypes = 11;
 bool IsNeighborOp(OpType op);
 
 // How allreduce combines the ranks' values (elementwise). Averaging is a sum divided by the

@@ -82,6 +82,16 @@ Status ValidateForLayout(const Request& request, int rank, int size) {
   if (meta.op == OpType::kBroadcast && (meta.root_rank < 0 || meta.root_rank >= size))
     return Invalid(meta, Concat("root_rank ", meta.root_rank, " is outside [0, ", size, ")"));
   if (IsNeighborOp(meta.op)) return ValidateNeighbors(request, rank, size);
+  if (meta.op == OpType::kAddProcessSet) {
+    const auto& ranks = meta.send_ranks;
+    if (ranks.empty()) return Invalid(meta, "a process set needs at least one rank");
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      if (ranks[k] < 0 || ranks[k] >= size)
+        return Invalid(meta, Concat("rank ", ranks[k], " is outside [0, ", size, ")"));
+      if (k > 0 && ranks[k - 1] == ranks[k])
+        return Invalid(meta, Concat("rank ", ranks[k], " is listed twice"));
+    }
+  }
   if (meta.op == OpType::kAlltoall) {
     if (meta.splits.size() != static_cast<size_t>(size))
       return Invalid(meta, Concat("splits has ", meta.splits.size(), " entries for ", size,

@@ -103,6 +103,7 @@ TransportInfo MpiTransport::Init() {
   Check(MPI_Comm_split_type(AsComm(comm_), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
                             &AsComm(local_comm_)),
         "MPI_Comm_split_type");
+  has_local_comm_ = true;
   Check(MPI_Comm_rank(AsComm(local_comm_), &info.local_rank), "MPI_Comm_rank");
   Check(MPI_Comm_size(AsComm(local_comm_), &info.local_size), "MPI_Comm_size");
   Check(MPI_Op_create(&BluefogReduce, 1, &AsOp(bluefog_op_)), "MPI_Op_create");
@@ -117,11 +118,35 @@ TransportInfo MpiTransport::Init() {
   return info;
 }
 
+std::unique_ptr<MpiTransport> MpiTransport::CreateSubset(const std::vector<int>& ranks, int tag) {
+  MPI_Group all, group;
+  Check(MPI_Comm_group(AsComm(comm_), &all), "MPI_Comm_group");
+  Check(MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &group),
+        "MPI_Group_incl");
+  auto subset = std::make_unique<MpiTransport>();
+  int code = MPI_Comm_create_group(AsComm(comm_), group, tag, &AsComm(subset->comm_));
+  MPI_Group_free(&group);
+  MPI_Group_free(&all);
+  Check(code, "MPI_Comm_create_group");
+  Check(MPI_Comm_set_errhandler(AsComm(subset->comm_), MPI_ERRORS_RETURN),
+        "MPI_Comm_set_errhandler");
+  Check(MPI_Comm_rank(AsComm(subset->comm_), &subset->rank_), "MPI_Comm_rank");
+  Check(MPI_Comm_size(AsComm(subset->comm_), &subset->size_), "MPI_Comm_size");
+  Check(MPI_Op_create(&BluefogReduce, 1, &AsOp(subset->bluefog_op_)), "MPI_Op_create");
+  subset->exchange_send_.assign(kSlotBytes, 0);
+  subset->exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * subset->size_, 0);
+  subset->counts_.assign(subset->size_, 0);
+  subset->displs_.assign(subset->size_, 0);
+  subset->ring_threshold_bytes_ = ring_threshold_bytes_;
+  subset->initialized_ = true;
+  return subset;
+}
+
 void MpiTransport::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
   MPI_Op_free(&AsOp(bluefog_op_));
-  MPI_Comm_free(&AsComm(local_comm_));
+  if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));
   MPI_Comm_free(&AsComm(comm_));
   if (owns_mpi_) {
     int finalized = 0;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,14 @@ class MpiTransport {
 
   // Initializes MPI unless the application already did, and duplicates COMM_WORLD.
   TransportInfo Init();
+  // rank and size in this transport's communicator.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   // Frees what Init made; finalizes MPI if Init initialized it. Safe to call twice.
   void Shutdown();
+  // A transport over the given ranks of this one's communicator (ascending), for a process
+  // set. Collective over those ranks only; `tag` tells concurrent creations apart.
+  std::unique_ptr<MpiTransport> CreateSubset(const std::vector<int>& ranks, int tag);
 
   // Collective: every rank passes its bytes and gets every rank's bytes, indexed by rank.
   // `on_wait` runs periodically while other ranks have not yet joined.
@@ -77,6 +84,7 @@ class MpiTransport {
   int size_ = 1;
   void* comm_ = nullptr;  // MPI_Comm, kept opaque so this header does not include mpi.h
   void* local_comm_ = nullptr;
+  bool has_local_comm_ = false;
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;

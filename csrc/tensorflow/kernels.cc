@@ -142,7 +142,8 @@ std::function<void*(const std::vector<int64_t>&)> AllocateLike(OpKernelContext* 
 // Shared by the three kernels: reads the name input, builds the request, enqueues it.
 class CollectiveKernel : public AsyncOpKernel {
  public:
-  CollectiveKernel(OpKernelConstruction* c, OpType op) : AsyncOpKernel(c), op_(op) {}
+  CollectiveKernel(OpKernelConstruction* c, OpType op)
+      : AsyncOpKernel(c), op_(op), process_set_(ProcessSetAttr(c)) {}
 
  protected:
   // Fills `request` from input 0 and the name input 1; returns false after reporting an error.
@@ -150,6 +151,7 @@ class CollectiveKernel : public AsyncOpKernel {
     const Tensor& input = ctx->input(0);
     const Tensor& name = ctx->input(1);
     request->meta.op = op_;
+    request->process_set = process_set_;
     absl::Status shape_ok = CheckRank(name, 0, "tensor_name", op_, "");
     if (!shape_ok.ok()) {
       ctx->SetStatus(shape_ok);
@@ -181,8 +183,12 @@ class CollectiveKernel : public AsyncOpKernel {
     }
   }
 
+ protected:
+  int process_set() const { return process_set_; }
+
  private:
   OpType op_;
+  int process_set_;
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -213,13 +219,24 @@ class AllreduceKernel : public CollectiveKernel {
 
 // The output shape of an allreduce (the input's) or a reducescatter (this rank's slice of
 // dimension 0) on this rank.
-TensorShape ReducedShape(OpType op, const TensorShape& input) {
+TensorShape ReducedShape(OpType op, const TensorShape& input, int process_set) {
   TensorShape shape = input;
-  if (op == OpType::kReducescatter && shape.dims() > 0) {
-    const TransportInfo& info = Runtime::Get().info();
-    shape.set_dim(0, ReducescatterRows(shape.dim_size(0), info.size, info.rank));
-  }
+  int rank = 0, size = 1;
+  // Outside the set (or an unknown set) the runtime refuses the request; any shape will do.
+  if (op == OpType::kReducescatter && shape.dims() > 0 &&
+      Runtime::Get().SetLayout(process_set, &rank, &size))
+    shape.set_dim(0, ReducescatterRows(shape.dim_size(0), size, rank));
   return shape;
+}
+
+// The process_set_id attribute of the ops that have one (0: every rank).
+int ProcessSetAttr(OpKernelConstruction* c) {
+  int id = 0;
+  if (c->HasAttr("process_set_id")) {
+    absl::Status s = c->GetAttr("process_set_id", &id);
+    if (!s.ok()) c->SetStatus(s);
+  }
+  return id;
 }
 
 // Allreduces (or reducescatters) N tensors in one kernel: one executor node per step instead
@@ -230,6 +247,7 @@ class GroupedKernel : public AsyncOpKernel {
  public:
   explicit GroupedKernel(OpKernelConstruction* c)
       : AsyncOpKernel(c),
+        process_set_(ProcessSetAttr(c)),
         reduce_op_(kOp == OpType::kAllreduce ? ReduceOpAttr(c) : ReduceOp::kSum),
         scale_(kOp == OpType::kAllreduce ? ScaleAttr(c) : 1.0) {
     OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
@@ -274,9 +292,10 @@ class GroupedKernel : public AsyncOpKernel {
       Tensor* output = nullptr;
       absl::Status s = kOp == OpType::kAllreduce
                            ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
-                           : ctx->allocate_output(i, ReducedShape(kOp, input.shape()), &output);
+                           : ctx->allocate_output(i, ReducedShape(kOp, input.shape(), process_set_), &output);
       Request request;
       request.meta.op = kOp;
+      request.process_set = process_set_;
       request.meta.name = base + "." + std::to_string(i);
       request.meta.dtype = dtype;
       for (int d = 0; d < input.dims(); ++d) request.meta.shape.push_back(input.dim_size(d));
@@ -295,6 +314,7 @@ class GroupedKernel : public AsyncOpKernel {
   }
 
  private:
+  int process_set_;
   bool average_ = false;
   ReduceOp reduce_op_;
   double scale_;
@@ -314,7 +334,7 @@ class ReducescatterKernel : public CollectiveKernel {
       Tensor* output = nullptr;
       OP_REQUIRES_OK_ASYNC(
           ctx,
-          ctx->allocate_output(0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape()),
+          ctx->allocate_output(0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape(), process_set()),
                                &output),
           done);
       request.output = DataOf(output);
@@ -336,7 +356,8 @@ class AlltoallKernel : public CollectiveKernel {
     if (!Prepare(ctx, done, &request)) return;
     const std::string& name = request.meta.name;
     OP_REQUIRES_OK_ASYNC(ctx, CheckRank(ctx->input(2), 1, "splits", OpType::kAlltoall, name), done);
-    const int size = Runtime::Get().info().size;
+    int my_rank = 0, size = 1;
+    Runtime::Get().SetLayout(process_set(), &my_rank, &size);  // else refused when submitted
     request.meta.splits = VectorOf<int64_t>(ctx->input(2));
     if (request.meta.splits.empty() && !request.meta.shape.empty()) {
       const int64_t rows = request.meta.shape[0];
@@ -536,6 +557,7 @@ absl::Status ConcatenatedShape(shape_inference::InferenceContext* c) {
 
 REGISTER_OP("BluefogAllreduce")
     .Attr(TypeAttr(OpType::kAllreduce))
+    .Attr("process_set_id: int = 0")
     .Attr("average: bool")
     .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
     .Attr("prescale_factor: float = 1.0")
@@ -551,6 +573,7 @@ REGISTER_OP("BluefogAllreduce")
 
 REGISTER_OP("BluefogGroupedAllreduce")
     .Attr(TypeAttr(OpType::kAllreduce))
+    .Attr("process_set_id: int = 0")
     .Attr("N: int >= 0")
     .Attr("average: bool")
     .Attr("reduce_op: {'sum', 'min', 'max', 'product'} = 'sum'")
@@ -569,6 +592,7 @@ REGISTER_OP("BluefogGroupedAllreduce")
 
 REGISTER_OP("BluefogReducescatter")
     .Attr(TypeAttr(OpType::kReducescatter))
+    .Attr("process_set_id: int = 0")
     .Attr("average: bool")
     .Input("tensor: T")
     .Input("tensor_name: string")
@@ -581,6 +605,7 @@ REGISTER_OP("BluefogReducescatter")
 
 REGISTER_OP("BluefogGroupedReducescatter")
     .Attr(TypeAttr(OpType::kReducescatter))
+    .Attr("process_set_id: int = 0")
     .Attr("N: int >= 0")
     .Attr("average: bool")
     .Input("tensors: N * T")
@@ -601,6 +626,7 @@ REGISTER_OP("BluefogGroupedReducescatter")
 
 REGISTER_OP("BluefogAlltoall")
     .Attr(TypeAttr(OpType::kAlltoall))
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Input("splits: int64")
@@ -633,6 +659,7 @@ REGISTER_OP("BluefogJoin")
 
 REGISTER_OP("BluefogAllgather")
     .Attr(TypeAttr(OpType::kAllgather))
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("tensor_name: string")
     .Output("output: T")
@@ -693,6 +720,7 @@ REGISTER_OP("BluefogNeighborAllgatherGrad")
 
 REGISTER_OP("BluefogBroadcast")
     .Attr(TypeAttr(OpType::kBroadcast))
+    .Attr("process_set_id: int = 0")
     .Attr("root_rank: int")
     .Input("tensor: T")
     .Input("tensor_name: string")

@@ -506,6 +506,92 @@ TEST(RuntimeMpi, ReducescatterSumAndAverage) {
   }
 }
 
+// Even and odd ranks each get a process set. The even set's allreduce must finish while the
+// odd ranks wait on a global allreduce that the even ranks join only afterwards: if the set's
+// collective waited for ranks outside it, this would hang (and ctest's timeout would fail it).
+TEST(RuntimeMpi, ProcessSetsDoNotWaitForRanksOutsideThem) {
+  const int n = Size(), me = Rank();
+  std::vector<int> even, odd;
+  for (int r = 0; r < n; ++r) (r % 2 ? odd : even).push_back(r);
+  const int even_id = Runtime::Get().AddProcessSet(even);
+  const int odd_id = Runtime::Get().AddProcessSet(odd);
+  EXPECT_NE(even_id, odd_id);
+  const std::vector<int>& mine = me % 2 ? odd : even;
+  const int my_id = me % 2 ? odd_id : even_id;
+  int set_rank = -1, set_size = -1;
+  ASSERT_TRUE(Runtime::Get().SetLayout(my_id, &set_rank, &set_size));
+  EXPECT_EQ(set_size, static_cast<int>(mine.size()));
+  EXPECT_EQ(mine[set_rank], me);
+
+  float gate_in = 1;
+  auto run_set_ops = [&] {
+    std::vector<float> in(3, static_cast<float>(me + 1));
+    Request req;
+    req.meta.name = "set.sum";
+    req.meta.op = OpType::kAllreduce;
+    req.meta.shape = {3};
+    req.input = in.data();
+    req.average = true;
+    req.process_set = my_id;
+    auto p = SubmitBuilt(std::move(req), 3 * sizeof(float));
+    ASSERT_TRUE(Wait(*p).ok());
+    float want = 0;
+    for (int r : mine) want += static_cast<float>(r + 1);
+    want /= static_cast<float>(mine.size());
+    EXPECT_EQ(reinterpret_cast<const float*>(p->output.data())[2], want);
+    // broadcast from the set's last rank, named by its job-wide rank
+    float value = static_cast<float>(me);
+    Request b;
+    b.meta.name = "set.bcast";
+    b.meta.op = OpType::kBroadcast;
+    b.meta.shape = {1};
+    b.meta.root_rank = mine.back();
+    b.input = &value;
+    b.process_set = my_id;
+    auto q = SubmitBuilt(std::move(b), sizeof(float));
+    ASSERT_TRUE(Wait(*q).ok());
+    EXPECT_EQ(*reinterpret_cast<const float*>(q->output.data()), static_cast<float>(mine.back()));
+  };
+  if (me % 2 == 0) run_set_ops();
+  auto gate = Submit(OpType::kAllreduce, "set.gate", DataType::kFloat32, {1}, &gate_in);
+  ASSERT_TRUE(Wait(*gate).ok());
+  if (me % 2 == 1) run_set_ops();
+
+  // A rank outside a set is refused its collectives, before any communication.
+  if (n > 1) {
+    Request other;
+    other.meta.name = "set.other";
+    other.meta.op = OpType::kAllreduce;
+    other.meta.shape = {1};
+    other.input = &gate_in;
+    other.process_set = me % 2 ? even_id : odd_id;
+    other.done = [](const Status&) {};
+    Status s = Runtime::Get().Enqueue(std::move(other));
+    EXPECT_NE(s.message().find("is not in process set"), std::string::npos) << s.message();
+  }
+  // Ranks that register different sets get an error on every rank.
+  if (n > 1) {
+    try {
+      Runtime::Get().AddProcessSet({me});
+      ADD_FAILURE() << "registering different sets succeeded";
+    } catch (const BluefogError& e) {
+      EXPECT_NE(std::string(e.what()).find("ranks disagree on the process set's ranks"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Runtime::Get().RemoveProcessSet(even_id);
+  Runtime::Get().RemoveProcessSet(odd_id);
+  Request late;
+  late.meta.name = "set.late";
+  late.meta.shape = {1};
+  late.input = &gate_in;
+  late.process_set = my_id;
+  late.done = [](const Status&) {};
+  Status s = Runtime::Get().Enqueue(std::move(late));
+  EXPECT_NE(s.message().find("is not registered"), std::string::npos) << s.message();
+}
+
 TEST(RuntimeMpi, ZeroElementTensors) {
   auto p = Submit(OpType::kAllreduce, "empty", DataType::kFloat32, {0, 5}, nullptr);
   EXPECT_TRUE(Wait(*p).ok());

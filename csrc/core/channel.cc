@@ -1,0 +1,328 @@
+#include "core/channel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "core/logging.h"
+#include "core/op_rules.h"
+#include "core/validation.h"
+#include "core/wire.h"
+
+namespace bluefog {
+namespace {
+
+constexpr auto kMinIdlePause = std::chrono::microseconds(50);
+constexpr auto kMaxIdlePause = std::chrono::microseconds(2000);
+
+double NowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+bool IsSetOp(OpType op) {
+  return op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet;
+}
+
+}  // namespace
+
+Channel::Channel(int id, const Config& config, MpiTransport* transport, const TransportInfo& info,
+                 std::vector<int> world_ranks, Timeline* timeline)
+    : id_(id),
+      config_(config),
+      transport_(transport),
+      info_(info),
+      world_ranks_(std::move(world_ranks)),
+      timeline_(timeline ? timeline : &no_timeline_),
+      coordinator_(info.size),
+      cache_(static_cast<size_t>(config.cache_capacity), info.size),
+      executor_(transport, this, timeline_),
+      stall_watch_(config.stall_check_seconds, config.stall_shutdown_seconds) {
+  executor_.Configure(info_,
+                      FusionLimits{config_.fusion_threshold_bytes, config_.ring_threshold_bytes});
+}
+
+std::string Channel::stop_reason() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_reason_;
+}
+
+void Channel::Start() {
+  thread_ = std::thread([this] { run_result_ = Run(); });
+}
+
+bool Channel::Join() {
+  if (thread_.joinable()) thread_.join();
+  return run_result_;
+}
+
+void Channel::RequestStop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (running_ && !stop_requested_) {
+      stop_requested_ = true;
+      stop_reason_ = reason;
+    }
+  }
+  wake_.notify_all();
+}
+
+Status Channel::Enqueue(Request request) {
+  const TensorMeta& meta = request.meta;
+  const int me = WorldRank(info_.rank);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!running_ || stop_requested_) {
+    const std::string what =
+        id_ == 0 ? Concat("bluefog has been shut down (", stop_reason_,
+                          "); no collective can run after shutdown")
+                 : Concat("process set ", id_, " can no longer be used (", stop_reason_, ")");
+    return OpError(StatusCode::kAborted, meta.op, meta.name, what);
+  }
+  Status invalid = ValidateForLayout(request, info_.rank, info_.size);
+  if (!invalid.ok()) return WithRank(me, invalid);
+  if (in_flight_.count(meta.name))
+    return WithRank(me, OpError(StatusCode::kInvalidArgument, meta.op, meta.name,
+                                "a collective with this name is already in flight on this rank; "
+                                "give collectives that may run concurrently distinct names"));
+  request.enqueued_at = NowSeconds();
+  request.meta.average = request.average;
+  request.meta.scale = request.scale;
+  unannounced_.push_back(meta);
+  in_flight_.emplace(meta.name, std::move(request));
+  lock.unlock();
+  wake_.notify_one();
+  return Status::Ok();
+}
+
+bool Channel::Run() {
+  BF_LOG(LogLevel::kDebug, "channel ", id_, " running: size ", info_.size);
+  // A rank joins rounds while it has anything new to say or any request still in flight (the
+  // other ranks may be about to announce the matching names). With nothing at all, it sleeps
+  // until a request arrives. While only waiting, rounds in which no rank said anything are
+  // spaced out by a growing pause, so idle ranks do not spin on empty rounds.
+  bool abandoned = false;
+  auto idle_pause = std::chrono::microseconds(0);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      auto has_news = [this] { return !unannounced_.empty() || stop_requested_; };
+      if (in_flight_.empty()) {
+        wake_.wait(lock, has_news);
+      } else if (idle_pause.count() > 0) {
+        wake_.wait_for(lock, idle_pause, has_news);
+      }
+    }
+    if (config_.cycle_time_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+    bool keep_going = true;
+    try {
+      bool anyone_spoke = false;
+      keep_going = RunRound(&anyone_spoke);
+      idle_pause = anyone_spoke ? std::chrono::microseconds(0)
+                                : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
+    } catch (const BluefogError& e) {
+      Abandon(e.what());
+      abandoned = true;
+    } catch (const std::exception& e) {
+      // Not the library's own error (e.g. std::bad_alloc for a huge fused buffer): this rank
+      // may have left its peers inside a collective, so it cannot go on; it stops, failing
+      // every pending request with the reason instead of terminating the process.
+      Abandon(Concat("internal error on the background thread: ", e.what()));
+      abandoned = true;
+    } catch (...) {
+      Abandon("internal error on the background thread: an unknown exception");
+      abandoned = true;
+    }
+    if (!keep_going || abandoned) break;
+  }
+  BF_LOG(LogLevel::kDebug, "channel ", id_, " stopping after ", stats_.rounds,
+         " negotiation rounds for ", stats_.announced, " requests (", stats_.announced_cached,
+         " announced as cache bits); ", stats_.collectives, " collectives ran");
+  const std::string reason = stop_reason();
+  FailAll(Status(StatusCode::kAborted,
+                 id_ == 0 ? Concat("bluefog has been shut down (", reason,
+                                   "); no collective can run after shutdown")
+                          : Concat("process set ", id_, " can no longer be used (", reason, ")")));
+  return !abandoned;
+}
+
+bool Channel::RunRound(bool* anyone_spoke) {
+  RoundMessage mine;
+  std::vector<TensorMeta> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fresh.assign(unannounced_.begin(), unannounced_.end());
+    unannounced_.clear();
+    mine.shutdown = stop_requested_;
+  }
+  // A request agreed before with this exact metadata goes out as its cache slot's bit.
+  for (TensorMeta& m : fresh) {
+    const int64_t slot = cache_.Find(m, info_.rank);
+    if (slot >= 0) {
+      mine.cached.push_back(static_cast<uint32_t>(slot));
+    } else {
+      mine.announcements.push_back(std::move(m));
+    }
+  }
+  std::sort(mine.cached.begin(), mine.cached.end());
+  const double round_start = NowSeconds();
+  if (timeline_->enabled()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (uint32_t slot : mine.cached) {
+      Request& r = in_flight_.at(cache_.Get(slot, info_.rank).name);
+      r.announced_at = round_start;
+      timeline_->Phase(r.meta.name, "QUEUE", r.enqueued_at, round_start);
+    }
+    for (const TensorMeta& m : mine.announcements) {
+      Request& r = in_flight_.at(m.name);
+      r.announced_at = round_start;
+      timeline_->Phase(m.name, "QUEUE", r.enqueued_at, round_start);
+    }
+  }
+  std::vector<std::string> all =
+      transport_->ExchangeAll(EncodeRound(mine), [this] { CheckStalls(); });
+
+  int shutdown_rank = -1;
+  for (int r = 0; r < info_.size; ++r) {
+    RoundMessage theirs = DecodeRound(all[r].data(), all[r].size());
+    if (theirs.shutdown && shutdown_rank < 0) shutdown_rank = r;
+    *anyone_spoke |= !theirs.announcements.empty() || !theirs.cached.empty();
+    for (uint32_t slot : theirs.cached) coordinator_.Announce(r, cache_.Get(slot, r));
+    for (const TensorMeta& meta : theirs.announcements) coordinator_.Announce(r, meta);
+  }
+  std::vector<Response> ready = coordinator_.TakeReady();
+  // Every rank records the same ready list, so the caches stay identical.
+  cache_.Record(ready);
+  if (timeline_->enabled()) {
+    const double now = NowSeconds();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Response& r : ready) {
+      auto it = in_flight_.find(r.meta.name);
+      if (it != in_flight_.end())
+        timeline_->Phase(r.meta.name, "NEGOTIATE", it->second.announced_at, now);
+    }
+  }
+  ++stats_.rounds;
+  stats_.announced += mine.announcements.size() + mine.cached.size();
+  stats_.announced_cached += mine.cached.size();
+  stats_.completed += ready.size();
+  BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds, ": announced ",
+         mine.announcements.size() + mine.cached.size(), " (", mine.cached.size(),
+         " as cache bits), ready ", ready.size());
+  RunSetOps(ready);
+  stats_.collectives += executor_.Execute(ready);
+  CheckStalls();
+  if (shutdown_rank < 0) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_reason_.empty())
+    stop_reason_ = Concat("rank ", WorldRank(shutdown_rank),
+                          " shut down: bf.shutdown() was called or its process exited");
+  return false;
+}
+
+// Registrations and removals of process sets leave the ready list here, in order, before the
+// collectives run: every rank handles them at the same point.
+void Channel::RunSetOps(std::vector<Response>& ready) {
+  if (std::none_of(ready.begin(), ready.end(),
+                   [](const Response& r) { return IsSetOp(r.meta.op); }))
+    return;
+  std::vector<Response> rest;
+  for (Response& r : ready) {
+    if (!IsSetOp(r.meta.op)) {
+      rest.push_back(std::move(r));
+      continue;
+    }
+    if (!r.status.ok() || !set_hook_) {
+      Finish(r.meta.name, r.status.ok() ? Status(StatusCode::kInternal, "no process set hook")
+                                        : r.status);
+      continue;
+    }
+    Status status;
+    int id = -1;
+    try {
+      id = set_hook_(r);
+    } catch (const BluefogError& e) {
+      status = OpError(e.code(), r.meta.op, r.meta.name, e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = in_flight_.find(r.meta.name);
+      if (it != in_flight_.end() && it->second.output)
+        *static_cast<int32_t*>(it->second.output) = id;
+    }
+    Finish(r.meta.name, status);
+  }
+  ready.swap(rest);
+}
+
+Request* Channel::Lookup(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = in_flight_.find(name);
+  BF_ENFORCE(it != in_flight_.end(), StatusCode::kInternal, "tensor '", name,
+             "' completed but this rank has no such request");
+  return &it->second;  // stable: only this thread erases
+}
+
+void Channel::Finish(const std::string& name, const Status& status) {
+  Request request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = in_flight_.find(name);
+    if (it == in_flight_.end()) return;
+    request = std::move(it->second);
+    in_flight_.erase(it);
+  }
+  request.done(WithRank(WorldRank(info_.rank), status));
+}
+
+void Channel::Abandon(const std::string& reason) {
+  BF_LOG(LogLevel::kError, reason);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The exchange that threw may still be pending; MPI cannot be finalized (nor this
+  // communicator freed) over it. The process then exits without MPI_Finalize, which makes
+  // mpirun end the job with an error.
+  stop_reason_ = reason;
+}
+
+void Channel::FailAll(const Status& status) {
+  std::unordered_map<std::string, Request> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+    failed.swap(in_flight_);
+    unannounced_.clear();
+  }
+  for (auto& [name, request] : failed)
+    request.done(WithRank(WorldRank(info_.rank),
+                          OpError(status.code(), request.meta.op, name, status.message())));
+}
+
+void Channel::CheckStalls() {
+  const double now = NowSeconds();
+  if (!stall_watch_.enabled() || !stall_watch_.Due(now)) return;
+  double oldest = now;
+  std::vector<std::string> mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, request] : in_flight_) {
+      oldest = std::min(oldest, request.enqueued_at);
+      mine.push_back(name);
+    }
+  }
+  const StallWatch::Verdict verdict = stall_watch_.Check(now, oldest);
+  if (verdict == StallWatch::Verdict::kQuiet) return;
+  std::sort(mine.begin(), mine.end());
+  std::vector<WaitingTensor> waiting = coordinator_.Waiting();
+  for (WaitingTensor& w : waiting)  // job-wide ranks in messages
+    for (int& r : w.missing_ranks) r = WorldRank(r);
+  std::string message = StallMessage(now - oldest, mine, waiting);
+  if (verdict == StallWatch::Verdict::kFail)
+    throw BluefogError(
+        StatusCode::kAborted,
+        Concat(message, " Giving up after BLUEFOG_STALL_SHUTDOWN_TIME=",
+               config_.stall_shutdown_seconds, " s: bluefog is shut down on this rank."));
+  BF_LOG(LogLevel::kWarning, message, " (BLUEFOG_STALL_CHECK_TIME=", config_.stall_check_seconds,
+         " s)");
+}
+
+}  // namespace bluefog

@@ -1,0 +1,109 @@
+// One communicator's engine: the requests this rank submitted for it, the negotiation rounds
+// over it (coordinator, response cache), the executors and the stall watch, all driven by one
+// background thread. The runtime has one channel for every rank of the job and one for each
+// process set this rank belongs to, so that sets never wait on each other.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/config.h"
+#include "core/coordinator.h"
+#include "core/executor.h"
+#include "core/request.h"
+#include "core/response_cache.h"
+#include "core/stall_report.h"
+#include "core/timeline.h"
+#include "mpi/transport.h"
+
+namespace bluefog {
+
+class Channel : private RequestTable {
+ public:
+  // `transport` is this channel's communicator (already initialized); `info` its rank and size
+  // in it; `world_ranks[i]` is the job-wide rank of its rank i (for messages). `timeline` may be
+  // null (only the world channel writes one).
+  Channel(int id, const Config& config, MpiTransport* transport, const TransportInfo& info,
+          std::vector<int> world_ranks, Timeline* timeline);
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Registration and removal of process sets run on the world channel's thread, in the order
+  // every rank agreed on: the hook does it and returns the set's id, or throws BluefogError.
+  using SetHook = std::function<int(const Response&)>;
+  void set_set_hook(SetHook hook) { set_hook_ = std::move(hook); }
+
+  // Runs the loop on the calling thread until every rank of the channel has agreed to stop (or
+  // an error stops it); then fails what is still pending. Returns false when an exchange may be
+  // left pending (MPI must then not be finalized or the communicator freed).
+  bool Run();
+  // Run() on a thread of its own.
+  void Start();
+  // Asks every rank of the channel to stop after the next round (announced in it); `reason`
+  // is what pending and later requests are told. Idempotent.
+  void RequestStop(const std::string& reason);
+  // Waits for Start()'s thread. Returns Run()'s result.
+  bool Join();
+
+  // Validates and queues (state, layout, name in flight). A non-ok status means the request was
+  // not queued and its `done` will not be called.
+  Status Enqueue(Request request);
+
+  int id() const { return id_; }
+  const TransportInfo& info() const { return info_; }
+  bool running() const { return running_.load(); }
+  // Why the channel stopped (empty while running).
+  std::string stop_reason();
+
+ private:
+  // One negotiation round and the collectives it made ready; false once every rank stops.
+  bool RunRound(bool* anyone_spoke);
+  void RunSetOps(std::vector<Response>& ready);
+  Request* Lookup(const std::string& name) override;
+  void Finish(const std::string& name, const Status& status) override;
+  void Abandon(const std::string& reason);
+  void FailAll(const Status& status);
+  void CheckStalls();
+  int WorldRank(int rank) const { return world_ranks_[rank]; }
+
+  const int id_;
+  const Config config_;
+  MpiTransport* transport_;
+  const TransportInfo info_;
+  const std::vector<int> world_ranks_;
+  Timeline no_timeline_;
+  Timeline* timeline_;
+  Coordinator coordinator_;
+  ResponseCache cache_;  // only the channel's thread touches it
+  Executor executor_;
+  StallWatch stall_watch_;
+  SetHook set_hook_;
+  std::thread thread_;
+  bool run_result_ = true;
+  std::atomic<bool> running_{true};
+
+  std::mutex mutex_;  // guards the members below
+  std::condition_variable wake_;
+  std::deque<TensorMeta> unannounced_;
+  std::unordered_map<std::string, Request> in_flight_;
+  bool stop_requested_ = false;
+  std::string stop_reason_;
+
+  struct Stats {
+    uint64_t rounds = 0;
+    uint64_t announced = 0;
+    uint64_t announced_cached = 0;  // of those, as a cache bit
+    uint64_t completed = 0;
+    uint64_t collectives = 0;  // after fusion
+  } stats_;
+};
+
+}  // namespace bluefog
