@@ -10,7 +10,7 @@ import ctypes
 import os
 import sys
 import threading
-from typing import Optional
+from typing import List, Optional, Sequence
 
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
@@ -47,6 +47,9 @@ def _load() -> ctypes.CDLL:
             if hasattr(lib, "bluefog_op_accepts_dtype"):
                 lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
                 lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
+            lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+            lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                                      ctypes.c_int]
             _lib = lib
         return _lib
 
@@ -60,17 +63,24 @@ def _check(code: int) -> None:
         raise BluefogError(_load().bluefog_last_error().decode("utf-8", "replace"))
 
 
-def init() -> None:
+def init(process_sets=None) -> None:
     """Starts bluefog on this process. Every rank must call it; calling it again is a no-op.
 
     Starts MPI (unless the application already did) and the background thread that runs every
-    collective. ``shutdown()`` runs automatically at interpreter exit.
+    collective. ``shutdown()`` runs automatically at interpreter exit. ``process_sets`` (a list
+    of ``ProcessSet`` or rank lists, the same on every rank) are registered right away, as
+    Horovod's ``init(process_sets=...)`` does.
     """
     global _atexit_registered
     _check(_load().bluefog_init())
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+    if process_sets:
+        from bluefog.common import process_sets as sets  # imports this module
+
+        for process_set in process_sets:
+            sets.add_process_set(process_set)
 
 
 def shutdown() -> None:
@@ -135,3 +145,41 @@ def op_accepts_dtype(op_type: int, dtype: int) -> bool:
         raise NotImplementedError(f"{_LIB_NAME} does not export bluefog_op_accepts_dtype; "
                                   "rebuild it from a checkout that has it")
     return bool(fn(op_type, dtype))
+
+
+# Process sets, for bluefog.common.process_sets (which holds the Python objects).
+
+
+def add_process_set_ranks(ranks: Sequence[int]) -> int:
+    """Registers a process set on every rank (collective); returns its id."""
+    array = (ctypes.c_int * len(ranks))(*ranks)
+    set_id = _load().bluefog_add_process_set(array, len(ranks))
+    if set_id < 0:
+        raise BluefogError(_load().bluefog_last_error().decode("utf-8", "replace"))
+    return set_id
+
+
+def remove_process_set_id(set_id: int) -> None:
+    """Removes a registered process set on every rank (collective)."""
+    _check(_load().bluefog_remove_process_set(set_id))
+
+
+def process_set_rank(set_id: int) -> int:
+    """This rank's index in the set, -1 when not in it (or not initialized)."""
+    return _load().bluefog_process_set_rank(set_id)
+
+
+def process_set_size(set_id: int) -> int:
+    """The set's size, -1 when this rank is not in it (or not initialized)."""
+    return _load().bluefog_process_set_size(set_id)
+
+
+def process_set_ranks(set_id: int) -> List[int]:
+    """The set's job-wide ranks; empty when there is no such set (or not initialized)."""
+    lib = _load()
+    n = lib.bluefog_process_set_ranks(set_id, None, 0)
+    if n <= 0:
+        return []
+    out = (ctypes.c_int * n)()
+    lib.bluefog_process_set_ranks(set_id, out, n)
+    return list(out)

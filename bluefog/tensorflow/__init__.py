@@ -11,6 +11,12 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
+from bluefog.common.process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from bluefog.common.topology import (  # noqa: F401
     in_neighbor_ranks,
     is_topo_weighted,

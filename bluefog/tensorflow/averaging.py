@@ -32,9 +32,11 @@ from typing import Any, Callable, Dict, List
 import tensorflow as tf
 
 from bluefog.common import basics
+from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow import mpi_ops
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
+from bluefog.tensorflow.op_library import process_set_attrs, set_size
 from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["Averaging", "average_gradients", "averaging_options", "check_initialized",
@@ -99,6 +101,8 @@ class Averaging:
     # Horovod's gradient_predivide_factor f: gradients are multiplied by 1/f before the sum and
     # by f/size after it (one factor in C++ here), instead of one division by size.
     predivide: float = 1.0
+    # The process set (its id; 0: every rank) the gradients are averaged over.
+    process_set: int = 0
 
 
 def _check_device(device, what: str) -> str:
@@ -111,7 +115,7 @@ def _check_device(device, what: str) -> str:
 
 
 def averaging_options(device, compression, sparse_as_dense, what: str,
-                      gradient_predivide_factor: float = 1.0) -> Averaging:
+                      gradient_predivide_factor: float = 1.0, process_set=None) -> Averaging:
     """The checked averaging options of a tape or optimizer (``what``).
 
     Raises TypeError for a non-bool ``sparse_as_dense``, a non-str ``device`` or a non-number
@@ -126,22 +130,26 @@ def averaging_options(device, compression, sparse_as_dense, what: str,
         raise TypeError(f"bluefog {what}: gradient_predivide_factor must be a number, got {f!r}")
     if not f > 0:
         raise ValueError(f"bluefog {what}: gradient_predivide_factor must be > 0, got {f!r}")
+    set_id = process_set_attrs(process_set, f"bluefog {what}").get("process_set_id", 0)
     return Averaging(_check_device(device, what),
                      compression_check(compression, f"bluefog {what}"), sparse_as_dense,
-                     float(f))
+                     float(f), set_id)
 
 
 def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
     # One grouped request: the dense gradients of one dtype go through a single op, so the
     # runtime gets them together and fuses them.
     k = next_graph_index(prefix)
+    process_set = process_set_by_id(how.process_set) if how.process_set else None
     if how.predivide != 1.0:
         return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
                                          device=how.device, compression=how.compression,
                                          prescale_factor=1.0 / how.predivide,
-                                         postscale_factor=how.predivide / basics.size())
+                                         postscale_factor=how.predivide / set_size(process_set),
+                                         process_set=process_set)
     return mpi_ops.grouped_allreduce(list(tensors), average=True, name=f"{prefix}.{k}",
-                                     device=how.device, compression=how.compression)
+                                     device=how.device, compression=how.compression,
+                                     process_set=process_set)
 
 
 def _to_gradient(g, prefix: str, j: int):
@@ -164,7 +172,7 @@ def average_gradients(grads: Sequence, prefix: str, how: Averaging) -> List:
     if how.sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                  for g in grads]
-    if basics.size() == 1:
+    if (set_size(process_set_by_id(how.process_set)) if how.process_set else basics.size()) == 1:
         return grads
     present = [j for j, g in enumerate(grads) if g is not None]
     if not present:

@@ -99,7 +99,8 @@ class _DistributedGradientTape(tf.GradientTape):
 def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
                             compression=Compression.none,
                             sparse_as_dense: bool = False,
-                            gradient_predivide_factor: float = 1.0) -> tf.GradientTape:
+                            gradient_predivide_factor: float = 1.0,
+                            process_set=None) -> tf.GradientTape:
     """Wraps ``gradtape`` so that ``gradient()`` returns gradients averaged over all ranks.
 
     Works with persistent and non-persistent tapes, ``watch_accessed_variables=False``, in eager
@@ -127,6 +128,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
             ``1 / gradient_predivide_factor`` before the sum over ranks and by
             ``gradient_predivide_factor / size`` after it (still the average; a factor such as
             ``size`` keeps float16 sums from overflowing). Float gradients only.
+        process_set: average over that registered ``bf.ProcessSet`` only (default: every
+            rank); only its ranks may use the tape.
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
@@ -138,6 +141,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
         raise ValueError("bluefog DistributedGradientTape: this tape is already a "
                          "DistributedGradientTape; wrap the tf.GradientTape only once")
     how = averaging.averaging_options(device, compression, sparse_as_dense,
-                                      "DistributedGradientTape", gradient_predivide_factor)
+                                      "DistributedGradientTape", gradient_predivide_factor,
+                                      process_set)
     averaging.check_initialized("DistributedGradientTape")
     return _DistributedGradientTape(gradtape, "DistributedGradientTape", how)

@@ -133,7 +133,7 @@ def _accumulation_overrides(optimizer, backward_passes_per_step: int) -> Dict[st
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
                          device: str = "", compression=Compression.none,
                          backward_passes_per_step: int = 1, sparse_as_dense: bool = False,
-                         gradient_predivide_factor: float = 1.0):
+                         gradient_predivide_factor: float = 1.0, process_set=None):
     """An optimizer that averages gradients over all ranks before applying them.
 
     * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
@@ -164,6 +164,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
             allreduce) instead of gathering every rank's rows.
         gradient_predivide_factor: as for ``DistributedGradientTape`` (Horovod's): scale by
             ``1 / f`` before the sum and ``f / size`` after it.
+        process_set: average over that registered ``bf.ProcessSet`` only (default: every
+            rank).
 
     Raises:
         ValueError: for a bad argument, something that is not an optimizer instance, an
@@ -175,7 +177,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         raise ValueError(f"bluefog DistributedOptimizer: use_locking must be a bool, got "
                          f"{use_locking!r}")
     how = averaging.averaging_options(device, compression, sparse_as_dense,
-                                      "DistributedOptimizer", gradient_predivide_factor)
+                                      "DistributedOptimizer", gradient_predivide_factor,
+                                      process_set)
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
             or backward_passes_per_step < 1:
         raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step must be an int "

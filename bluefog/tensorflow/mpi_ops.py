@@ -11,6 +11,7 @@ from typing import Optional, Union
 import tensorflow as tf
 
 from bluefog.common import basics
+from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
 from bluefog.tensorflow.op_library import (
@@ -18,7 +19,10 @@ from bluefog.tensorflow.op_library import (
     forward_name,
     name_input,
     ops,
+    process_set_attrs,
     request_name,
+    set_rank,
+    set_size,
 )
 from bluefog.tensorflow.op_rules import check_dtype, op_error_prefix, to_tensor
 
@@ -76,7 +80,8 @@ def _reduce_op(op, average: bool, what: str):
 def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: bool = True,
               name: Optional[str] = None, device: str = "",
               compression=Compression.none, op=None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> Union[tf.Tensor, tf.IndexedSlices]:
+              postscale_factor: float = 1.0,
+              process_set=None) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
@@ -88,7 +93,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
     and max return NaN where any rank has NaN. ``prescale_factor`` and ``postscale_factor``
     (Horovod's) multiply the sum or mean of float tensors; bluefog applies their product once,
-    in C++, after the sum.
+    in C++, after the sum. ``process_set`` (a registered ``bf.ProcessSet``; default every
+    rank) runs it over that set's ranks only, averaging over the set's size.
     """
     name = request_name("allreduce", name)
     if not isinstance(average, bool):
@@ -101,6 +107,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
         if compression is not Compression.none:
             compression = compression_check(compression, what)
     scaled = prescale_factor != 1.0 or postscale_factor != 1.0
+    set_attrs = (process_set_attrs(process_set, op_error_prefix("allreduce", name))
+                 if process_set is not None else {})
     if isinstance(tensor, tf.IndexedSlices):
         if reduce_op != "sum":
             raise UnsupportedReductionError(
@@ -108,11 +116,13 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
                 "tf.IndexedSlices; convert it to a dense tensor first (tf.convert_to_tensor)")
         scale = (_check_scale(prescale_factor, postscale_factor, tensor.values.dtype, reduce_op,
                               op_error_prefix("allreduce", name)) if scaled else 1.0)
-        return _allreduce_indexed_slices(tensor, average, name, device, compression, scale)
+        return _allreduce_indexed_slices(tensor, average, name, device, compression, scale,
+                                         process_set)
     if not isinstance(tensor, tf.Tensor):
         tensor = to_tensor(tensor, "allreduce", name)
     check_dtype(tensor, "allreduce", name)
-    if compression is Compression.none and not device and op is None and not scaled:
+    if compression is Compression.none and not device and op is None and not scaled and \
+            not set_attrs:
         # the common path, lean
         return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average)
     if scaled:
@@ -122,27 +132,30 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     with device_scope(device):
         out = ops.bluefog_allreduce(sent, tensor_name=name_input(name), average=average,
                                     reduce_op=reduce_op,
-                                    **_scale_attrs(prescale_factor, postscale_factor))
+                                    **_scale_attrs(prescale_factor, postscale_factor),
+                                    **set_attrs)
     return compression.decompress(out, context)
 
 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
                       device: str = "", compression=Compression.none, op=None,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set=None) -> list:
     """Allreduce of every tensor in ``tensors``, as few TF ops and collectives as possible.
 
     Equivalent to ``[allreduce(t, average, compression=...) for t in tensors]`` but dense
     tensors of one dtype (after compression) go through a single op, so the runtime receives
     them together and fuses them. Every rank must pass the same number of tensors with the same
     shapes and dtypes in the same order. ``IndexedSlices`` and ``None`` entries are handled one
-    by one (``None`` stays ``None``). ``op``, ``prescale_factor`` and ``postscale_factor`` as
-    for ``allreduce``.
+    by one (``None`` stays ``None``). ``op``, ``prescale_factor``, ``postscale_factor`` and
+    ``process_set`` as for ``allreduce``.
     """
     name = request_name("grouped_allreduce", name)
     what = op_error_prefix("grouped_allreduce", name, of_tensor=False)
     if not isinstance(average, bool):
         raise TypeError(f"{what}: average must be a bool, got {average!r}")
     average, reduce_op = _reduce_op(op, average, what)
+    set_attrs = process_set_attrs(process_set, what)
     if compression is not Compression.none:
         compression = compression_check(compression, what)
     if not isinstance(tensors, (list, tuple)):
@@ -162,7 +175,7 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
             scale = _check_scale(prescale_factor, postscale_factor, t.values.dtype, reduce_op,
                                  what)
             results[i] = _allreduce_indexed_slices(t, average, f"{name}.sparse.{i}", device,
-                                                   compression, scale)
+                                                   compression, scale, process_set)
             continue
         t = to_tensor(t, "grouped_allreduce", f"{name}.{i}")
         check_dtype(t, "grouped_allreduce", f"{name}.{i}")
@@ -179,7 +192,8 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
                                                  tensor_name=name_input(f"{name}.{dtype.name}"),
                                                  reduce_op=reduce_op,
                                                  **_scale_attrs(prescale_factor,
-                                                                postscale_factor))
+                                                                postscale_factor),
+                                                 **set_attrs)
             for (i, _), out in zip(items, outs):
                 results[i] = out
     if compression is not Compression.none:
@@ -190,13 +204,14 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,
                               device: str, compression=Compression.none,
-                              scale: float = 1.0) -> tf.IndexedSlices:
+                              scale: float = 1.0, process_set=None) -> tf.IndexedSlices:
     sent, context = compression.compress(slices.values)
     with device_scope(device):
-        values = compression.decompress(allgather(sent, name=name + ".values"), context)
-        indices = allgather(slices.indices, name=name + ".indices")
+        values = compression.decompress(
+            allgather(sent, name=name + ".values", process_set=process_set), context)
+        indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
     if average:
-        values = _divide(values, basics.size())
+        values = _divide(values, set_size(process_set))
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -208,10 +223,12 @@ def _divide(tensor: tf.Tensor, n: int) -> tf.Tensor:
     return tf.truncatediv(tensor, tf.cast(n, tensor.dtype))
 
 
-def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None) -> tf.Tensor:
+def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None,
+              process_set=None) -> tf.Tensor:
     """Concatenation along dimension 0 of ``tensor`` from every rank, in rank order.
 
     Ranks may pass different sizes of dimension 0; rank and the other dimensions must match.
+    ``process_set``: gather over that set's ranks only (in their order).
     """
     name = request_name("allgather", name)
     tensor = to_tensor(tensor, "allgather", name)
@@ -220,14 +237,17 @@ def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None)
         raise ValueError(f"{op_error_prefix('allgather', name)}: allgather concatenates along "
                          "dimension 0 and needs a tensor of rank >= 1; reshape the scalar to [1] "
                          "first")
-    return ops.bluefog_allgather(tensor, tensor_name=name_input(name))
+    return ops.bluefog_allgather(tensor, tensor_name=name_input(name),
+                                 **process_set_attrs(process_set, op_error_prefix("allgather",
+                                                                                  name)))
 
 
 def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
-              name: Optional[str] = None) -> tf.Tensor:
+              name: Optional[str] = None, process_set=None) -> tf.Tensor:
     """The value of ``tensor`` on ``root_rank``, returned on every rank.
 
-    Every rank must pass the same name, ``root_rank``, dtype and shape.
+    Every rank must pass the same name, ``root_rank``, dtype and shape. With ``process_set``,
+    over that set's ranks only; ``root_rank`` is then a job-wide rank in the set.
     """
     name = request_name("broadcast", name)
     tensor = to_tensor(tensor, "broadcast", name)
@@ -238,7 +258,12 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
     if basics.is_initialized() and not 0 <= root_rank < basics.size():
         raise ValueError(f"{op_error_prefix('broadcast', name)}: root_rank {root_rank} is "
                          f"outside [0, {basics.size()})")
-    return ops.bluefog_broadcast(tensor, tensor_name=name_input(name), root_rank=root_rank)
+    set_attrs = process_set_attrs(process_set, op_error_prefix("broadcast", name))
+    if set_attrs and root_rank not in process_set.ranks:
+        raise ValueError(f"{op_error_prefix('broadcast', name)}: root_rank {root_rank} is not "
+                         f"in {process_set}")
+    return ops.bluefog_broadcast(tensor, tensor_name=name_input(name), root_rank=root_rank,
+                                 **set_attrs)
 
 
 def _reduce_op_attr(op) -> str:
@@ -246,7 +271,8 @@ def _reduce_op_attr(op) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _extremum_or_product_grad(x, y, grad, reduce_op: str, base: Optional[str]):
+def _extremum_or_product_grad(x, y, grad, reduce_op: str, base: Optional[str],
+                              process_set=None):
     """d(sum over ranks of loss_r)/dx for y = min/max/product over ranks of x.
 
     min, max: the summed upstream gradient goes to the ranks whose x equals the result, split
@@ -256,15 +282,16 @@ def _extremum_or_product_grad(x, y, grad, reduce_op: str, base: Optional[str]):
     def sub(suffix):
         return None if base is None else base + suffix
 
-    summed = allreduce(grad, average=False, name=sub(""))
+    summed = allreduce(grad, average=False, name=sub(""), process_set=process_set)
     if reduce_op in (Min, Max):
         hit = tf.cast(tf.equal(x, y), grad.dtype)
-        ties = allreduce(hit, average=False, name=sub(".ties"))
+        ties = allreduce(hit, average=False, name=sub(".ties"), process_set=process_set)
         return summed * hit / tf.maximum(ties, tf.ones_like(ties))
-    everyone = allgather(tf.expand_dims(x, 0), name=sub(".inputs"))  # [size, ...]
+    everyone = allgather(tf.expand_dims(x, 0), name=sub(".inputs"),
+                         process_set=process_set)  # [size, ...]
     before = tf.math.cumprod(everyone, axis=0, exclusive=True)
     after = tf.math.cumprod(everyone, axis=0, exclusive=True, reverse=True)
-    others = (before * after)[basics.rank()]
+    others = (before * after)[set_rank(process_set)]
     return summed * tf.cast(others, grad.dtype)
 
 
@@ -274,15 +301,21 @@ def _scale_of(op) -> dict:
             "postscale_factor": op.get_attr("postscale_factor")}
 
 
+def _grad_set(op):
+    """The process set the forward op ran on (None: every rank), for its gradient."""
+    set_id = op.get_attr("process_set_id")
+    return None if set_id == 0 else process_set_by_id(set_id)
+
+
 @tf.RegisterGradient("BluefogAllreduce")
 def _allreduce_grad(op, grad):
     """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
     reduce_op = _reduce_op_attr(op)
     if reduce_op == "sum":
         return [allreduce(grad, average=op.get_attr("average"), name=forward_name(op),
-                          **_scale_of(op)), None]
+                          process_set=_grad_set(op), **_scale_of(op)), None]
     return [_extremum_or_product_grad(op.inputs[0], op.outputs[0], grad, reduce_op,
-                                      forward_name(op)), None]
+                                      forward_name(op), _grad_set(op)), None]
 
 
 @tf.RegisterGradient("BluefogGroupedAllreduce")
@@ -291,11 +324,12 @@ def _grouped_allreduce_grad(op, *grads):
     reduce_op = _reduce_op_attr(op)
     if reduce_op == "sum":
         reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base,
-                                    **_scale_of(op))
+                                    process_set=_grad_set(op), **_scale_of(op))
         return reduced + [None]
     return [None if g is None else
             _extremum_or_product_grad(op.inputs[i], op.outputs[i], tf.convert_to_tensor(g),
-                                      reduce_op, None if base is None else f"{base}.{i}")
+                                      reduce_op, None if base is None else f"{base}.{i}",
+                                      _grad_set(op))
             for i, g in enumerate(grads)] + [None]
 
 
@@ -303,10 +337,12 @@ def _grouped_allreduce_grad(op, *grads):
 def _allgather_grad(op, grad):
     """Each rank's input receives its own slice of the upstream gradient summed over ranks."""
     base = forward_name(op)
-    summed = allreduce(grad, average=False, name=base)
+    process_set = _grad_set(op)
+    summed = allreduce(grad, average=False, name=base, process_set=process_set)
     first_dims = allgather(tf.shape(op.inputs[0], out_type=tf.int64)[:1],
-                           name=None if base is None else base + ".dims")
-    me = basics.rank()
+                           name=None if base is None else base + ".dims",
+                           process_set=process_set)
+    me = set_rank(process_set)
     start = tf.reduce_sum(first_dims[:me])
     return [summed[start:start + first_dims[me]], None]
 
@@ -314,7 +350,7 @@ def _allgather_grad(op, grad):
 @tf.RegisterGradient("BluefogBroadcast")
 def _broadcast_grad(op, grad):
     """Only the root's input influences the result: it receives the summed gradient."""
-    summed = allreduce(grad, average=False, name=forward_name(op))
+    summed = allreduce(grad, average=False, name=forward_name(op), process_set=_grad_set(op))
     if basics.rank() == op.get_attr("root_rank"):
         return [summed, None]
     # The zeros must wait for the allreduce, or graphs would prune it on non-root ranks and the

@@ -16,9 +16,11 @@ from typing import Optional
 import tensorflow as tf
 
 from bluefog.common import basics
+from bluefog.common.process_sets import ProcessSet, global_process_set, process_set_by_id
 from bluefog.tensorflow import op_rules
 
-__all__ = ["ops", "request_name", "name_input", "const_input", "forward_name", "device_scope"]
+__all__ = ["ops", "request_name", "name_input", "const_input", "forward_name", "device_scope",
+           "process_set_attrs", "set_size", "set_rank"]
 
 ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
 
@@ -127,6 +129,41 @@ def forward_name(op, index: int = -1) -> Optional[str]:
     if hasattr(value, "item"):  # a numpy scalar or 0-d array
         value = value.item()
     return (value.decode() if isinstance(value, bytes) else str(value)) + ".grad"
+
+
+def _as_set(process_set) -> ProcessSet:
+    return process_set_by_id(process_set) if isinstance(process_set, int) else process_set
+
+
+def process_set_attrs(process_set, what: str) -> dict:
+    """The op attributes that run a collective on ``process_set`` (a ProcessSet or its id):
+    none for the global set. Raises ValueError for a set that is not registered or that this
+    rank is not in (``what`` starts the message)."""
+    if process_set is None or process_set is global_process_set or process_set == 0:
+        return {}
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"{what}: process_set must be a bf.ProcessSet, got {process_set!r}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"{what}: {process_set} is not registered; call "
+                         "bf.add_process_set on every rank first")
+    if not process_set.included():
+        raise ValueError(f"{what}: rank {basics.rank()} is not in {process_set}; only its ranks "
+                         "may call its collectives")
+    return {"process_set_id": process_set.process_set_id}
+
+
+def set_size(process_set) -> int:
+    """The number of ranks of ``process_set`` (a ProcessSet, its id, or None: every rank)."""
+    if process_set is None:
+        return basics.size()
+    return _as_set(process_set).size()
+
+
+def set_rank(process_set) -> int:
+    """This rank's index in ``process_set`` (as for ``set_size``)."""
+    if process_set is None:
+        return basics.rank()
+    return _as_set(process_set).rank()
 
 
 def device_scope(device: str):

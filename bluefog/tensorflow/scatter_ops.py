@@ -13,8 +13,16 @@ import numpy as np
 import tensorflow as tf
 
 from bluefog.common import basics
+from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow.mpi_ops import Average, Sum, allgather
-from bluefog.tensorflow.op_library import forward_name, name_input, ops, request_name
+from bluefog.tensorflow.op_library import (
+    forward_name,
+    name_input,
+    ops,
+    process_set_attrs,
+    request_name,
+    set_size,
+)
 from bluefog.tensorflow.op_rules import check_dtype, op_error_prefix, to_tensor
 
 __all__ = ["alltoall", "reducescatter", "grouped_reducescatter", "grouped_allgather"]
@@ -26,7 +34,7 @@ def _check_rank_at_least_one(tensor: tf.Tensor, op: str, name: str) -> None:
                          "and needs a tensor of rank >= 1; reshape the scalar to [1] first")
 
 
-def _static_splits(splits, tensor: tf.Tensor, what: str) -> Optional[list]:
+def _static_splits(splits, tensor: tf.Tensor, what: str, size: int) -> Optional[list]:
     """``splits`` as a list of ints when it is known before running (else None), checked."""
     if isinstance(splits, (tf.Tensor, tf.Variable)):
         value = tf.get_static_value(splits)
@@ -34,8 +42,8 @@ def _static_splits(splits, tensor: tf.Tensor, what: str) -> Optional[list]:
             return None
         splits = value
     values = [int(s) for s in np.asarray(splits).reshape([-1])]
-    if basics.is_initialized() and len(values) != basics.size():
-        raise ValueError(f"{what}: splits has {len(values)} entries for {basics.size()} ranks; "
+    if len(values) != size:
+        raise ValueError(f"{what}: splits has {len(values)} entries for {size} ranks; "
                          "pass one row count per rank")
     if any(s < 0 for s in values):
         raise ValueError(f"{what}: splits {values} has a negative entry")
@@ -47,7 +55,7 @@ def _static_splits(splits, tensor: tf.Tensor, what: str) -> Optional[list]:
 
 
 def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
-             name: Optional[str] = None) -> tuple:
+             name: Optional[str] = None, process_set=None) -> tuple:
     """Rank r sends rows ``[offset_j, offset_j + splits[j])`` of ``tensor`` to each rank j.
 
     Returns ``(output, received_splits)``: the concatenation, in rank order, of the rows every
@@ -55,25 +63,28 @@ def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
     Horovod does. ``splits`` (a list, array or int tensor with one entry per rank, summing to
     dimension 0) defaults to equal splits, which needs dimension 0 to be a multiple of the
     number of ranks. Ranks may send different numbers of rows; the other dimensions and the
-    dtype must match on every rank. The gradient is the reverse alltoall.
+    dtype must match on every rank. The gradient is the reverse alltoall. With
+    ``process_set``, among that set's ranks (``splits`` then has one entry per rank of the set).
     """
     name = request_name("alltoall", name)
     what = op_error_prefix("alltoall", name)
     tensor = to_tensor(tensor, "alltoall", name)
     check_dtype(tensor, "alltoall", name)
     _check_rank_at_least_one(tensor, "alltoall", name)
+    set_attrs = process_set_attrs(process_set, what)
+    size = set_size(process_set) if basics.is_initialized() else None
     if splits is None:
         rows = tensor.shape[0]
-        if basics.is_initialized() and rows is not None and rows % basics.size():
+        if size and rows is not None and rows % size:
             raise ValueError(f"{what}: dimension 0 has {rows} rows, which do not split evenly "
-                             f"over {basics.size()} ranks; pass splits (one row count per rank)")
+                             f"over {size} ranks; pass splits (one row count per rank)")
         splits_input = tf.zeros([0], tf.int64)
     else:
-        static = _static_splits(splits, tensor, what)
+        static = _static_splits(splits, tensor, what, size) if size else None
         splits_input = (tf.constant(static, tf.int64, shape=[len(static)]) if static is not None
                         else tf.cast(tf.reshape(splits, [-1]), tf.int64))
     output, received = ops.bluefog_alltoall(tensor, tensor_name=name_input(name),
-                                            splits=splits_input)
+                                            splits=splits_input, **set_attrs)
     return output, tf.cast(received, tf.int32)
 
 
@@ -81,7 +92,8 @@ def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
 def _alltoall_grad(op, grad, _):
     """Each received block goes back to the rank that sent it."""
     back, _unused = ops.bluefog_alltoall(grad, tensor_name=name_input(_grad_name(op, "alltoall")),
-                                         splits=op.outputs[1])
+                                         splits=op.outputs[1],
+                                         process_set_id=op.get_attr("process_set_id"))
     return [back, None, None]
 
 
@@ -97,7 +109,7 @@ def _average_flag(op, what: str) -> bool:
 
 
 def reducescatter(tensor: Union[tf.Tensor, tf.Variable], op=Average,
-                  name: Optional[str] = None) -> tf.Tensor:
+                  name: Optional[str] = None, process_set=None) -> tf.Tensor:
     """The sum (``op=bf.Sum``) or mean (``bf.Average``, the default) of ``tensor`` over ranks,
     of which each rank returns its slice of dimension 0.
 
@@ -105,28 +117,37 @@ def reducescatter(tensor: Union[tf.Tensor, tf.Variable], op=Average,
     ``rows // size`` rows each, and one more for the first ``rows % size`` ranks (ranks beyond
     the rows get zero rows). Integer averages truncate toward zero. The gradient is the
     allgather of the upstream gradients (divided by the number of ranks for an average).
+    ``process_set``: over that set's ranks only.
     """
     name = request_name("reducescatter", name)
     average = _average_flag(op, op_error_prefix("reducescatter", name))
     tensor = to_tensor(tensor, "reducescatter", name)
     check_dtype(tensor, "reducescatter", name)
     _check_rank_at_least_one(tensor, "reducescatter", name)
-    return ops.bluefog_reducescatter(tensor, tensor_name=name_input(name), average=average)
+    return ops.bluefog_reducescatter(
+        tensor, tensor_name=name_input(name), average=average,
+        **process_set_attrs(process_set, op_error_prefix("reducescatter", name)))
 
 
-def _gather_grad(grad, average: bool, name: Optional[str]):
-    gathered = allgather(grad, name=name)
+def _set_of(op):
+    set_id = op.get_attr("process_set_id")
+    return None if set_id == 0 else process_set_by_id(set_id)
+
+
+def _gather_grad(grad, average: bool, name: Optional[str], process_set):
+    gathered = allgather(grad, name=name, process_set=process_set)
     if average:
-        gathered = gathered / tf.cast(basics.size(), gathered.dtype)
+        gathered = gathered / tf.cast(set_size(process_set), gathered.dtype)
     return gathered
 
 
 @tf.RegisterGradient("BluefogReducescatter")
 def _reducescatter_grad(op, grad):
-    return [_gather_grad(grad, op.get_attr("average"), forward_name(op)), None]
+    return [_gather_grad(grad, op.get_attr("average"), forward_name(op), _set_of(op)), None]
 
 
-def grouped_reducescatter(tensors: Sequence, op=Average, name: Optional[str] = None) -> list:
+def grouped_reducescatter(tensors: Sequence, op=Average, name: Optional[str] = None,
+                          process_set=None) -> list:
     """``[reducescatter(t, op) for t in tensors]`` with the tensors of one dtype in one op.
 
     Every rank must pass the same number of tensors with the same shapes and dtypes, in the
@@ -135,6 +156,7 @@ def grouped_reducescatter(tensors: Sequence, op=Average, name: Optional[str] = N
     name = request_name("grouped_reducescatter", name)
     what = op_error_prefix("grouped_reducescatter", name, of_tensor=False)
     average = _average_flag(op, what)
+    set_attrs = process_set_attrs(process_set, what)
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{what}: tensors must be a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
@@ -148,7 +170,7 @@ def grouped_reducescatter(tensors: Sequence, op=Average, name: Optional[str] = N
     for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
         outs = ops.bluefog_grouped_reducescatter(
             [t for _, t in items], average=average,
-            tensor_name=name_input(f"{name}.{dtype.name}"))
+            tensor_name=name_input(f"{name}.{dtype.name}"), **set_attrs)
         for (i, _), out in zip(items, outs):
             results[i] = out
     return results
@@ -158,12 +180,15 @@ def grouped_reducescatter(tensors: Sequence, op=Average, name: Optional[str] = N
 def _grouped_reducescatter_grad(op, *grads):
     base = forward_name(op)
     average = op.get_attr("average")
+    process_set = _set_of(op)
     return [None if g is None else
-            _gather_grad(tf.convert_to_tensor(g), average, None if base is None else f"{base}.{i}")
+            _gather_grad(tf.convert_to_tensor(g), average,
+                         None if base is None else f"{base}.{i}", process_set)
             for i, g in enumerate(grads)] + [None]
 
 
-def grouped_allgather(tensors: Sequence, name: Optional[str] = None) -> list:
+def grouped_allgather(tensors: Sequence, name: Optional[str] = None,
+                      process_set=None) -> list:
     """``[allgather(t) for t in tensors]``, named ``name.0`` ... ``name.N-1``.
 
     Every rank must pass the same number of tensors, in the same order; as for ``allgather``,
@@ -173,4 +198,5 @@ def grouped_allgather(tensors: Sequence, name: Optional[str] = None) -> list:
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{op_error_prefix('grouped_allgather', name, of_tensor=False)}: tensors "
                         f"must be a list or tuple of tensors, got {type(tensors).__name__}")
-    return [allgather(t, name=f"{name}.{i}") for i, t in enumerate(tensors)]
+    return [allgather(t, name=f"{name}.{i}", process_set=process_set)
+            for i, t in enumerate(tensors)]

@@ -104,6 +104,16 @@ std::vector<T> VectorOf(const Tensor& t) {
 
 char* DataOf(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
+// The process_set_id attribute of the ops that have one (0: every rank).
+int ProcessSetAttr(OpKernelConstruction* c) {
+  int id = 0;
+  if (c->HasAttr("process_set_id")) {
+    absl::Status s = c->GetAttr("process_set_id", &id);
+    if (!s.ok()) c->SetStatus(s);
+  }
+  return id;
+}
+
 // The allreduce ops' prescale_factor times postscale_factor: one factor the runtime applies
 // after the sum.
 double ScaleAttr(OpKernelConstruction* c) {
@@ -227,16 +237,6 @@ TensorShape ReducedShape(OpType op, const TensorShape& input, int process_set) {
       Runtime::Get().SetLayout(process_set, &rank, &size))
     shape.set_dim(0, ReducescatterRows(shape.dim_size(0), size, rank));
   return shape;
-}
-
-// The process_set_id attribute of the ops that have one (0: every rank).
-int ProcessSetAttr(OpKernelConstruction* c) {
-  int id = 0;
-  if (c->HasAttr("process_set_id")) {
-    absl::Status s = c->GetAttr("process_set_id", &id);
-    if (!s.ok()) c->SetStatus(s);
-  }
-  return id;
 }
 
 // Allreduces (or reducescatters) N tensors in one kernel: one executor node per step instead

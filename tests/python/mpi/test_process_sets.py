@@ -1,0 +1,133 @@
+"""Process sets: collectives over a subset of the ranks, registered on every rank.
+
+Even and odd ranks each get a set. Every expected value is computed in closed form from the
+set's ranks; a set's collectives must not wait for ranks outside it (checked by making those
+ranks wait on a global collective that the set's ranks join only afterwards: a set that waited
+would hang, and mpirun's timeout would fail the run).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bluefog.tensorflow as bf
+from bluefog.common.basics import BluefogError
+
+from conftest import needs_ranks
+
+
+@pytest.fixture(scope="module")
+def sets():
+    even = bf.add_process_set([r for r in range(bf.size()) if r % 2 == 0])
+    odd = bf.add_process_set(bf.ProcessSet([r for r in range(bf.size()) if r % 2 == 1]))
+    yield even, odd
+    bf.remove_process_set(even)
+    bf.remove_process_set(odd)
+
+
+def _mine(sets):
+    return sets[bf.rank() % 2]
+
+
+@needs_ranks(2)
+def test_layout(sets, rank, size):
+    even, odd = sets
+    assert even.process_set_id != odd.process_set_id
+    ps = _mine(sets)
+    assert ps.included() and ps.rank() == ps.ranks.index(rank) and ps.size() == len(ps.ranks)
+    other = sets[1 - rank % 2]
+    assert other.included() is False and other.rank() == -1
+    assert bf.global_process_set.size() == size and bf.global_process_set.rank() == rank
+
+
+def _set_ops(ps, rank):
+    n = len(ps.ranks)
+    total = sum(r + 1 for r in ps.ranks)
+    out = bf.allreduce(tf.fill([3], float(rank + 1)), average=True, name="ps.avg", process_set=ps)
+    np.testing.assert_allclose(out.numpy(), [total / n] * 3)
+    g = bf.allgather(tf.fill([rank + 1, 1], rank), name="ps.gather", process_set=ps)
+    np.testing.assert_array_equal(g.numpy()[:, 0],
+                                  np.concatenate([[r] * (r + 1) for r in ps.ranks]))
+    b = bf.broadcast(tf.constant([rank]), root_rank=ps.ranks[-1], name="ps.bcast", process_set=ps)
+    assert b.numpy().tolist() == [ps.ranks[-1]]
+    out, received = bf.alltoall(tf.fill([n, 1], rank), name="ps.a2a", process_set=ps)
+    assert out.numpy()[:, 0].tolist() == ps.ranks and received.numpy().tolist() == [1] * n
+    rs = bf.reducescatter(tf.ones([n, 2]) * (rank + 1), op=bf.Sum, name="ps.rs", process_set=ps)
+    np.testing.assert_allclose(rs.numpy(), [[total] * 2])
+
+
+@needs_ranks(2)
+def test_collectives_in_a_set_do_not_wait_for_the_others(sets, rank, size):
+    ps = _mine(sets)
+    if rank % 2 == 0:
+        _set_ops(ps, rank)
+    bf.allreduce(tf.constant([1.0]), name="ps.gate")  # odd ranks wait here for the even ones
+    if rank % 2 == 1:
+        _set_ops(ps, rank)
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_set_collectives_in_graphs(sets, rank, mode):
+    ps = _mine(sets)
+
+    def fn():
+        return bf.allreduce(tf.constant([float(rank)]), average=False, name=f"ps.{mode}",
+                            process_set=ps)
+
+    if mode == "function":
+        value = tf.function(fn)().numpy()
+    else:
+        graph = tf.Graph()
+        with graph.as_default():
+            out = fn()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            value = sess.run(out)
+    np.testing.assert_allclose(value, [sum(ps.ranks)])
+
+
+@needs_ranks(2)
+def test_gradients_and_tape_average_over_the_set(sets, rank):
+    ps = _mine(sets)
+    w = tf.Variable([1.0, 1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(rank + 1))
+    tape = bf.DistributedGradientTape(tape, process_set=ps)
+    (g,) = tape.gradient(loss, [w])
+    mean = sum(r + 1 for r in ps.ranks) / len(ps.ranks)
+    np.testing.assert_allclose(g.numpy(), [mean] * 2)
+    x = tf.Variable([2.0])
+    with tf.GradientTape() as tape:
+        y = bf.allreduce(x, average=False, name="ps.grad", process_set=ps)
+    np.testing.assert_allclose(tape.gradient(y, x).numpy(), [len(ps.ranks)])
+
+
+@needs_ranks(2)
+def test_mistakes(sets, rank, size):
+    other = sets[1 - rank % 2]
+    with pytest.raises(ValueError, match="is not in"):
+        bf.allreduce(tf.ones([1]), name="ps.outside", process_set=other)
+    # Registering different sets fails on every rank.
+    with pytest.raises(BluefogError, match="ranks disagree on the process set's ranks"):
+        bf.add_process_set([rank])
+    with pytest.raises(ValueError, match="must be a non-empty list"):
+        bf.add_process_set([size])
+    with pytest.raises(ValueError, match="registered already"):
+        bf.add_process_set(sets[0])
+    with pytest.raises(ValueError, match="global process set cannot be removed"):
+        bf.remove_process_set(bf.global_process_set)
+    unregistered = bf.ProcessSet([0])
+    with pytest.raises(ValueError, match="not registered"):
+        bf.allreduce(tf.ones([1]), name="ps.unregistered", process_set=unregistered)
+    out = bf.allreduce(tf.constant([1.0]), average=False, name="ps.after.mistakes")
+    np.testing.assert_allclose(out.numpy(), [size])
+
+
+def test_removed_set_refuses_collectives(rank, size):
+    ps = bf.add_process_set(list(range(size)))
+    out = bf.allreduce(tf.constant([1.0]), average=False, name="ps.tmp", process_set=ps)
+    np.testing.assert_allclose(out.numpy(), [size])
+    assert bf.remove_process_set(ps) is True
+    assert bf.remove_process_set(ps) is False
+    with pytest.raises(ValueError, match="not registered"):
+        bf.allreduce(tf.ones([1]), name="ps.removed", process_set=ps)
