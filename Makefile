@@ -63,8 +63,11 @@ test-python: build
 	done
 
 # Static checks: ruff over the Python (rules in pyproject.toml's [tool.ruff]).
+# ruff for the Python, clang-format (.clang-format at the root) for the C++.
 lint: $(VENV)/.deps-stamp
 	$(VENV)/bin/ruff check bluefog tests examples bench
+	$(VENV)/bin/clang-format --dry-run --Werror $$(git ls-files '*.cc' '*.h' 2>/dev/null || \
+	  find csrc tests bench -name '*.cc' -o -name '*.h')
 
 # The C++ core's tests under AddressSanitizer + UndefinedBehaviorSanitizer, then ThreadSanitizer.
 sanitize: $(VENV)/.deps-stamp

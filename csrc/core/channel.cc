@@ -20,9 +20,7 @@ double NowSeconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-bool IsSetOp(OpType op) {
-  return op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet;
-}
+bool IsSetOp(OpType op) { return op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet; }
 
 }  // namespace
 
@@ -233,8 +231,8 @@ void Channel::RunSetOps(std::vector<Response>& ready) {
       continue;
     }
     if (!r.status.ok() || !set_hook_) {
-      Finish(r.meta.name, r.status.ok() ? Status(StatusCode::kInternal, "no process set hook")
-                                        : r.status);
+      Finish(r.meta.name,
+             r.status.ok() ? Status(StatusCode::kInternal, "no process set hook") : r.status);
       continue;
     }
     Status status;

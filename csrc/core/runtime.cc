@@ -195,8 +195,8 @@ int Runtime::RunSetRequest(OpType op, const std::string& name, std::vector<int32
 int Runtime::AddProcessSet(const std::vector<int>& ranks) {
   std::vector<int32_t> sorted(ranks.begin(), ranks.end());
   std::sort(sorted.begin(), sorted.end());
-  return RunSetRequest(OpType::kAddProcessSet,
-                       Concat("bluefog.add_process_set.", add_calls_++), std::move(sorted));
+  return RunSetRequest(OpType::kAddProcessSet, Concat("bluefog.add_process_set.", add_calls_++),
+                       std::move(sorted));
 }
 
 void Runtime::RemoveProcessSet(int id) {
@@ -222,8 +222,8 @@ int Runtime::OnSetResponse(const Response& response) {
       TransportInfo info = info_;
       info.rank = static_cast<int>(me - set.ranks.begin());
       info.size = static_cast<int>(set.ranks.size());
-      set.channel = std::make_unique<Channel>(id, config_, set.transport.get(), info, set.ranks,
-                                              nullptr);
+      set.channel =
+          std::make_unique<Channel>(id, config_, set.transport.get(), info, set.ranks, nullptr);
       set.channel->Start();
     }
     std::lock_guard<std::mutex> lock(sets_mutex_);

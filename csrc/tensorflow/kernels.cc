@@ -290,9 +290,10 @@ class GroupedKernel : public AsyncOpKernel {
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       Tensor* output = nullptr;
-      absl::Status s = kOp == OpType::kAllreduce
-                           ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
-                           : ctx->allocate_output(i, ReducedShape(kOp, input.shape(), process_set_), &output);
+      absl::Status s =
+          kOp == OpType::kAllreduce
+              ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
+              : ctx->allocate_output(i, ReducedShape(kOp, input.shape(), process_set_), &output);
       Request request;
       request.meta.op = kOp;
       request.process_set = process_set_;
@@ -334,8 +335,9 @@ class ReducescatterKernel : public CollectiveKernel {
       Tensor* output = nullptr;
       OP_REQUIRES_OK_ASYNC(
           ctx,
-          ctx->allocate_output(0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape(), process_set()),
-                               &output),
+          ctx->allocate_output(
+              0, ReducedShape(OpType::kReducescatter, ctx->input(0).shape(), process_set()),
+              &output),
           done);
       request.output = DataOf(output);
     }
