@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "core/op_rules.h"
+
 namespace bluefog {
 namespace {
 
@@ -40,9 +42,8 @@ bool HasPerRankFirstDim(OpType op) {
 Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
   const TensorMeta& m0 = *metas[0];
   auto fail = [&](const char* what, const std::string& detail, const char* advice) {
-    return Status(StatusCode::kPrecondition,
-                  Concat("bluefog ", OpTypeName(m0.op), " of tensor '", m0.name,
-                         "': ranks disagree on the ", what, ": ", detail, ". ", advice));
+    return OpError(StatusCode::kPrecondition, m0.op, m0.name,
+                   Concat("ranks disagree on the ", what, ": ", detail, ". ", advice));
   };
   for (const auto& m : metas) {
     if (m->op != m0.op)
@@ -226,9 +227,9 @@ Response Coordinator::Complete(Entry& entry) const {
     const OpType op = present->op;
     if (op != OpType::kAllreduce && op != OpType::kAllgather) {
       response.meta = *present;
-      response.status = Status(
-          StatusCode::kPrecondition,
-          Concat("bluefog ", OpTypeName(op), " of tensor '", present->name, "': rank(s) ",
+      response.status = OpError(
+          StatusCode::kPrecondition, op, present->name,
+          Concat("rank(s) ",
                  RanksString(std::vector<int32_t>(response.joined.begin(), response.joined.end())),
                  " have called join() and submit no more collectives; only allreduce and "
                  "allgather run until every rank has joined"));
