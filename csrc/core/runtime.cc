@@ -193,6 +193,10 @@ int Runtime::RunSetRequest(OpType op, const std::string& name, std::vector<int32
 }
 
 int Runtime::AddProcessSet(const std::vector<int>& ranks) {
+  // Each set's channel calls MPI from a thread of its own.
+  BF_ENFORCE(!started_ || info_.threads_multiple, StatusCode::kPrecondition,
+             "process sets need MPI_THREAD_MULTIPLE, which this MPI library did not grant "
+             "(bf.mpi_threads_supported() is False); use an MPI built with thread support");
   std::vector<int32_t> sorted(ranks.begin(), ranks.end());
   std::sort(sorted.begin(), sorted.end());
   return RunSetRequest(OpType::kAddProcessSet, Concat("bluefog.add_process_set.", add_calls_++),
