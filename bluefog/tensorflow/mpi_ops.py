@@ -42,6 +42,10 @@ class UnsupportedReductionError(ValueError, NotImplementedError):
     latter) and code written for bluefog catch it alike.
     """
 
+    # Exception's own constructor: autograph re-raises an error from a traced function as its
+    # own type only when it can rebuild it from the message alone (it checks for exactly this).
+    __init__ = Exception.__init__
+
 
 def _check_scale(prescale_factor, postscale_factor, dtype: tf.DType, reduce_op: str,
                  what: str) -> float:
