@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import threading
 from typing import Optional, Union
 
 import tensorflow as tf
 
 from bluefog.common import basics
+from bluefog.tensorflow import compat
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
 
-_ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
+_ops = compat.load_ops(basics.library_dir())
 _OP_TYPES = ("BluefogAllreduce", "BluefogGroupedAllreduce", "BluefogAllgather", "BluefogBroadcast",
              "BluefogNeighborAllreduce", "BluefogNeighborAllgather",
              "BluefogNeighborAllgatherGrad")
@@ -166,7 +166,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
     shape. Integer averages truncate toward zero. A ``tf.IndexedSlices`` is reduced by gathering
     its values and indices from every rank; the result is an ``IndexedSlices`` representing the
-    sum (or mean) of the dense tensors. ``compression`` (``bf.Compression.fp16``/``.bf16``)
+    sum (or mean) of the dense tensors (for an integer mean, the rows of each index are added
+    before the division, and each index appears once in the result). ``compression`` (``bf.Compression.fp16``/``.bf16``)
     sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
     ``op`` (``bf.Average``, ``bf.Sum``, ``bf.Min``, ``bf.Max``, ``bf.Product``), when given,
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
@@ -262,6 +263,12 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str
         values = compression.decompress(allgather(sent, name=name + ".values"), context)
         indices = allgather(slices.indices, name=name + ".indices")
     if average:
+        if not values.dtype.is_floating:
+            # Integer division truncates, so dividing each gathered row before the rows of one
+            # index are added (as converting to dense does) is wrong: 5/2 + 5/2 = 4, not 5.
+            # Add the rows of each index first; the result then has each index once.
+            indices, position = tf.unique(indices)
+            values = tf.math.unsorted_segment_sum(values, position, tf.shape(indices)[0])
         values = _divide(values, basics.size())
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
