@@ -186,6 +186,7 @@ def cluster():
 
 
 def _accuracy(out: str) -> float:
+    assert re.search(r"slurm job \d+: 2 tasks on ", out), out[-3000:]
     found = re.search(r"test accuracy=([\d.]+)", out)
     assert found, f"no accuracy printed:\n{out[-3000:]}"
     assert "weights identical on all ranks" in out, out[-3000:]
@@ -202,6 +203,7 @@ set -euo pipefail
 export PATH={os.path.dirname(PYTHON)}:$PATH
 export TF_CPP_MIN_LOG_LEVEL=3 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1
 EXAMPLE="examples/keras_digits.py --epochs 3"
+echo "slurm job $SLURM_JOB_ID: $SLURM_NTASKS tasks on $SLURM_JOB_NODELIST"
 """
 
 

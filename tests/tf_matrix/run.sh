@@ -64,11 +64,12 @@ for i in "${!versions[@]}"; do
   fi
   tf_version=$("$venv/bin/python" -c "import tensorflow as tf; print(tf.__version__)" 2>/dev/null)
   keras_version=$("$venv/bin/python" -c "import keras; print(keras.__version__)" 2>/dev/null)
-  # The documented install command; --force-reinstall when an older bluefog is there.
+  # The documented install command (after removing a bluefog built from an older sdist; not
+  # --force-reinstall, which would also upgrade numpy past what this TensorFlow supports).
   if [ "$(cat "$venv/.bluefog-sdist" 2>/dev/null)" != "$sdist_sum" ]; then
-    echo "== tf $v: pip install --no-build-isolation $(basename "$SDIST")" >>"$log"
-    if ! "$venv/bin/pip" install --no-build-isolation --no-cache-dir --force-reinstall \
-        "$SDIST" >>"$log" 2>&1; then
+    "$venv/bin/pip" uninstall -q -y bluefog-tf >>"$log" 2>&1
+    echo "== tf $v: pip install --no-build-isolation --no-cache-dir $(basename "$SDIST")" >>"$log"
+    if ! "$venv/bin/pip" install --no-build-isolation --no-cache-dir "$SDIST" >>"$log" 2>&1; then
       result[$v]="FAIL (building bluefog; see $log)"; continue
     fi
     echo "$sdist_sum" >"$venv/.bluefog-sdist"
