@@ -63,3 +63,28 @@ def test_configure_without_tensorflow_names_what_to_install(tmp_path):
     assert "cannot import tensorflow" in out, out[-2000:]
     assert "pip install 'tensorflow-cpu>=2.16,<2.22'" in out, out[-2000:]
     assert "No module named 'tensorflow'" in out, out[-2000:]
+
+
+MPI_DIR = "/usr/lib/x86_64-linux-gnu/openmpi"
+
+
+@pytest.mark.skipif(CMAKE is None, reason="cmake not installed")
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
+                    or not os.path.isdir(MPI_DIR),
+                    reason="hiding Open MPI needs root, unshare and Debian's Open MPI layout")
+def test_configure_without_mpi_names_the_packages(tmp_path):
+    # A machine without Open MPI's development files: in a private mount namespace, Debian's
+    # Open MPI folder (headers, libraries) is an empty tmpfs and the wrappers are empty files.
+    hide = [f"mount -t tmpfs none {MPI_DIR}"] + [
+        f"mount --bind /dev/null {w}" for w in ("/usr/bin/mpicc", "/usr/bin/mpicxx",
+                                               "/usr/bin/mpirun") if os.path.exists(w)]
+    script = " && ".join(hide + [f"'{CMAKE}' -S '{REPO}' -B '{tmp_path}/build' "
+                                 "-DBLUEFOG_BUILD_TF=OFF"])
+    result = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True,
+                            text=True, timeout=120)
+    out = " ".join((result.stdout + result.stderr).split())
+    if "unshare failed" in out or "mount: " in out:
+        pytest.skip(f"cannot make a mount namespace here: {out[-300:]}")
+    assert result.returncode != 0
+    assert "no MPI C compiler wrapper (mpicc)" in out, out[-2000:]
+    assert "apt-get install libopenmpi-dev openmpi-bin" in out, out[-2000:]

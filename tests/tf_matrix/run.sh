@@ -10,7 +10,8 @@
 # what is tested). The next version's venv is prepared in the background while one version
 # builds and runs. Venvs are kept: a rerun reinstalls bluefog only when the sdist changed.
 # Finally an op library built for one version is imported with another TensorFlow, which must
-# fail with the "rebuild" ImportError. Prints one result line per version and the wall time.
+# fail with the "rebuild" ImportError, and installing into an unsupported TensorFlow (2.15) must
+# stop with the build's "unsupported" message. Prints one result line each and the wall time.
 set -uo pipefail
 
 SDIST=$(readlink -f "${1:?usage: $0 SDIST}")
@@ -43,6 +44,9 @@ prepare() {
   touch "$venv/.ready"
 }
 
+# A release outside the supported range, whose install must stop with the "unsupported" message.
+UNSUPPORTED=${TF_UNSUPPORTED-2.15}
+
 versions=($VERSIONS)
 declare -A result
 log_of() { echo "$ROOT/tf$1.log"; }
@@ -54,6 +58,9 @@ for i in "${!versions[@]}"; do
   log=$(log_of "$v")
   wait "$prep_pid"; prep_ok=$?
   next=${versions[$((i + 1))]:-}
+  if [ -z "$next" ] && [ -n "$UNSUPPORTED" ]; then
+    next=$UNSUPPORTED
+  fi
   if [ -n "$next" ]; then
     prepare "$next" >"$(log_of "$next")" 2>&1 &
     prep_pid=$!
@@ -108,6 +115,26 @@ if [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-sdist" ] && [ -f "$R
   fi
 fi
 
+# An unsupported TensorFlow: the documented install must stop with one clear message.
+unsupported="skipped (TF_UNSUPPORTED is empty)"
+if [ -n "$UNSUPPORTED" ]; then
+  wait "$prep_pid" 2>/dev/null
+  venv=$ROOT/tf$UNSUPPORTED
+  if [ ! -f "$venv/.ready" ]; then
+    unsupported="FAIL (installing tensorflow-cpu==$UNSUPPORTED.*; see $(log_of "$UNSUPPORTED"))"
+  else
+    out=$("$venv/bin/pip" install --no-build-isolation --no-cache-dir --no-deps "$SDIST" 2>&1)
+    rc=$?
+    echo "$out" >>"$(log_of "$UNSUPPORTED")"
+    msg=$(echo "$out" | tr -s ' \n' ' ' | grep -o "bluefog: TensorFlow $UNSUPPORTED[.0-9]* is installed, but bluefog supports TensorFlow 2.16 to 2.21" | head -n 1)
+    if [ $rc -ne 0 ] && [ -n "$msg" ]; then
+      unsupported="ok   (refused: $msg...)"
+    else
+      unsupported="FAIL (pip exit $rc; see $(log_of "$UNSUPPORTED"))"
+    fi
+  fi
+fi
+
 echo
 echo "TensorFlow matrix ($(( $(date +%s) - start ))s wall):"
 status=0
@@ -117,4 +144,6 @@ for v in "${versions[@]}"; do
 done
 echo "  version skew: $skew"
 [[ "$skew" == ok* ]] || status=1
+echo "  unsupported ${UNSUPPORTED:-version}: $unsupported"
+[[ "$unsupported" == ok* || "$unsupported" == skipped* ]] || status=1
 exit $status
