@@ -46,7 +46,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow import mpi_ops, neighbor_ops, optimizers
+from bluefog.tensorflow import compat, mpi_ops, neighbor_ops, optimizers
 
 __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
            "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES"]
@@ -194,7 +194,7 @@ def _copy_optimizer(optimizer, cls, what: str):
         warnings.simplefilter("ignore")  # a callable learning rate warns when serialized
         config = optimizer.get_config()
     lr = getattr(optimizer, "_learning_rate", None)
-    if "learning_rate" in config and lr is not None and not isinstance(lr, keras.Variable):
+    if "learning_rate" in config and lr is not None and not compat.is_keras_variable(lr):
         config["learning_rate"] = lr  # a schedule or callable: pass the object itself
     try:
         new = cls.from_config(config)

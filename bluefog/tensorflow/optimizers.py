@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow import compat, mpi_ops
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
 
@@ -391,7 +391,7 @@ def _copy_keras_optimizer(optimizer, cls, overrides: Dict[str, Any]):
         config = optimizer.get_config()
     config.update(overrides)
     lr = getattr(optimizer, "_learning_rate", None)
-    if "learning_rate" in config and lr is not None and not isinstance(lr, keras.Variable):
+    if "learning_rate" in config and lr is not None and not compat.is_keras_variable(lr):
         # A schedule or callable: keep the very object (no serialization round trip).
         config["learning_rate"] = lr
     try:
@@ -543,6 +543,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
                              "the optimizer before it is built (before compile/fit or the first "
                              "apply)")
         overrides["gradient_accumulation_steps"] = backward_passes_per_step
+    if overrides or getattr(optimizer, "gradient_accumulation_steps", None):
+        compat.check_keras_gradient_accumulation("bluefog DistributedOptimizer")
     new = _copy_keras_optimizer(optimizer, _distributed_keras_class(base), overrides)
     new._bluefog_name = name or "Distributed" + base.__name__
     new._bluefog_how = how
@@ -576,8 +578,8 @@ def _is_variable(v) -> bool:
     if isinstance(v, tf.Variable):
         return True
     try:
-        return isinstance(v, _keras().Variable)
-    except ImportError:  # pragma: no cover - keras always comes with tensorflow 2.21
+        return compat.is_keras_variable(v)
+    except ImportError:  # pragma: no cover - keras always comes with tensorflow >= 2.16
         return False
 
 

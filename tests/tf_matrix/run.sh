@@ -17,7 +17,9 @@ set -uo pipefail
 SDIST=$(readlink -f "${1:?usage: $0 SDIST}")
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
-VERSIONS=${TF_VERSIONS:-"2.16 2.17 2.18 2.19 2.20 2.21"}
+# Each entry: a TensorFlow release, optionally with a pin for what pip would otherwise pick the
+# newest of (2.16:keras==3.3.3 is TensorFlow 2.16 with the Keras of its time, as users have it).
+VERSIONS=${TF_VERSIONS:-"2.16 2.17 2.18 2.19 2.20 2.21 2.16:keras==3.3.3"}
 ROOT=${TF_MATRIX_DIR:-$REPO/build/tf-matrix}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 # The smoke suite: the seed's collectives and their gradients (eager, tf.function, v1 graphs),
@@ -33,12 +35,13 @@ sdist_sum=$(sha256sum "$SDIST" | cut -d' ' -f1)
 # A venv with tensorflow-cpu==<v>.* and what building and testing bluefog needs (what a user's
 # environment has, plus the build tools the README lists). Kept once complete.
 prepare() {
-  local v=$1 venv=$ROOT/tf$1
+  local v=${1%%:*} pin="" venv=$ROOT/tf${1//[:=]/-}
+  [[ "$1" == *:* ]] && pin=${1#*:}
   [ -f "$venv/.ready" ] && return 0
   rm -rf "$venv"
   "$PYTHON" -m venv "$venv" || return 1
   "$venv/bin/pip" install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  "$venv/bin/pip" install -q "tensorflow-cpu==$v.*" scikit-build-core cmake ninja \
+  "$venv/bin/pip" install -q "tensorflow-cpu==$v.*" $pin scikit-build-core cmake ninja \
     pytest pytest-timeout 2>&1 | grep -v '^WARNING: Location'
   "$venv/bin/python" -c "import tensorflow" 2>/dev/null || return 1
   touch "$venv/.ready"
@@ -49,12 +52,13 @@ UNSUPPORTED=${TF_UNSUPPORTED-2.15}
 
 versions=($VERSIONS)
 declare -A result
-log_of() { echo "$ROOT/tf$1.log"; }
+venv_of() { echo "$ROOT/tf${1//[:=]/-}"; }
+log_of() { echo "$(venv_of "$1").log"; }
 prepare "${versions[0]}" >"$(log_of "${versions[0]}")" 2>&1 &
 prep_pid=$!
 for i in "${!versions[@]}"; do
   v=${versions[$i]}
-  venv=$ROOT/tf$v
+  venv=$(venv_of "$v")
   log=$(log_of "$v")
   wait "$prep_pid"; prep_ok=$?
   next=${versions[$((i + 1))]:-}
@@ -67,7 +71,7 @@ for i in "${!versions[@]}"; do
   fi
   t0=$(date +%s)
   if [ $prep_ok -ne 0 ]; then
-    result[$v]="FAIL (installing tensorflow-cpu==$v.*; see $log)"; continue
+    result[$v]="FAIL (installing tensorflow-cpu==${v%%:*}.* ${v#*:}; see $log)"; continue
   fi
   tf_version=$("$venv/bin/python" -c "import tensorflow as tf; print(tf.__version__)" 2>/dev/null)
   keras_version=$("$venv/bin/python" -c "import keras; print(keras.__version__)" 2>/dev/null)
@@ -102,8 +106,9 @@ wait 2>/dev/null
 
 # Version skew: the first version's TensorFlow importing the last version's build of bluefog.
 skew="skipped (needs two versions)"
-first=${versions[0]}; last=${versions[-1]}
-if [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-sdist" ] && [ -f "$ROOT/tf$last/.bluefog-sdist" ]; then
+plain=($(printf '%s\n' "${versions[@]}" | grep -v :))
+first=${plain[0]:-}; last=${plain[-1]:-}
+if [ -n "$first" ] && [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-sdist" ] && [ -f "$ROOT/tf$last/.bluefog-sdist" ]; then
   other=$(mktemp -d)
   ln -s "$("$ROOT/tf$last/bin/python" -c 'import os, bluefog; print(os.path.dirname(bluefog.__file__))' 2>/dev/null)" "$other/bluefog"
   msg=$(cd "$other" && "$ROOT/tf$first/bin/python" -c "import bluefog.tensorflow" 2>&1 | tail -n 1)
@@ -119,7 +124,7 @@ fi
 unsupported="skipped (TF_UNSUPPORTED is empty)"
 if [ -n "$UNSUPPORTED" ]; then
   wait "$prep_pid" 2>/dev/null
-  venv=$ROOT/tf$UNSUPPORTED
+  venv=$(venv_of "$UNSUPPORTED")
   if [ ! -f "$venv/.ready" ]; then
     unsupported="FAIL (installing tensorflow-cpu==$UNSUPPORTED.*; see $(log_of "$UNSUPPORTED"))"
   else
