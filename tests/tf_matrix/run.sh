@@ -110,7 +110,8 @@ plain=($(printf '%s\n' "${versions[@]}" | grep -v :))
 first=${plain[0]:-}; last=${plain[-1]:-}
 if [ -n "$first" ] && [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-sdist" ] && [ -f "$ROOT/tf$last/.bluefog-sdist" ]; then
   other=$(mktemp -d)
-  ln -s "$("$ROOT/tf$last/bin/python" -c 'import os, bluefog; print(os.path.dirname(bluefog.__file__))' 2>/dev/null)" "$other/bluefog"
+  # (From / so that the installed package is found, not the checkout's sources.)
+  ln -s "$(cd / && "$ROOT/tf$last/bin/python" -c 'import os, bluefog; print(os.path.dirname(bluefog.__file__))' 2>/dev/null)" "$other/bluefog"
   msg=$(cd "$other" && "$ROOT/tf$first/bin/python" -c "import bluefog.tensorflow" 2>&1 | tail -n 1)
   rm -rf "$other"
   if [[ "$msg" == *"ImportError: bluefog was built against TensorFlow $last"*"pip install --no-build-isolation"* ]]; then
