@@ -88,7 +88,8 @@ test-tf-matrix: sdist
 
 # Slurm and munge from Debian, for the Slurm test (which starts and stops its own daemons).
 slurm-deps:
-	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	@if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] || \
+	    ! command -v sbatch >/dev/null; then \
 	  echo "Installing slurm-wlm and munge from Debian..."; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
