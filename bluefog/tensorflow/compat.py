@@ -54,8 +54,8 @@ def load_ops(library_dir: str, name: str = "libbluefog_tf.so"):
 def keras_variable_classes() -> tuple:
     """The classes of Keras 3 variables, for ``isinstance``.
 
-    ``keras.Variable`` is the base of every Keras variable from Keras 3.4 on. In Keras 3.0 to
-    3.3 (what TensorFlow 2.16 came with) it is a separate exported class that the variables
+    ``keras.Variable`` is the base of every Keras variable from Keras 3.7 on. Before (3.0 to
+    3.6; TensorFlow 2.16 came with 3.0-3.3) it is a separate exported class that the variables
     Keras creates (e.g. an optimizer's learning rate) are not instances of; their base is
     ``KerasVariable``.
     """
