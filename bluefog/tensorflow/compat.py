@@ -13,7 +13,6 @@ import os
 
 import tensorflow as tf
 
-SUPPORTED = ("2.16", "2.17", "2.18", "2.19", "2.20", "2.21")
 BUILD_INFO = "tf_build_info.txt"
 REBUILD = ("pip install --no-build-isolation --force-reinstall --no-deps <bluefog checkout or "
            "sdist>")

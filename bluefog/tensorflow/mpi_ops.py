@@ -167,8 +167,9 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     shape. Integer averages truncate toward zero. A ``tf.IndexedSlices`` is reduced by gathering
     its values and indices from every rank; the result is an ``IndexedSlices`` representing the
     sum (or mean) of the dense tensors (for an integer mean, the rows of each index are added
-    before the division, and each index appears once in the result). ``compression`` (``bf.Compression.fp16``/``.bf16``)
-    sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
+    before the division, and each index appears once in the result). ``compression``
+    (``bf.Compression.fp16``/``.bf16``) sends floats in 16 bits and returns the input's dtype;
+    ranks must agree on it.
     ``op`` (``bf.Average``, ``bf.Sum``, ``bf.Min``, ``bf.Max``, ``bf.Product``), when given,
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
     and max return NaN where any rank has NaN.
