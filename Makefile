@@ -14,7 +14,8 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize stress bench clean
+.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize stress bench clean \
+	sdist test-tf-matrix slurm-deps test-slurm
 
 all: build
 
@@ -37,6 +38,8 @@ $(VENV)/.deps-stamp: requirements.txt
 # installed into .venv. Incremental: the CMake build folder lives in build/.
 build: $(VENV)/.build-stamp
 $(VENV)/.build-stamp: $(VENV)/.deps-stamp $(SOURCES)
+	@# The distribution was called "bluefog" before it became "bluefog-tf": drop the old record.
+	@if $(PY) -m pip show -q bluefog >/dev/null 2>&1; then $(PY) -m pip uninstall -q -y bluefog; fi
 	$(PY) -m pip install -q --no-build-isolation --no-deps .
 	@touch $@
 
@@ -79,6 +82,31 @@ stress: build
 
 bench: build cpp-build
 	$(PY) bench/run.py
+
+# The source distribution (dist/bluefog_tf-<version>.tar.gz), built as a user would.
+sdist: $(VENV)/.deps-stamp
+	rm -rf dist && $(PY) -m build --sdist --outdir dist . >/dev/null && ls dist/*.tar.gz
+
+# Every supported TensorFlow (2.16 ... 2.21, the cpu wheels): a fresh venv each under
+# build/tf-matrix, bluefog installed from the sdist with the documented pip command, and the
+# smoke suite on 2 ranks. Venvs are kept, so a rerun only reinstalls bluefog.
+test-tf-matrix: sdist
+	tests/tf_matrix/run.sh dist/*.tar.gz
+
+# Slurm and munge from Debian, for the Slurm test (which starts and stops its own daemons).
+slurm-deps:
+	@if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] || \
+	    ! command -v sbatch >/dev/null; then \
+	  echo "Installing slurm-wlm and munge from Debian..."; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    slurm-wlm munge >/dev/null || { echo "Could not install slurm-wlm munge; install them by hand."; exit 1; }; \
+	fi
+
+# The digits example through sbatch (mpirun and bfrun inside the allocation) and srun, on a
+# one-node Slurm the test brings up on this machine. Needs root (skipped otherwise).
+test-slurm: build slurm-deps
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider tests/slurm
 
 clean:
 	rm -rf build $(VENV)/.build-stamp

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow import averaging, mpi_ops, wrapping
+from bluefog.tensorflow import averaging, compat, mpi_ops, wrapping
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.v1_optimizer import wrap_v1_optimizer
 
@@ -193,6 +193,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     _patch_loss_scale_optimizer(keras)
     base = type(optimizer)
     overrides = _accumulation_overrides(optimizer, backward_passes_per_step)
+    if overrides or getattr(optimizer, "gradient_accumulation_steps", None):
+        compat.check_keras_gradient_accumulation("bluefog DistributedOptimizer")
     new = wrapping.copy_optimizer(optimizer,
                                   wrapping.derived_class(_DistributedKerasOptimizer, base),
                                   "DistributedOptimizer", overrides)

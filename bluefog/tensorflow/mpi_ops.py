@@ -215,6 +215,12 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str
             allgather(sent, name=name + ".values", process_set=process_set), context)
         indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
     if average:
+        if not values.dtype.is_floating:
+            # Integer division truncates, so dividing each gathered row before the rows of one
+            # index are added (as converting to dense does) is wrong: 5/2 + 5/2 = 4, not 5.
+            # Add the rows of each index first; the result then has each index once.
+            indices, position = tf.unique(indices)
+            values = tf.math.unsorted_segment_sum(values, position, tf.shape(indices)[0])
         values = _divide(values, set_size(process_set))
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)

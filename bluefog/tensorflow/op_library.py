@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import threading
 from typing import Optional
 
@@ -17,12 +16,13 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.common.process_sets import ProcessSet, global_process_set, process_set_by_id
-from bluefog.tensorflow import op_rules
+from bluefog.tensorflow import compat, op_rules
 
 __all__ = ["ops", "request_name", "name_input", "const_input", "forward_name", "device_scope",
            "process_set_attrs", "set_size", "set_rank"]
 
-ops = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
+# Checked against the installed TensorFlow first: a build for another release fails clearly.
+ops = compat.load_ops(basics.library_dir())
 
 
 def _allow_concurrent_collectives_in_functions() -> None:

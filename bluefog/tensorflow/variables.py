@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow import averaging, mpi_ops, wrapping
+from bluefog.tensorflow import averaging, compat, mpi_ops
 from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables"]
@@ -35,7 +35,7 @@ def _is_variable(v) -> bool:
     if isinstance(v, tf.Variable):
         return True
     try:
-        return isinstance(v, wrapping.import_keras().Variable)
+        return compat.is_keras_variable(v)
     except ImportError:  # pragma: no cover - keras always comes with tensorflow 2.21
         return False
 

@@ -20,6 +20,8 @@ import types
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
+from bluefog.tensorflow import compat
+
 __all__ = ["BluefogKerasOptimizer", "import_keras", "derived_class", "copy_optimizer",
            "trainable_variables"]
 
@@ -84,7 +86,7 @@ def copy_optimizer(optimizer, cls: type, what: str, overrides: Optional[Dict[str
     config.update(overrides or {})
     lr = getattr(optimizer, "_learning_rate", None)
     if ("learning_rate" in config and lr is not None
-            and not isinstance(lr, keras_module.Variable)):
+            and not compat.is_keras_variable(lr)):
         # A schedule or callable: keep the very object (no serialization round trip).
         config["learning_rate"] = lr
     try:

@@ -244,6 +244,42 @@ def test_allreduce_indexed_slices(mode, average, rank, size, op_name):
     _assert_matches(dense.numpy(), expected, tf.float32)
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64, tf.float32, tf.float64], ids=str)
+@pytest.mark.parametrize("average", [False, True], ids=["sum", "avg"])
+def test_allreduce_indexed_slices_with_duplicate_indices_matches_dense(mode, dtype, average, rank,
+                                                                       size, op_name):
+    """Rows repeat across ranks and within a rank; the result must equal the dense allreduce.
+
+    Rank r sends rows r and r + 1 (so ranks overlap), plus row r a second time. With values 5
+    an integer mean of the rows one at a time would truncate 5 / 2 twice (4 instead of 5).
+    """
+    dense_shape = [size + 2, 2]
+    indices = np.array([rank, rank + 1, rank], np.int64)
+    values = np.array([[5, 5 + rank], [5, 7], [3 * rank + 1, 2]]).astype(dtype.as_numpy_dtype)
+    dense_in = np.zeros(dense_shape, dtype.as_numpy_dtype)
+    np.add.at(dense_in, indices, values)
+
+    def fn(v, i, d):
+        sparse = bf.allreduce(tf.IndexedSlices(v, i, dense_shape=tf.constant(dense_shape,
+                                                                               tf.int64)),
+                              average=average, name=op_name + ".sparse")
+        assert isinstance(sparse, tf.IndexedSlices)
+        return tf.convert_to_tensor(sparse), bf.allreduce(d, average=average,
+                                                          name=op_name + ".dense")
+
+    sparse, dense = (fn if mode == "eager" else tf.function(fn))(
+        tf.constant(values), tf.constant(indices), tf.constant(dense_in))
+    # The dense allreduce against numpy, then the sparse result against the dense one.
+    total = np.zeros(dense_shape)
+    for r in range(size):
+        np.add.at(total, [r, r + 1, r], np.array([[5, 5 + r], [5, 7], [3 * r + 1, 2]]))
+    if average:
+        total = np.trunc(total / size) if dtype.is_integer else total / size
+    _assert_matches(dense.numpy(), total, dtype)
+    _assert_matches(sparse.numpy(), dense.numpy(), dtype)
+
+
 # ----------------------------------------------------------------------------------- allgather
 
 
