@@ -30,6 +30,7 @@ from bluefog.tensorflow.decentralized import (  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    Adasum,
     Average,
     Max,
     Min,

@@ -27,7 +27,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -99,6 +99,10 @@ class Averaging:
     # Horovod's gradient_predivide_factor f: gradients are multiplied by 1/f before the sum and
     # by f/size after it (one factor in C++ here), instead of one division by size.
     predivide: float = 1.0
+    # Horovod's op: bf.Average (default), bf.Sum or bf.Adasum.
+    op: str = mpi_ops.Average
+    # Horovod's scale_local_gradients: gradients of local variables are divided by size.
+    scale_local: bool = True
 
 
 def _check_device(device, what: str) -> str:
@@ -111,13 +115,28 @@ def _check_device(device, what: str) -> str:
 
 
 def averaging_options(device, compression, sparse_as_dense, what: str,
-                      gradient_predivide_factor: float = 1.0) -> Averaging:
+                      gradient_predivide_factor: float = 1.0, op=None,
+                      scale_local_gradients: bool = True) -> Averaging:
     """The checked averaging options of a tape or optimizer (``what``).
 
-    Raises TypeError for a non-bool ``sparse_as_dense``, a non-str ``device`` or a non-number
-    ``gradient_predivide_factor``, ValueError for a factor that is not positive, and what
+    Raises TypeError for a non-bool ``sparse_as_dense`` or ``scale_local_gradients``, a non-str
+    ``device`` or a non-number ``gradient_predivide_factor``, ValueError for a factor that is
+    not positive, an ``op`` other than bf.Average, bf.Sum and bf.Adasum, a factor or a
+    compression combined with an op that is not bf.Average / bf.Adasum (as Horovod), and what
     ``compression.check`` raises for an unknown compression.
     """
+    op = mpi_ops.Average if op is None else op
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
+        raise ValueError(f"bluefog {what}: op must be bf.Average, bf.Sum or bf.Adasum, got "
+                         f"{op!r}")
+    if not isinstance(scale_local_gradients, bool):
+        raise TypeError(f"bluefog {what}: scale_local_gradients must be a bool, got "
+                        f"{scale_local_gradients!r}")
+    if op != mpi_ops.Average and gradient_predivide_factor != 1.0:
+        raise ValueError(f"bluefog {what}: gradient_predivide_factor is only supported with "
+                         f"op=bf.Average, not op={op!r}")
+    if op == mpi_ops.Adasum and compression is not Compression.none:
+        raise ValueError(f"bluefog {what}: op=bf.Adasum does not support compression")
     if not isinstance(sparse_as_dense, bool):
         raise TypeError(f"bluefog {what}: sparse_as_dense must be a bool, got "
                         f"{sparse_as_dense!r}")
@@ -128,13 +147,18 @@ def averaging_options(device, compression, sparse_as_dense, what: str,
         raise ValueError(f"bluefog {what}: gradient_predivide_factor must be > 0, got {f!r}")
     return Averaging(_check_device(device, what),
                      compression_check(compression, f"bluefog {what}"), sparse_as_dense,
-                     float(f))
+                     float(f), op, scale_local_gradients)
 
 
 def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
     # One grouped request: the dense gradients of one dtype go through a single op, so the
     # runtime gets them together and fuses them.
     k = next_graph_index(prefix)
+    if how.op == mpi_ops.Adasum:
+        return mpi_ops.grouped_allreduce(list(tensors), name=f"{prefix}.{k}", op=mpi_ops.Adasum)
+    if how.op == mpi_ops.Sum:
+        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
+                                         device=how.device, compression=how.compression)
     if how.predivide != 1.0:
         return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
                                          device=how.device, compression=how.compression,
@@ -154,11 +178,22 @@ def _to_gradient(g, prefix: str, j: int):
                         f"which is not a tensor: {e}") from None
 
 
-def average_gradients(grads: Sequence, prefix: str, how: Averaging) -> List:
-    """The mean over ranks of every non-None entry of ``grads``; None entries stay None.
+def _scale_local(g, n: int):
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices, g.dense_shape)
+    return g / tf.cast(n, g.dtype)
+
+
+def average_gradients(grads: Sequence, prefix: str, how: Averaging,
+                      local: Optional[Sequence[bool]] = None) -> List:
+    """The mean over ranks (or ``how.op``'s reduction) of every non-None entry of ``grads``;
+    None entries stay None.
 
     ``prefix`` names the requests (see the module's docstring); every rank must pass the same
-    structure of gradients. Raises TypeError for an entry that is not a tensor.
+    structure of gradients. Entries whose ``local`` flag is true (gradients of worker-local
+    variables) are not reduced: they are returned as they are, divided by ``size`` when
+    ``how.scale_local`` (Horovod's ``scale_local_gradients``). Raises TypeError for an entry
+    that is not a tensor.
     """
     grads = [_to_gradient(g, prefix, j) for j, g in enumerate(grads)]
     if how.sparse_as_dense:
@@ -166,7 +201,11 @@ def average_gradients(grads: Sequence, prefix: str, how: Averaging) -> List:
                  for g in grads]
     if basics.size() == 1:
         return grads
-    present = [j for j, g in enumerate(grads) if g is not None]
+    local = [False] * len(grads) if local is None else list(local)
+    if any(local):
+        grads = [(_scale_local(g, basics.size()) if how.scale_local else g)
+                 if is_local and g is not None else g for g, is_local in zip(grads, local)]
+    present = [j for j, g in enumerate(grads) if g is not None and not local[j]]
     if not present:
         return grads
     values = [grads[j] for j in present]

@@ -28,6 +28,7 @@ from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
 )
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    Adasum,
     Average,
     Max,
     Min,
