@@ -48,6 +48,10 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     neighbor_allreduce,
 )
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
+from bluefog.tensorflow.partial import (  # noqa: F401
+    PartialDistributedGradientTape,
+    PartialDistributedOptimizer,
+)
 from bluefog.tensorflow.process_ops import (  # noqa: F401
     local_rank_op,
     local_size_op,

@@ -38,6 +38,10 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     allreduce,
     broadcast,
 )
+from bluefog.tensorflow.partial import (  # noqa: F401
+    PartialDistributedGradientTape,
+    PartialDistributedOptimizer,
+)
 from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 
 

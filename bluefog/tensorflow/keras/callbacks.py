@@ -22,6 +22,7 @@ import tensorflow as tf
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
 from bluefog.tensorflow.op_rules import op_error_prefix
+from bluefog.tensorflow.partial import LocalSources
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
@@ -47,25 +48,36 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     and the optimizer's variables if the optimizer is already built (Keras builds it before
     training starts; the state of a loaded model is included). An optimizer built later has its
     variables broadcast at the end of the first batch. Put it first in the callback list.
+
+    ``local_variables`` (Horovod's): variables, or Keras layers standing for all their weights,
+    that keep each rank's own value (worker-local heads, see ``PartialDistributedOptimizer``).
+    ``device`` is accepted for Horovod's signature and unused.
     """
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = _check_root_rank(root_rank, "BroadcastGlobalVariablesCallback")
+        self.device = device
+        self._local = LocalSources()
+        for v in _expand_local(local_variables):
+            self._local.add(v, "BroadcastGlobalVariablesCallback: local_variables")
         self._model_done = False
         self._optimizer_done = False
+
+    def _shared(self, variables) -> list:
+        return [v for v in variables if v not in self._local]
 
     def _broadcast_optimizer(self) -> None:
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
             self._optimizer_done = True
         elif getattr(optimizer, "built", False):
-            broadcast_variables(optimizer.variables, self.root_rank)
+            broadcast_variables(self._shared(optimizer.variables), self.root_rank)
             self._optimizer_done = True
 
     def on_train_begin(self, logs=None):
         if not self._model_done:
-            broadcast_variables(self.model.weights, self.root_rank)
+            broadcast_variables(self._shared(self.model.weights), self.root_rank)
             self._model_done = True
         if not self._optimizer_done:
             self._broadcast_optimizer()
@@ -73,6 +85,18 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._optimizer_done:
             self._broadcast_optimizer()
+
+
+def _expand_local(local_variables) -> list:
+    if local_variables is None:
+        return []
+    if isinstance(local_variables, keras.layers.Layer) or not isinstance(
+            local_variables, (list, tuple, set)):
+        local_variables = [local_variables]
+    out = []
+    for v in local_variables:
+        out.extend(v.weights if isinstance(v, keras.layers.Layer) else [v])
+    return out
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
