@@ -23,7 +23,9 @@ from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.keras import callbacks, layers  # noqa: F401
 from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
+    BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )

@@ -5,6 +5,8 @@
 * ``MetricAverageCallback()``: the metrics in the epoch-end logs are averaged over ranks.
 * ``LearningRateWarmupCallback(initial_lr, ...)``: ramps the learning rate from
   ``initial_lr / size`` up to ``initial_lr`` over the first epochs.
+* ``LearningRateScheduleCallback(initial_lr, multiplier, ...)`` and ``BestModelCheckpoint``
+  (in ``schedule_callbacks``): Horovod's learning-rate schedule and best-model checkpoint.
 
 Every rank must run ``fit`` with the same callbacks and the same number of steps per epoch.
 """
@@ -21,12 +23,16 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.keras.schedule_callbacks import (  # noqa: F401
+    BestModelCheckpoint,
+    LearningRateScheduleCallback,
+)
 from bluefog.tensorflow.op_rules import op_error_prefix
 from bluefog.tensorflow.partial import LocalSources
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateWarmupCallback"]
+           "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BestModelCheckpoint"]
 
 
 def _check_root_rank(root_rank, what: str) -> int:
