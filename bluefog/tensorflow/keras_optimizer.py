@@ -48,7 +48,7 @@ class _DistributedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         computed on this rank, divided by ``size()`` when ``scale_local_gradients=True`` (the
         default, as Horovod). Every rank must register variables at the same positions."""
         if self._bluefog_local is None:
-            self._bluefog_local = LocalSources()
+            object.__setattr__(self, "_bluefog_local", LocalSources())  # untracked by Keras
         self._bluefog_local.add(var, "DistributedOptimizer.register_local_var")
 
     def _bluefog_mask(self, variables):
@@ -68,11 +68,13 @@ class _DistributedKerasOptimizer(wrapping.BluefogKerasOptimizer):
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         # Remembered (while the update is built) for _clip_gradients, which gets no variables.
-        self._bluefog_update_vars = list(trainable_variables)
+        # object.__setattr__: Keras would track a list of variables set on the optimizer as
+        # optimizer variables.
+        object.__setattr__(self, "_bluefog_update_vars", tuple(trainable_variables))
         try:
             return super()._backend_apply_gradients(grads, trainable_variables)
         finally:
-            self._bluefog_update_vars = None
+            object.__setattr__(self, "_bluefog_update_vars", None)
 
     def _clip_gradients(self, grads):
         if self.gradient_accumulation_steps:  # an update step: grads is the local mean

@@ -149,3 +149,19 @@ def test_broadcast_callback_leaves_local_variables_alone():
         np.testing.assert_allclose(v.numpy(), 1.0)  # rank 0's value
     for v in head.weights:
         np.testing.assert_allclose(v.numpy(), 10.0 * bf.rank() + 1)  # its own
+
+
+def test_local_variable_with_gradient_accumulation():
+    """backward_passes_per_step=2 with one shared and one registered local variable: the shared
+    one moves by the mean over ranks of the summed passes, the local one by its own sum / size."""
+    n, r = bf.size(), bf.rank()
+    shared, local = keras.Variable(np.zeros(2, np.float32)), keras.Variable(np.zeros(2, np.float32))
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2,
+                                  average_aggregated_gradients=False)
+    opt.register_local_var(local)
+    g = np.array([1.0, -2.0], np.float32)
+    for _ in range(2):
+        opt.apply_gradients([(tf.constant(g * (r + 1)), shared), (tf.constant(g * (r + 1)), local)])
+    np.testing.assert_allclose(shared.numpy(), -2 * g * np.mean(np.arange(1, n + 1)), rtol=1e-6)
+    np.testing.assert_allclose(local.numpy(), -2 * g * (r + 1) / n, rtol=1e-6)
+    assert len(opt.variables) == 2 + 2  # iteration, lr, two accumulators: nothing else tracked
