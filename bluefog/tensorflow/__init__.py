@@ -78,4 +78,8 @@ def __getattr__(name):
         import importlib  # noqa: PLC0415
 
         return importlib.import_module("bluefog.tensorflow.keras")
+    if name == "SyncBatchNormalization":  # Horovod's hvd.SyncBatchNormalization
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module("bluefog.tensorflow.keras.layers").SyncBatchNormalization
     raise AttributeError(f"module 'bluefog.tensorflow' has no attribute {name!r}")

@@ -26,6 +26,7 @@ from bluefog.tensorflow import mpi_ops
 from bluefog.tensorflow.keras.schedule_callbacks import (  # noqa: F401
     BestModelCheckpoint,
     LearningRateScheduleCallback,
+    rescale_momentum,
 )
 from bluefog.tensorflow.op_rules import op_error_prefix
 from bluefog.tensorflow.partial import LocalSources
@@ -162,10 +163,14 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         steps_per_epoch: batches per epoch; by default what ``fit`` reports. When unknown the
             rate changes once per epoch.
         verbose: 1 prints (on rank 0) when warmup ends.
+        momentum_correction: as Horovod's (default True): each rate change multiplies a
+            momentum ``SGD``'s velocity by ``new_lr / old_lr`` (see
+            ``LearningRateScheduleCallback``).
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5,
-                 steps_per_epoch: Optional[int] = None, verbose: int = 0):
+                 steps_per_epoch: Optional[int] = None, verbose: int = 0,
+                 momentum_correction: bool = True):
         super().__init__()
         if isinstance(initial_lr, bool) or not isinstance(initial_lr, numbers.Real) \
                 or not math.isfinite(initial_lr) or initial_lr <= 0:
@@ -185,6 +190,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self.warmup_epochs = int(warmup_epochs)
         self.steps_per_epoch = steps_per_epoch
         self.verbose = verbose
+        self.momentum_correction = bool(momentum_correction)
         self._epoch = 0
         self._steps = None
         self._finished = False
@@ -202,7 +208,10 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             raise ValueError("bluefog LearningRateWarmupCallback: the model has no optimizer; "
                              "compile it first")
         try:
+            old = float(np.asarray(optimizer.learning_rate)) if lr is not None else None
             optimizer.learning_rate = lr
+            if self.momentum_correction and old and lr is not None:
+                rescale_momentum(optimizer, lr / old)
         except TypeError as e:
             raise ValueError("bluefog LearningRateWarmupCallback: cannot set the optimizer's "
                              "learning rate (it was created with a LearningRateSchedule?); "

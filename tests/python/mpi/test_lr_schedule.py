@@ -93,6 +93,20 @@ def test_warmup_then_schedule_as_in_horovod_examples():
     np.testing.assert_allclose(lrs, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("correction", [True, False])
+def test_warmup_momentum_correction(correction):
+    n = bf.size()
+    warmup = bfk.callbacks.LearningRateWarmupCallback(initial_lr=0.1 * n, warmup_epochs=2,
+                                                      momentum_correction=correction)
+    model, lrs, _ = fit([warmup], epochs=3, lr=0.1 * n)
+    want = [0.1 * (1 + (n - 1) * (e + b / STEPS) / 2) for e in range(2) for b in range(STEPS)]
+    want += [0.1 * n] * STEPS
+    np.testing.assert_allclose(lrs, want, rtol=1e-6)
+    # before the first batch the warmup lowers the rate from 0.1 * n: a change like any other
+    np.testing.assert_allclose(model.layers[0].kernel.numpy()[0, 0],
+                               simulate(want, correction), rtol=1e-5)
+
+
 def test_schedule_errors():
     with pytest.raises(ValueError, match="multiplier"):
         bfk.callbacks.LearningRateScheduleCallback(0.1, "half")

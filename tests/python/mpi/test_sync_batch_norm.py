@@ -137,6 +137,10 @@ def test_save_and_load(tmp_path_factory):
     assert got.shape == (3,)
 
 
+def test_horovod_names():
+    assert bf.SyncBatchNormalization is SyncBN is bf.keras.SyncBatchNormalization
+
+
 def test_refuses_synchronized():
     with pytest.raises(ValueError, match="synchronized"):
         SyncBN(synchronized=True)
