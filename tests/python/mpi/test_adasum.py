@@ -144,3 +144,18 @@ def test_adasum_needs_power_of_two_ranks():
         bf.allreduce(tf.ones([3]), op=bf.Adasum, name="adasum.np3")
     with pytest.raises(ValueError, match="power-of-two"):
         bf.grouped_allreduce([tf.ones([3])], op=bf.Adasum, name="adasum.np3.grouped")
+
+
+@pow2_only
+def test_optimizer_adasum_with_gradient_accumulation():
+    """Two passes summed locally (Horovod: no averaging with Adasum), then Adasum over ranks."""
+    a = rank_arrays(bf.rank())[0]
+    b = rank_arrays(bf.rank())[0][::-1].copy()
+    want = np_adasum([[rank_arrays(q)[0] + rank_arrays(q)[0][::-1]]
+                      for q in range(bf.size())])[bf.rank()][0]
+    v = keras.Variable(np.zeros(5, np.float32))
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), op=bf.Adasum,
+                                  backward_passes_per_step=2)
+    opt.apply_gradients([(tf.constant(a), v)])
+    opt.apply_gradients([(tf.constant(b), v)])
+    np.testing.assert_allclose(v.numpy(), -want, rtol=1e-5, atol=1e-6)

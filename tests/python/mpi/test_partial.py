@@ -165,3 +165,18 @@ def test_local_variable_with_gradient_accumulation():
     np.testing.assert_allclose(shared.numpy(), -2 * g * np.mean(np.arange(1, n + 1)), rtol=1e-6)
     np.testing.assert_allclose(local.numpy(), -2 * g * (r + 1) / n, rtol=1e-6)
     assert len(opt.variables) == 2 + 2  # iteration, lr, two accumulators: nothing else tracked
+
+
+def test_op_sum_on_tape_and_optimizer():
+    n, r = bf.size(), bf.rank()
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = (r + 1) * tf.reduce_sum(w)
+    g = bf.DistributedGradientTape(tape, op=bf.Sum).gradient(loss, [w])[0]
+    np.testing.assert_allclose(g.numpy(), [n * (n + 1) / 2] * 2)
+    v = keras.Variable(np.zeros(2, np.float32))
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), op=bf.Sum)
+    opt.apply_gradients([(tf.constant([1.0, -1.0]) * (r + 1), v)])
+    np.testing.assert_allclose(v.numpy(), [-n * (n + 1) / 2, n * (n + 1) / 2])
+    with pytest.raises(ValueError, match="op must be"):
+        bf.DistributedOptimizer(keras.optimizers.SGD(1.0), op=bf.Max)
