@@ -37,6 +37,7 @@ from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F4
 from bluefog.tensorflow.join_op import join  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    Adasum,
     Average,
     Max,
     Min,
@@ -54,6 +55,10 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     neighbor_allreduce,
 )
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
+from bluefog.tensorflow.partial import (  # noqa: F401
+    PartialDistributedGradientTape,
+    PartialDistributedOptimizer,
+)
 from bluefog.tensorflow.process_ops import (  # noqa: F401
     local_rank_op,
     local_size_op,
@@ -80,4 +85,8 @@ def __getattr__(name):
         import importlib  # noqa: PLC0415
 
         return importlib.import_module("bluefog.tensorflow.keras")
+    if name == "SyncBatchNormalization":  # Horovod's hvd.SyncBatchNormalization
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module("bluefog.tensorflow.keras.layers").SyncBatchNormalization
     raise AttributeError(f"module 'bluefog.tensorflow' has no attribute {name!r}")

@@ -27,7 +27,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -103,6 +103,10 @@ class Averaging:
     predivide: float = 1.0
     # The process set (its id; 0: every rank) the gradients are averaged over.
     process_set: int = 0
+    # Horovod's op: bf.Average (default), bf.Sum or bf.Adasum.
+    op: str = mpi_ops.Average
+    # Horovod's scale_local_gradients: gradients of local variables are divided by size.
+    scale_local: bool = True
 
 
 def _check_device(device, what: str) -> str:
@@ -115,13 +119,28 @@ def _check_device(device, what: str) -> str:
 
 
 def averaging_options(device, compression, sparse_as_dense, what: str,
-                      gradient_predivide_factor: float = 1.0, process_set=None) -> Averaging:
+                      gradient_predivide_factor: float = 1.0, process_set=None, op=None,
+                      scale_local_gradients: bool = True) -> Averaging:
     """The checked averaging options of a tape or optimizer (``what``).
 
-    Raises TypeError for a non-bool ``sparse_as_dense``, a non-str ``device`` or a non-number
-    ``gradient_predivide_factor``, ValueError for a factor that is not positive, and what
+    Raises TypeError for a non-bool ``sparse_as_dense`` or ``scale_local_gradients``, a non-str
+    ``device`` or a non-number ``gradient_predivide_factor``, ValueError for a factor that is
+    not positive, an ``op`` other than bf.Average, bf.Sum and bf.Adasum, a factor or a
+    compression combined with an op that is not bf.Average / bf.Adasum (as Horovod), and what
     ``compression.check`` raises for an unknown compression.
     """
+    op = mpi_ops.Average if op is None else op
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
+        raise ValueError(f"bluefog {what}: op must be bf.Average, bf.Sum or bf.Adasum, got "
+                         f"{op!r}")
+    if not isinstance(scale_local_gradients, bool):
+        raise TypeError(f"bluefog {what}: scale_local_gradients must be a bool, got "
+                        f"{scale_local_gradients!r}")
+    if op != mpi_ops.Average and gradient_predivide_factor != 1.0:
+        raise ValueError(f"bluefog {what}: gradient_predivide_factor is only supported with "
+                         f"op=bf.Average, not op={op!r}")
+    if op == mpi_ops.Adasum and compression is not Compression.none:
+        raise ValueError(f"bluefog {what}: op=bf.Adasum does not support compression")
     if not isinstance(sparse_as_dense, bool):
         raise TypeError(f"bluefog {what}: sparse_as_dense must be a bool, got "
                         f"{sparse_as_dense!r}")
@@ -133,7 +152,7 @@ def averaging_options(device, compression, sparse_as_dense, what: str,
     set_id = process_set_attrs(process_set, f"bluefog {what}").get("process_set_id", 0)
     return Averaging(_check_device(device, what),
                      compression_check(compression, f"bluefog {what}"), sparse_as_dense,
-                     float(f), set_id)
+                     float(f), set_id, op, scale_local_gradients)
 
 
 def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
@@ -141,6 +160,15 @@ def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
     # runtime gets them together and fuses them.
     k = next_graph_index(prefix)
     process_set = process_set_by_id(how.process_set) if how.process_set else None
+    if how.op == mpi_ops.Adasum:
+        if process_set is not None:
+            raise ValueError(f"{op_error_prefix(prefix)}: op=bf.Adasum runs on the global "
+                             "process set only")
+        return mpi_ops.grouped_allreduce(list(tensors), name=f"{prefix}.{k}", op=mpi_ops.Adasum)
+    if how.op == mpi_ops.Sum:
+        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
+                                         device=how.device, compression=how.compression,
+                                         process_set=process_set)
     if how.predivide != 1.0:
         return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
                                          device=how.device, compression=how.compression,
@@ -162,19 +190,35 @@ def _to_gradient(g, prefix: str, j: int):
                         f"which is not a tensor: {e}") from None
 
 
-def average_gradients(grads: Sequence, prefix: str, how: Averaging) -> List:
-    """The mean over ranks of every non-None entry of ``grads``; None entries stay None.
+def _scale_local(g, n: int):
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices, g.dense_shape)
+    return g / tf.cast(n, g.dtype)
+
+
+def average_gradients(grads: Sequence, prefix: str, how: Averaging,
+                      local: Optional[Sequence[bool]] = None) -> List:
+    """The mean over ranks (or ``how.op``'s reduction) of every non-None entry of ``grads``;
+    None entries stay None.
 
     ``prefix`` names the requests (see the module's docstring); every rank must pass the same
-    structure of gradients. Raises TypeError for an entry that is not a tensor.
+    structure of gradients. Entries whose ``local`` flag is true (gradients of worker-local
+    variables) are not reduced: they are returned as they are, divided by ``size`` when
+    ``how.scale_local`` (Horovod's ``scale_local_gradients``). Raises TypeError for an entry
+    that is not a tensor.
     """
     grads = [_to_gradient(g, prefix, j) for j, g in enumerate(grads)]
     if how.sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                  for g in grads]
-    if (set_size(process_set_by_id(how.process_set)) if how.process_set else basics.size()) == 1:
+    n = set_size(process_set_by_id(how.process_set)) if how.process_set else basics.size()
+    if n == 1:
         return grads
-    present = [j for j, g in enumerate(grads) if g is not None]
+    local = [False] * len(grads) if local is None else list(local)
+    if any(local):
+        grads = [(_scale_local(g, n) if how.scale_local else g)
+                 if is_local and g is not None else g for g, is_local in zip(grads, local)]
+    present = [j for j, g in enumerate(grads) if g is not None and not local[j]]
     if not present:
         return grads
     values = [grads[j] for j in present]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from bluefog.tensorflow import averaging
 from bluefog.tensorflow.compression import Compression
+from bluefog.tensorflow.partial import LocalSources
 
 __all__ = ["DistributedGradientTape"]
 
@@ -44,6 +45,14 @@ class _DistributedGradientTape(tf.GradientTape):
         object.__setattr__(self, "_bf_tape", tape)
         object.__setattr__(self, "_bf_prefix", prefix)
         object.__setattr__(self, "_bf_how", how)
+        object.__setattr__(self, "_bf_local", LocalSources())
+
+    def register_local_source(self, source) -> None:
+        """Marks ``source`` (a variable or watched tensor) as worker-local: its gradient is not
+        averaged but returned as computed on this rank, divided by ``size()`` when the tape was
+        made with ``scale_local_gradients=True`` (the default, as Horovod). Every rank must
+        register sources at the same positions of the ``gradient()`` calls' sources."""
+        self._bf_local.add(source, "DistributedGradientTape.register_local_source")
 
     def __enter__(self):
         self._bf_tape.__enter__()
@@ -83,7 +92,8 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = self._bf_tape.gradient(target, sources, output_gradients=output_gradients,
                                        unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        averaged = averaging.average_gradients(flat, self._bf_prefix, self._bf_how)
+        local = self._bf_local.mask(tf.nest.flatten(sources)) if len(self._bf_local) else None
+        averaged = averaging.average_gradients(flat, self._bf_prefix, self._bf_how, local)
         return tf.nest.pack_sequence_as(grads, averaged)
 
     def __getattr__(self, name):
@@ -100,7 +110,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
                             compression=Compression.none,
                             sparse_as_dense: bool = False,
                             gradient_predivide_factor: float = 1.0,
-                            process_set=None) -> tf.GradientTape:
+                            process_set=None, op=None,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wraps ``gradtape`` so that ``gradient()`` returns gradients averaged over all ranks.
 
     Works with persistent and non-persistent tapes, ``watch_accessed_variables=False``, in eager
@@ -130,6 +141,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
             ``size`` keeps float16 sums from overflowing). Float gradients only.
         process_set: average over that registered ``bf.ProcessSet`` only (default: every
             rank); only its ranks may use the tape.
+        op: ``bf.Average`` (default, the mean), ``bf.Sum`` or ``bf.Adasum`` (adaptive
+            summation, power-of-two rank counts, no compression; see ``bf.allreduce``).
+        scale_local_gradients: gradients of sources registered with
+            ``register_local_source`` are not reduced; with True (default, as Horovod) they
+            are divided by ``size``.
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
@@ -142,6 +158,6 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
                          "DistributedGradientTape; wrap the tf.GradientTape only once")
     how = averaging.averaging_options(device, compression, sparse_as_dense,
                                       "DistributedGradientTape", gradient_predivide_factor,
-                                      process_set)
+                                      process_set, op, scale_local_gradients)
     averaging.check_initialized("DistributedGradientTape")
     return _DistributedGradientTape(gradtape, "DistributedGradientTape", how)

@@ -14,6 +14,7 @@ import tensorflow as tf
 from bluefog.common import basics
 from bluefog.tensorflow import averaging, compat, mpi_ops, wrapping
 from bluefog.tensorflow.compression import Compression
+from bluefog.tensorflow.partial import LocalSources
 from bluefog.tensorflow.v1_optimizer import wrap_v1_optimizer
 
 __all__ = ["DistributedOptimizer", "is_distributed"]
@@ -34,22 +35,55 @@ class _DistributedKerasOptimizer(wrapping.BluefogKerasOptimizer):
 
     _bluefog_name: str = "Distributed"
     _bluefog_how = averaging.Averaging()
+    _bluefog_average_aggregated: bool = True
+    _bluefog_local = None  # LocalSources, made by register_local_var
+    _bluefog_update_vars = None  # the variables of the update being built (accumulation)
 
     @property
     def _bluefog_prefix(self) -> str:
         return f"{self._bluefog_name}.{self.name}"
 
+    def register_local_var(self, var) -> None:
+        """Marks ``var`` as worker-local: its gradient is not averaged over ranks but applied as
+        computed on this rank, divided by ``size()`` when ``scale_local_gradients=True`` (the
+        default, as Horovod). Every rank must register variables at the same positions."""
+        if self._bluefog_local is None:
+            object.__setattr__(self, "_bluefog_local", LocalSources())  # untracked by Keras
+        self._bluefog_local.add(var, "DistributedOptimizer.register_local_var")
+
+    def _bluefog_mask(self, variables):
+        if not self._bluefog_local or variables is None:
+            return None
+        return self._bluefog_local.mask(variables)
+
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if not self.gradient_accumulation_steps:
+            variables = (list(trainable_variables) if trainable_variables is not None
+                         else getattr(self, "_trainable_variables", None))
             # Looked up on the module at call time, so that tests can observe the calls.
-            grads = averaging.average_gradients(grads, self._bluefog_prefix, self._bluefog_how)
+            grads = averaging.average_gradients(grads, self._bluefog_prefix, self._bluefog_how,
+                                                self._bluefog_mask(variables))
         return super().apply(grads, trainable_variables)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # Remembered (while the update is built) for _clip_gradients, which gets no variables.
+        # object.__setattr__: Keras would track a list of variables set on the optimizer as
+        # optimizer variables.
+        object.__setattr__(self, "_bluefog_update_vars", tuple(trainable_variables))
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            object.__setattr__(self, "_bluefog_update_vars", None)
 
     def _clip_gradients(self, grads):
         if self.gradient_accumulation_steps:  # an update step: grads is the local mean
-            grads = averaging.average_gradients(list(grads), self._bluefog_prefix,
-                                                self._bluefog_how)
+            grads = list(grads)
+            if not self._bluefog_average_aggregated:  # Horovod's default: the sum of the passes
+                steps = self.gradient_accumulation_steps
+                grads = [None if g is None else g * tf.cast(steps, g.dtype) for g in grads]
+            grads = averaging.average_gradients(grads, self._bluefog_prefix, self._bluefog_how,
+                                                self._bluefog_mask(self._bluefog_update_vars))
         return super()._clip_gradients(grads)
 
 
@@ -133,7 +167,9 @@ def _accumulation_overrides(optimizer, backward_passes_per_step: int) -> Dict[st
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
                          device: str = "", compression=Compression.none,
                          backward_passes_per_step: int = 1, sparse_as_dense: bool = False,
-                         gradient_predivide_factor: float = 1.0, process_set=None):
+                         gradient_predivide_factor: float = 1.0, process_set=None, op=None,
+                         average_aggregated_gradients: Optional[bool] = None,
+                         scale_local_gradients: bool = True):
     """An optimizer that averages gradients over all ranks before applying them.
 
     * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
@@ -166,6 +202,16 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
             ``1 / f`` before the sum and ``f / size`` after it.
         process_set: average over that registered ``bf.ProcessSet`` only (default: every
             rank).
+        op: ``bf.Average`` (default), ``bf.Sum`` or ``bf.Adasum`` (adaptive summation of the
+            gradients, Keras optimizers only, power-of-two rank counts; scale the learning rate
+            as for one rank, not by ``size``).
+        average_aggregated_gradients: with ``backward_passes_per_step`` N > 1, whether the
+            update uses the mean of the N local gradients (True) or their sum (False, Horovod's
+            default). None (default): True, as Keras' ``gradient_accumulation_steps``, except
+            False with ``op=bf.Adasum``, which refuses True (as Horovod).
+        scale_local_gradients: gradients of variables registered with ``register_local_var``
+            (or ``PartialDistributedOptimizer``'s ``local_layers``) are not reduced; with True
+            (default, as Horovod) they are divided by ``size``.
 
     Raises:
         ValueError: for a bad argument, something that is not an optimizer instance, an
@@ -178,12 +224,26 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
                          f"{use_locking!r}")
     how = averaging.averaging_options(device, compression, sparse_as_dense,
                                       "DistributedOptimizer", gradient_predivide_factor,
-                                      process_set)
+                                      process_set, op, scale_local_gradients)
+    if average_aggregated_gradients is None:
+        average_aggregated_gradients = how.op != mpi_ops.Adasum
+    if not isinstance(average_aggregated_gradients, bool):
+        raise TypeError(f"bluefog DistributedOptimizer: average_aggregated_gradients must be a "
+                        f"bool, got {average_aggregated_gradients!r}")
+    if how.op == mpi_ops.Adasum and average_aggregated_gradients \
+            and backward_passes_per_step > 1:
+        raise ValueError("bluefog DistributedOptimizer: op=bf.Adasum does not support "
+                         "average_aggregated_gradients=True with backward_passes_per_step > 1; "
+                         "pass average_aggregated_gradients=False")
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
             or backward_passes_per_step < 1:
         raise ValueError(f"bluefog DistributedOptimizer: backward_passes_per_step must be an int "
                          f">= 1, got {backward_passes_per_step!r}")
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if how.op == mpi_ops.Adasum:
+            raise ValueError("bluefog DistributedOptimizer: op=bf.Adasum needs a Keras "
+                             "optimizer (or DistributedGradientTape); it is not supported for "
+                             "tf.compat.v1.train.Optimizer")
         return wrap_v1_optimizer(optimizer, name or "Distributed" + type(optimizer).__name__,
                                  use_locking, how, backward_passes_per_step)
 
@@ -200,4 +260,5 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
                                   "DistributedOptimizer", overrides)
     new._bluefog_name = name or "Distributed" + base.__name__
     new._bluefog_how = how
+    new._bluefog_average_aggregated = average_aggregated_gradients
     return new

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.common.process_sets import process_set_by_id
+from bluefog.tensorflow import adasum as _adasum
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
 from bluefog.tensorflow.op_library import (
@@ -32,6 +33,7 @@ Sum = "sum"
 Min = "min"
 Max = "max"
 Product = "product"
+Adasum = _adasum.Adasum  # composed in Python from neighbor exchanges, see adasum.py
 _REDUCE_OPS = (Average, Sum, Min, Max, Product)
 
 
@@ -75,7 +77,7 @@ def _reduce_op(op, average: bool, what: str):
         return average, "sum"
     if op not in _REDUCE_OPS:
         raise ValueError(f"{what}: op must be one of bf.Average, bf.Sum, bf.Min, bf.Max, "
-                         f"bf.Product, got {op!r}")
+                         f"bf.Product, bf.Adasum, got {op!r}")
     if op in (Average, Sum):
         return op == Average, "sum"
     return False, op
@@ -98,12 +100,18 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     and max return NaN where any rank has NaN. ``prescale_factor`` and ``postscale_factor``
     (Horovod's) multiply the sum or mean of float tensors; bluefog applies their product once,
     in C++, after the sum. ``process_set`` (a registered ``bf.ProcessSet``; default every
-    rank) runs it over that set's ranks only, averaging over the set's size.
+    rank) runs it over that set's ranks only, averaging over the set's size. ``op=bf.Adasum``
+    combines float tensors by adaptive summation (``adasum.py``; power-of-two rank counts only,
+    no compression, scale factors or process sets).
     """
     name = request_name("allreduce", name)
     if not isinstance(average, bool):
         raise TypeError(f"{op_error_prefix('allreduce', name)}: average must be a bool, got "
                         f"{average!r}")
+    if op == Adasum:
+        return _adasum_call([tensor], name, compression, prescale_factor, postscale_factor,
+                            process_set,
+                            op_error_prefix("allreduce", name))[0]
     reduce_op = "sum"
     if op is not None or compression is not Compression.none:
         what = op_error_prefix("allreduce", name)
@@ -158,6 +166,12 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     what = op_error_prefix("grouped_allreduce", name, of_tensor=False)
     if not isinstance(average, bool):
         raise TypeError(f"{what}: average must be a bool, got {average!r}")
+    if op == Adasum:
+        if not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"{what}: tensors must be a list or tuple of tensors, got "
+                            f"{type(tensors).__name__}")
+        return _adasum_call(tensors, name, compression, prescale_factor, postscale_factor,
+                            process_set, what)
     average, reduce_op = _reduce_op(op, average, what)
     set_attrs = process_set_attrs(process_set, what)
     if compression is not Compression.none:
@@ -204,6 +218,20 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
         for i, _ in (item for items in by_dtype.values() for item in items):
             results[i] = compression.decompress(results[i], contexts[i])
     return results
+
+
+def _adasum_call(tensors, name: str, compression, prescale_factor, postscale_factor,
+                 process_set, what: str) -> list:
+    """op=bf.Adasum (see adasum.py); compression, scale factors and process sets are refused
+    with it."""
+    if compression is not Compression.none:
+        raise ValueError(f"{what}: op=bf.Adasum does not support compression")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise ValueError(f"{what}: op=bf.Adasum does not support prescale_factor or "
+                         "postscale_factor")
+    if process_set_attrs(process_set, what):
+        raise ValueError(f"{what}: op=bf.Adasum runs on the global process set only")
+    return _adasum.adasum_allreduce(list(tensors), name, what)
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str,

@@ -2,7 +2,8 @@
 
 The same functions as ``bluefog.tensorflow`` (init, rank, size, collectives,
 ``DistributedOptimizer``, ``broadcast_variables``...), plus the callbacks (``bfk.callbacks.X``,
-also as ``bfk.X`` and ``bf.keras.X``) and ``bfk.load_model``.
+also as ``bfk.X`` and ``bf.keras.X``), the layers (``bfk.layers.SyncBatchNormalization``) and
+``bfk.load_model``.
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from bluefog.common.basics import (  # noqa: F401
 )
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
-from bluefog.tensorflow.keras import callbacks  # noqa: F401
+from bluefog.tensorflow.keras import callbacks, layers  # noqa: F401
 from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
+    BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
+from bluefog.tensorflow.keras.layers import SyncBatchNormalization  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
+    Adasum,
     Average,
     Max,
     Min,
@@ -36,6 +41,10 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     allgather,
     allreduce,
     broadcast,
+)
+from bluefog.tensorflow.partial import (  # noqa: F401
+    PartialDistributedGradientTape,
+    PartialDistributedOptimizer,
 )
 from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 

@@ -5,6 +5,8 @@
 * ``MetricAverageCallback()``: the metrics in the epoch-end logs are averaged over ranks.
 * ``LearningRateWarmupCallback(initial_lr, ...)``: ramps the learning rate from
   ``initial_lr / size`` up to ``initial_lr`` over the first epochs.
+* ``LearningRateScheduleCallback(initial_lr, multiplier, ...)`` and ``BestModelCheckpoint``
+  (in ``schedule_callbacks``): Horovod's learning-rate schedule and best-model checkpoint.
 
 Every rank must run ``fit`` with the same callbacks and the same number of steps per epoch.
 """
@@ -21,11 +23,17 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow.keras.schedule_callbacks import (  # noqa: F401
+    BestModelCheckpoint,
+    LearningRateScheduleCallback,
+    rescale_momentum,
+)
 from bluefog.tensorflow.op_rules import op_error_prefix
+from bluefog.tensorflow.partial import LocalSources
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateWarmupCallback"]
+           "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BestModelCheckpoint"]
 
 
 def _check_root_rank(root_rank, what: str) -> int:
@@ -47,25 +55,36 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     and the optimizer's variables if the optimizer is already built (Keras builds it before
     training starts; the state of a loaded model is included). An optimizer built later has its
     variables broadcast at the end of the first batch. Put it first in the callback list.
+
+    ``local_variables`` (Horovod's): variables, or Keras layers standing for all their weights,
+    that keep each rank's own value (worker-local heads, see ``PartialDistributedOptimizer``).
+    ``device`` is accepted for Horovod's signature and unused.
     """
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = _check_root_rank(root_rank, "BroadcastGlobalVariablesCallback")
+        self.device = device
+        self._local = LocalSources()
+        for v in _expand_local(local_variables):
+            self._local.add(v, "BroadcastGlobalVariablesCallback: local_variables")
         self._model_done = False
         self._optimizer_done = False
+
+    def _shared(self, variables) -> list:
+        return [v for v in variables if v not in self._local]
 
     def _broadcast_optimizer(self) -> None:
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
             self._optimizer_done = True
         elif getattr(optimizer, "built", False):
-            broadcast_variables(optimizer.variables, self.root_rank)
+            broadcast_variables(self._shared(optimizer.variables), self.root_rank)
             self._optimizer_done = True
 
     def on_train_begin(self, logs=None):
         if not self._model_done:
-            broadcast_variables(self.model.weights, self.root_rank)
+            broadcast_variables(self._shared(self.model.weights), self.root_rank)
             self._model_done = True
         if not self._optimizer_done:
             self._broadcast_optimizer()
@@ -73,6 +92,18 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._optimizer_done:
             self._broadcast_optimizer()
+
+
+def _expand_local(local_variables) -> list:
+    if local_variables is None:
+        return []
+    if isinstance(local_variables, keras.layers.Layer) or not isinstance(
+            local_variables, (list, tuple, set)):
+        local_variables = [local_variables]
+    out = []
+    for v in local_variables:
+        out.extend(v.weights if isinstance(v, keras.layers.Layer) else [v])
+    return out
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -132,10 +163,14 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         steps_per_epoch: batches per epoch; by default what ``fit`` reports. When unknown the
             rate changes once per epoch.
         verbose: 1 prints (on rank 0) when warmup ends.
+        momentum_correction: as Horovod's (default True): each rate change multiplies a
+            momentum ``SGD``'s velocity by ``new_lr / old_lr`` (see
+            ``LearningRateScheduleCallback``).
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5,
-                 steps_per_epoch: Optional[int] = None, verbose: int = 0):
+                 steps_per_epoch: Optional[int] = None, verbose: int = 0,
+                 momentum_correction: bool = True):
         super().__init__()
         if isinstance(initial_lr, bool) or not isinstance(initial_lr, numbers.Real) \
                 or not math.isfinite(initial_lr) or initial_lr <= 0:
@@ -155,6 +190,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self.warmup_epochs = int(warmup_epochs)
         self.steps_per_epoch = steps_per_epoch
         self.verbose = verbose
+        self.momentum_correction = bool(momentum_correction)
         self._epoch = 0
         self._steps = None
         self._finished = False
@@ -172,7 +208,10 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             raise ValueError("bluefog LearningRateWarmupCallback: the model has no optimizer; "
                              "compile it first")
         try:
+            old = float(np.asarray(optimizer.learning_rate)) if lr is not None else None
             optimizer.learning_rate = lr
+            if self.momentum_correction and old and lr is not None:
+                rescale_momentum(optimizer, lr / old)
         except TypeError as e:
             raise ValueError("bluefog LearningRateWarmupCallback: cannot set the optimizer's "
                              "learning rate (it was created with a LearningRateSchedule?); "
