@@ -43,10 +43,8 @@ def _load() -> ctypes.CDLL:
             # RTLD_GLOBAL: Open MPI's plugins look up MPI symbols in the global namespace.
             lib = ctypes.CDLL(os.path.join(library_dir(), _LIB_NAME), mode=ctypes.RTLD_GLOBAL)
             lib.bluefog_last_error.restype = ctypes.c_char_p
-            # Absent from cores built before the op rules were exported; see op_accepts_dtype.
-            if hasattr(lib, "bluefog_op_accepts_dtype"):
-                lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
-                lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
+            lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
+            lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                                       ctypes.c_int]
@@ -135,16 +133,11 @@ def op_accepts_dtype(op_type: int, dtype: int) -> bool:
     """Whether the C++ core accepts a request of ``op_type`` with ``dtype``.
 
     Both are the core's enum values (``OpType``: allreduce 0, allgather 1, broadcast 2,
-    neighbor_allreduce 3, neighbor_allgather 4, neighbor_allgather gradient 5; ``DataType``:
-    uint8 0, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool 10).
-    Needs no ``init()``. Raises NotImplementedError when the loaded core does not export its op
-    rules (``bluefog_op_accepts_dtype``).
+    neighbor_allreduce 3, neighbor_allgather 4, neighbor_allgather gradient 5, alltoall 6,
+    reducescatter 7; ``DataType``: uint8 0, int8, uint16, int16, int32, int64, float16,
+    bfloat16, float32, float64, bool 10). Needs no ``init()``.
     """
-    fn = getattr(_load(), "bluefog_op_accepts_dtype", None)
-    if fn is None:
-        raise NotImplementedError(f"{_LIB_NAME} does not export bluefog_op_accepts_dtype; "
-                                  "rebuild it from a checkout that has it")
-    return bool(fn(op_type, dtype))
+    return _load().bluefog_op_accepts_dtype(op_type, dtype) == 1
 
 
 # Process sets, for bluefog.common.process_sets (which holds the Python objects).

@@ -83,8 +83,6 @@ Status Channel::Enqueue(Request request) {
                                 "a collective with this name is already in flight on this rank; "
                                 "give collectives that may run concurrently distinct names"));
   request.enqueued_at = NowSeconds();
-  request.meta.average = request.average;
-  request.meta.scale = request.scale;
   unannounced_.push_back(meta);
   in_flight_.emplace(meta.name, std::move(request));
   lock.unlock();

@@ -29,8 +29,6 @@ Request* Executor::RequestFor(const Response& response) {
   Request& r = stand_ins_.emplace_back();
   r.meta = response.meta;
   if (HasPerRankFirstDim(r.meta.op) && !r.meta.shape.empty()) r.meta.shape[0] = 0;
-  r.average = r.meta.average;
-  r.scale = r.meta.scale;
   const size_t bytes = r.meta.NumBytes();
   if (zeros_.size() < bytes) zeros_.resize(bytes, 0);
   if (dropped_.size() < bytes) dropped_.resize(bytes);

@@ -11,11 +11,7 @@ namespace bluefog {
 
 struct Request {
   TensorMeta meta;
-  int process_set = 0;   // the set whose ranks run it (0: every rank)
-  bool average = false;  // allreduce: divide the sum by the number of ranks
-  // allreduce of floats: the result is multiplied by this (Horovod's prescale_factor times its
-  // postscale_factor; applied once, after the sum, in C++).
-  double scale = 1.0;
+  int process_set = 0;          // the set whose ranks run it (0: every rank)
   const void* input = nullptr;  // meta.NumBytes() bytes, valid until `done` runs
   void* output = nullptr;       // allreduce, broadcast: same size as input, set by the caller
   // allgather: called on the background thread with the result's shape once every rank's first

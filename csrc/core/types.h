@@ -83,9 +83,10 @@ struct TensorMeta {
   int64_t input_rows = -1;
   // alltoall only: the rows of dimension 0 this rank sends to each rank (one entry per rank).
   std::vector<int64_t> splits;
-  // allreduce and reducescatter: whether the sum is divided by the number of ranks, and the
-  // factor it is multiplied by (Request's, copied at submission). Agreed, because they decide
-  // how the collective divides (the ring divides each rank's segment before sending it on).
+  // allreduce and reducescatter: whether the sum is divided by the number of ranks, and (floats
+  // only) the factor it is multiplied by: Horovod's prescale_factor times its postscale_factor,
+  // applied once, after the sum. Agreed, because they decide how the collective divides (the
+  // ring divides each rank's segment before sending it on).
   bool average = false;
   double scale = 1.0;
 

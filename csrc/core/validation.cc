@@ -58,10 +58,10 @@ Status ValidateRequest(const Request& request) {
       return Invalid(meta, Concat("shape ", ShapeString(meta.shape), " has a negative dimension"));
   // Neighbour ops report their dtype after their ranks (the order users have always seen).
   if (!IsNeighborOp(meta.op) && !OpAcceptsDtype(meta.op, meta.dtype)) return RefuseDtype(meta);
-  if (meta.reduce_op != ReduceOp::kSum && (meta.op != OpType::kAllreduce || request.average))
+  if (meta.reduce_op != ReduceOp::kSum && (meta.op != OpType::kAllreduce || meta.average))
     return Invalid(meta, Concat("reduction ", ReduceOpName(meta.reduce_op),
                                 " applies to allreduce without averaging only"));
-  if (request.scale != 1.0 &&
+  if (meta.scale != 1.0 &&
       (meta.op != OpType::kAllreduce || meta.reduce_op != ReduceOp::kSum || !IsFloat(meta.dtype)))
     return Invalid(meta, Concat("prescale_factor and postscale_factor apply to sums and averages "
                                 "of float tensors only, not to ",

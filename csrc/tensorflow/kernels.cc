@@ -132,9 +132,9 @@ class AllreduceKernel : public CollectiveKernel {
     OP_REQUIRES_OK_ASYNC(
         ctx, ctx->forward_input_or_allocate_output({0}, 0, ctx->input(0).shape(), &output), done);
     request.output = DataOf(output);
-    request.average = average_;
+    request.meta.average = average_;
     request.meta.reduce_op = reduce_op_;
-    request.scale = scale_;
+    request.meta.scale = scale_;
     Submit(ctx, done, std::move(request));
   }
 
@@ -219,9 +219,9 @@ class GroupedKernel : public AsyncOpKernel {
       for (int d = 0; d < input.dims(); ++d) request.meta.shape.push_back(input.dim_size(d));
       request.input = input.tensor_data().data();
       request.output = s.ok() ? DataOf(output) : nullptr;
-      request.average = average_;
+      request.meta.average = average_;
       request.meta.reduce_op = reduce_op_;
-      request.scale = scale_;
+      request.meta.scale = scale_;
       request.done = [finish_one](const Status& st) { finish_one(ToTfStatus(st)); };
       if (s.ok()) {
         Status q = Runtime::Get().Enqueue(std::move(request));
@@ -247,7 +247,7 @@ class ReducescatterKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
-    request.average = average_;
+    request.meta.average = average_;
     if (!request.meta.shape.empty()) {  // a scalar is refused by the runtime's validation
       Tensor* output = nullptr;
       OP_REQUIRES_OK_ASYNC(

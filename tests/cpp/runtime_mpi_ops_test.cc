@@ -120,7 +120,7 @@ TEST(RuntimeMpi, ReducescatterSumAndAverage) {
     req.meta.dtype = DataType::kFloat64;
     req.meta.shape = {rows, 3};
     req.input = in.data();
-    req.average = average;
+    req.meta.average = average;
     auto p = SubmitBuilt(std::move(req), my_rows * 3 * sizeof(double));
     ASSERT_TRUE(Wait(*p).ok());
     const double* out = reinterpret_cast<const double*>(p->output.data());
@@ -157,7 +157,7 @@ TEST(RuntimeMpi, ProcessSetsDoNotWaitForRanksOutsideThem) {
     req.meta.op = OpType::kAllreduce;
     req.meta.shape = {3};
     req.input = in.data();
-    req.average = true;
+    req.meta.average = true;
     req.process_set = my_id;
     auto p = SubmitBuilt(std::move(req), 3 * sizeof(float));
     ASSERT_TRUE(Wait(*p).ok());

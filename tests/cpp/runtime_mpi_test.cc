@@ -297,7 +297,7 @@ TEST(RuntimeMpi, MinMaxProductOnBothPaths) {
   bad.meta.op = OpType::kAllreduce;
   bad.meta.shape = {1};
   bad.meta.reduce_op = ReduceOp::kMax;
-  bad.average = true;
+  bad.meta.average = true;
   float one = 1.0f, out = 0.0f;
   bad.input = &one;
   bad.output = &out;

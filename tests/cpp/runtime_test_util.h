@@ -32,7 +32,7 @@ inline std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataT
   req.meta.shape = std::move(shape);
   req.meta.root_rank = root;
   req.input = input;
-  req.average = average;
+  req.meta.average = average;
   if (op != OpType::kAllgather) {
     p->output.resize(req.meta.NumBytes());
     req.output = p->output.data();

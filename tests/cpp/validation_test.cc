@@ -36,18 +36,18 @@ TEST(Validation, LocalMistakes) {
   EXPECT_EQ(ValidateRequest(Req(OpType::kAllgather, {})).code(), StatusCode::kInvalidArgument);
   Request avg_min = Req(OpType::kAllreduce, {2});
   avg_min.meta.reduce_op = ReduceOp::kMin;
-  avg_min.average = true;
+  avg_min.meta.average = true;
   EXPECT_EQ(ValidateRequest(avg_min).message(),
             "bluefog allreduce of tensor 't': reduction min applies to allreduce without "
             "averaging only");
-  avg_min.average = false;
+  avg_min.meta.average = false;
   EXPECT_TRUE(ValidateRequest(avg_min).ok());
   Request scaled_int = Req(OpType::kAllreduce, {2}, DataType::kInt32);
-  scaled_int.scale = 0.5;
+  scaled_int.meta.scale = 0.5;
   EXPECT_NE(ValidateRequest(scaled_int).message().find("prescale_factor and postscale_factor"),
             std::string::npos);
   Request scaled = Req(OpType::kAllreduce, {2});
-  scaled.scale = 0.5;
+  scaled.meta.scale = 0.5;
   EXPECT_TRUE(ValidateRequest(scaled).ok());
 }
 
