@@ -41,3 +41,24 @@ def rank_values(shape, rank: int, dtype=np.float64, offset: int = 0) -> np.ndarr
     """A rank-dependent array whose sums over ranks are known in closed form."""
     n = int(np.prod(shape)) if len(shape) else 1
     return (np.arange(n, dtype=np.float64).reshape(shape) % 7 + rank + offset).astype(dtype)
+
+
+def mean_factor(size):
+    """Mean over ranks of (rank + 1)."""
+    return (size + 1) / 2.0
+
+
+def gather_rows(vector, name=None):
+    """Every rank's 1-D float64 vector, one row per rank."""
+    v = tf.reshape(tf.constant(np.asarray(vector, dtype=np.float64)), [1, -1])
+    return bf.allgather(v, name=name).numpy()
+
+
+def flat_weights(variables):
+    return np.concatenate([np.asarray(v).astype(np.float64).ravel() for v in variables])
+
+
+def assert_same_on_all_ranks(variables, name=None):
+    rows = gather_rows(flat_weights(variables), name=name)
+    for r in range(1, rows.shape[0]):
+        np.testing.assert_array_equal(rows[r], rows[0], err_msg=f"rank {r} differs from rank 0")

@@ -1,4 +1,5 @@
-"""DistributedGradientTape, DistributedOptimizer and broadcast_variables on every rank.
+"""DistributedGradientTape and DistributedOptimizer on every rank (broadcast_variables:
+test_broadcast_variables.py).
 
 Every rank's data is a closed-form function of its rank, so each rank can compute what every
 other rank computes, and so the expected averaged result, by itself.
@@ -14,30 +15,9 @@ import tensorflow as tf
 import bluefog.tensorflow as bf
 import bluefog.tensorflow.keras as bfk
 
-from conftest import needs_ranks
+from conftest import assert_same_on_all_ranks, mean_factor
 
 W = np.array([1.0, -2.0, 0.5], dtype=np.float32)
-
-
-def mean_factor(size):
-    """Mean over ranks of (rank + 1)."""
-    return (size + 1) / 2.0
-
-
-def gather_rows(vector, name=None):
-    """Every rank's 1-D float64 vector, one row per rank."""
-    v = tf.reshape(tf.constant(np.asarray(vector, dtype=np.float64)), [1, -1])
-    return bf.allgather(v, name=name).numpy()
-
-
-def flat_weights(variables):
-    return np.concatenate([np.asarray(v).astype(np.float64).ravel() for v in variables])
-
-
-def assert_same_on_all_ranks(variables, name=None):
-    rows = gather_rows(flat_weights(variables), name=name)
-    for r in range(1, rows.shape[0]):
-        np.testing.assert_array_equal(rows[r], rows[0], err_msg=f"rank {r} differs from rank 0")
 
 
 # ------------------------------------------------------------------------------------------
@@ -485,111 +465,3 @@ def test_save_and_load(rank, size, tmp_path):
     for a, b in zip(loaded.get_weights(), model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert_same_on_all_ranks(loaded.get_weights())
-
-
-# ------------------------------------------------------------------------------------------
-# tf.compat.v1 optimizers in graph mode
-# ------------------------------------------------------------------------------------------
-
-def test_v1_optimizer_in_session(rank, size):
-    graph = tf.Graph()
-    with graph.as_default():
-        v = tf.compat.v1.Variable(W, use_resource=True)
-        loss = (rank + 1) * tf.reduce_sum(v * tf.constant(W))
-        opt = bf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
-        assert opt.get_name() == "DistributedGradientDescentOptimizer"
-        grads_and_vars = opt.compute_gradients(loss, var_list=[v])
-        train_op = opt.minimize(loss, var_list=[v])
-        init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=graph) as sess:
-        sess.run(init)
-        g = sess.run(grads_and_vars[0][0])
-        np.testing.assert_allclose(g, mean_factor(size) * W, rtol=1e-6)
-        sess.run(train_op)
-        sess.run(train_op)
-        np.testing.assert_allclose(sess.run(v), W - 2 * 0.5 * mean_factor(size) * W, rtol=1e-6)
-
-
-def test_v1_momentum_optimizer_slots_delegate(rank, size):
-    graph = tf.Graph()
-    with graph.as_default():
-        v = tf.compat.v1.Variable(W, use_resource=True)
-        loss = (rank + 1) * tf.reduce_sum(v)
-        opt = bf.DistributedOptimizer(
-            tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9), name="mom")
-        train_op = opt.minimize(loss)
-        assert opt.get_slot_names() == ["momentum"]
-        slot = opt.get_slot(v, "momentum")
-        init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=graph) as sess:
-        sess.run(init)
-        sess.run(train_op)
-        np.testing.assert_allclose(sess.run(slot), mean_factor(size) * np.ones(3), rtol=1e-6)
-
-
-# ------------------------------------------------------------------------------------------
-# broadcast_variables
-# ------------------------------------------------------------------------------------------
-
-def test_broadcast_variables_eager_tf_and_keras(rank, size):
-    root = size - 1
-    tv = tf.Variable(W * (rank + 1))
-    ti = tf.Variable(np.array([rank, 7], dtype=np.int64))
-    kv = keras.Variable(np.full((2, 2), rank, dtype=np.float32))
-    assert bf.broadcast_variables([tv, ti, kv], root_rank=root) is None
-    np.testing.assert_array_equal(tv.numpy(), W * (root + 1))
-    np.testing.assert_array_equal(ti.numpy(), [root, 7])
-    np.testing.assert_array_equal(np.asarray(kv), np.full((2, 2), root))
-
-
-def test_broadcast_variables_of_a_model(rank):
-    model = make_model(seed=rank)  # different initial weights on every rank
-    bf.broadcast_variables(model.variables, root_rank=0)
-    assert_same_on_all_ranks(model.get_weights())
-
-
-def test_broadcast_variables_graph_mode_returns_op(rank, size):
-    graph = tf.Graph()
-    with graph.as_default():
-        v = tf.compat.v1.Variable(W * (rank + 1), use_resource=True)
-        op = bf.broadcast_variables([v], root_rank=0)
-        assert isinstance(op, tf.Operation)
-        init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=graph) as sess:
-        sess.run(init)
-        sess.run(op)
-        np.testing.assert_array_equal(sess.run(v), W)
-
-
-def test_broadcast_variables_in_tf_function(rank):
-    v = tf.Variable(W * (rank + 1))
-
-    @tf.function
-    def sync():
-        bf.broadcast_variables([v], root_rank=0)
-
-    sync()
-    np.testing.assert_array_equal(v.numpy(), W)
-
-
-def test_broadcast_variables_bad_arguments(size):
-    v = tf.Variable(W)
-    with pytest.raises(TypeError, match="root_rank must be an int"):
-        bf.broadcast_variables([v], root_rank="0")
-    with pytest.raises(ValueError, match="outside"):
-        bf.broadcast_variables([v], root_rank=size)
-    with pytest.raises(TypeError, match="single variable"):
-        bf.broadcast_variables(v, root_rank=0)
-    with pytest.raises(TypeError, match="element 1"):
-        bf.broadcast_variables([v, tf.constant(W)], root_rank=0)
-    with pytest.raises(TypeError, match="list of variables"):
-        bf.broadcast_variables(3, root_rank=0)
-
-
-@needs_ranks(2)
-def test_broadcast_variables_from_each_root(rank, size):
-    v = tf.Variable(np.array([float(rank)]))
-    for root in range(size):
-        v.assign([float(rank)])
-        bf.broadcast_variables([v], root_rank=root)
-        assert v.numpy()[0] == root
