@@ -151,9 +151,12 @@ def machine_recv_weights() -> tuple:
 
 
 def unified_mpi_window_model_supported() -> bool:
-    """Whether MPI one-sided windows use the unified memory model.
+    """Whether bluefog's windows (``bf.win_*``) give the unified memory model's guarantee: a
+    finished put or accumulate is visible to the target's next ``win_update`` with no further
+    synchronisation.
 
-    bluefog's TensorFlow module implements no window operations yet, so this is False: callers
-    must not rely on one-sided window semantics.
+    bluefog's windows keep their buffers in each process's own memory, written under a lock by
+    the core's window thread (docs/windows.md), so this holds wherever windows work at all:
+    when MPI granted MPI_THREAD_MULTIPLE, which that thread needs.
     """
-    return False
+    return basics.is_initialized() and basics.mpi_threads_supported()

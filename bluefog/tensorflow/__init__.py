@@ -76,6 +76,28 @@ from bluefog.tensorflow.variables import (  # noqa: F401
     broadcast_global_variables,
     broadcast_variables,
 )
+from bluefog.tensorflow.windows import (  # noqa: F401
+    get_win_version,
+    turn_off_win_ops_with_associated_p,
+    turn_on_win_ops_with_associated_p,
+    win_accumulate,
+    win_accumulate_nonblocking,
+    win_associated_p,
+    win_create,
+    win_free,
+    win_get,
+    win_get_nonblocking,
+    win_mutex,
+    win_ops_with_associated_p,
+    win_poll,
+    win_put,
+    win_put_nonblocking,
+    win_update,
+    win_update_then_collect,
+    win_wait,
+    window_names,
+    window_variable,
+)
 
 
 def __getattr__(name):

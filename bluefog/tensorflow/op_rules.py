@@ -39,6 +39,9 @@ class OpRule:
 
     tf_op_type: str
     dtypes: frozenset
+    # Collectives match across ranks by name, so tf.function may run them in any order; the
+    # window ops act on shared buffers and must keep program order.
+    order_insensitive: bool = True
 
 
 # Keyed by the op's name as it appears in error messages and unnamed request names.
@@ -55,6 +58,10 @@ OP_RULES: Mapping[str, OpRule] = {
     "neighbor_allgather": OpRule("BluefogNeighborAllgather", ALL_DTYPES),
     # Only reached through the registered gradient; listed so that the registration is checked.
     "neighbor_allgather.grad": OpRule("BluefogNeighborAllgatherGrad", FLOAT_DTYPES),
+    "win_create": OpRule("BluefogWinCreate", FLOAT_DTYPES, order_insensitive=False),
+    "win_put": OpRule("BluefogWinPut", FLOAT_DTYPES, order_insensitive=False),
+    "win_accumulate": OpRule("BluefogWinPut", FLOAT_DTYPES, order_insensitive=False),
+    "win_update": OpRule("BluefogWinUpdate", FLOAT_DTYPES, order_insensitive=False),
 }
 
 
@@ -68,8 +75,9 @@ _TENSORLESS_OP_TYPES = frozenset(["BluefogJoin"])
 
 
 def tf_op_types() -> frozenset:
-    """Every TensorFlow op type bluefog registers."""
-    return frozenset(rule.tf_op_type for rule in OP_RULES.values()) | _TENSORLESS_OP_TYPES
+    """The TensorFlow op types of the collectives, which tf.function may run in any order."""
+    return (frozenset(rule.tf_op_type for rule in OP_RULES.values() if rule.order_insensitive)
+            | _TENSORLESS_OP_TYPES)
 
 
 def rank_str() -> str:

@@ -20,7 +20,11 @@ double NowSeconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-bool IsSetOp(OpType op) { return op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet; }
+// Ops the runtime's hook carries out on every rank at the same point of the global channel.
+bool IsSetOp(OpType op) {
+  return op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet ||
+         op == OpType::kWinCreate || op == OpType::kWinFree;
+}
 
 }  // namespace
 
@@ -235,8 +239,14 @@ void Channel::RunSetOps(std::vector<Response>& ready) {
     }
     Status status;
     int id = -1;
+    const Request* mine = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = in_flight_.find(r.meta.name);
+      if (it != in_flight_.end()) mine = &it->second;  // stable: only this thread erases
+    }
     try {
-      id = set_hook_(r);
+      id = set_hook_(r, mine);
     } catch (const BluefogError& e) {
       status = OpError(e.code(), r.meta.op, r.meta.name, e.what());
     }

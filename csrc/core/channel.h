@@ -36,9 +36,10 @@ class Channel : private RequestTable {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // Registration and removal of process sets run on the world channel's thread, in the order
-  // every rank agreed on: the hook does it and returns the set's id, or throws BluefogError.
-  using SetHook = std::function<int(const Response&)>;
+  // Registration and removal of process sets, and creating and freeing windows, run on the
+  // world channel's thread, in the order every rank agreed on: the hook does it (given this
+  // rank's request) and returns the set's or window's id, or throws BluefogError.
+  using SetHook = std::function<int(const Response&, const Request*)>;
   void set_set_hook(SetHook hook) { set_hook_ = std::move(hook); }
 
   // Runs the loop on the calling thread until every rank of the channel has agreed to stop (or

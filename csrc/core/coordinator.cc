@@ -100,7 +100,16 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
                     "Every rank must add (and remove) the same process sets in the same order.");
     }
   }
-  if (IsNeighborOp(m0.op)) {
+  if (m0.op == OpType::kWinFree) {
+    for (size_t r = 0; r < metas.size(); ++r) {
+      if (metas[r]->splits.size() == 1 && metas[r]->splits[0] > 0)
+        return fail("moment to free the window",
+                    Concat("rank ", r, " has ", metas[r]->splits[0],
+                           " window operations that have not finished"),
+                    "Wait for them (bf.win_wait on their handles) on every rank, then free.");
+    }
+  }
+  if (IsNeighborOp(m0.op) || m0.op == OpType::kWinCreate) {
     // Every receive must be matched by the sender's send and vice versa, or the exchange hangs.
     const int n = static_cast<int>(metas.size());
     auto has = [](const std::vector<int32_t>& v, int r) {
@@ -112,14 +121,18 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
           return fail("topology",
                       Concat("rank ", r, " expects to receive from rank ", src, ", but rank ", src,
                              " does not send to rank ", r),
-                      "Every rank's src_weights must mirror the senders' dst_weights.");
+                      m0.op == OpType::kWinCreate
+                          ? "Every rank must create the window under the same topology."
+                          : "Every rank's src_weights must mirror the senders' dst_weights.");
       }
       for (int32_t dst : metas[r]->send_ranks) {
         if (dst < 0 || dst >= n || !has(metas[dst]->recv_ranks, r))
           return fail("topology",
                       Concat("rank ", r, " sends to rank ", dst, ", but rank ", dst,
                              " does not expect to receive from rank ", r),
-                      "Every rank's dst_weights must mirror the receivers' src_weights.");
+                      m0.op == OpType::kWinCreate
+                          ? "Every rank must create the window under the same topology."
+                          : "Every rank's dst_weights must mirror the receivers' src_weights.");
       }
     }
   }

@@ -70,6 +70,8 @@ size_t Executor::Execute(std::vector<Response>& ready) {
         case OpType::kJoin: Join(r); break;
         case OpType::kAddProcessSet:
         case OpType::kRemoveProcessSet:  // run by the channel before the executors
+        case OpType::kWinCreate:
+        case OpType::kWinFree:
           throw BluefogError(StatusCode::kInternal, "process set request reached the executor");
       }
     } catch (const BluefogError& e) {

@@ -35,6 +35,9 @@ constexpr OpRule kRules[kNumOpTypes] = {
     /* join */ {kAll, "", false},
     /* add_process_set */ {kAll, "", false},
     /* remove_process_set */ {kAll, "", false},
+    /* win_create */
+    {kFloats, "cannot be averaged with weights; cast it to a float dtype first", false},
+    /* win_free */ {kAll, "", false},
 };
 
 const OpRule& RuleOf(OpType op) { return kRules[static_cast<int>(op)]; }

@@ -25,6 +25,8 @@ struct Request {
   double self_weight = 1.0;
   std::vector<double> recv_weights;
   std::vector<double> send_weights;
+  // win_create: the receive buffers start at zero instead of at the input.
+  bool zero_init = false;
   // Set by the runtime: when the request was queued and when this rank announced it.
   double enqueued_at = 0;
   double announced_at = 0;

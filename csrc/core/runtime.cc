@@ -78,7 +78,9 @@ void Runtime::Main(std::promise<void>* started) {
   std::vector<int> everyone(info_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
   world_ = std::make_unique<Channel>(0, config_, &transport_, info_, everyone, &timeline_);
-  world_->set_set_hook([this](const Response& r) { return OnSetResponse(r); });
+  windows_.Attach(transport_.raw_comm(), info_.rank, info_.size);
+  world_->set_set_hook(
+      [this](const Response& r, const Request* mine) { return OnSetResponse(r, mine); });
   started->set_value();
   BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size);
 
@@ -109,6 +111,7 @@ void Runtime::Main(std::promise<void>* started) {
       (void)set.transport.release();
     }
   }
+  windows_.Stop(reason, clean);
   timeline_.Close();
   if (clean) transport_.Shutdown();
 }
@@ -208,8 +211,25 @@ void Runtime::RemoveProcessSet(int id) {
                 {id});
 }
 
-int Runtime::OnSetResponse(const Response& response) {
+int Runtime::OnSetResponse(const Response& response, const Request* mine) {
   const std::vector<int32_t>& list = response.meta.send_ranks;
+  if (response.meta.op == OpType::kWinCreate) {
+    BF_ENFORCE(mine != nullptr, StatusCode::kInternal, "no request for the window");
+    BF_ENFORCE(info_.threads_multiple, StatusCode::kPrecondition,
+               "windows need MPI_THREAD_MULTIPLE, which this MPI library did not grant "
+               "(bf.mpi_threads_supported() is False); use an MPI built with thread support");
+    WindowSpec spec;
+    spec.name = mine->meta.name;
+    spec.dtype = mine->meta.dtype;
+    spec.shape = mine->meta.shape;
+    spec.in_ranks = mine->meta.recv_ranks;
+    spec.out_ranks = mine->meta.send_ranks;
+    return windows_.Create(std::move(spec), mine->input, mine->zero_init);
+  }
+  if (response.meta.op == OpType::kWinFree) {
+    windows_.Free(response.meta.name);
+    return 0;
+  }
   if (response.meta.op == OpType::kAddProcessSet) {
     ProcessSet set;
     set.ranks.assign(list.begin(), list.end());

@@ -18,6 +18,7 @@
 #include "core/request.h"
 #include "core/timeline.h"
 #include "mpi/transport.h"
+#include "mpi/window_service.h"
 
 namespace bluefog {
 
@@ -48,11 +49,16 @@ class Runtime {
   // The job-wide ranks of a registered set; empty when there is none.
   std::vector<int> SetRanks(int id);
 
+  // The windows (bf.win_*). Created and freed through Enqueue (kWinCreate, kWinFree), so every
+  // rank does it at the same point; the other operations go to the service directly.
+  WindowService& windows() { return windows_; }
+
  private:
   Runtime() = default;
   void Main(std::promise<void>* started);
-  // On the global channel's thread: registers or removes the set of `response`.
-  int OnSetResponse(const Response& response);
+  // On the global channel's thread: registers or removes the set of `response`, or creates or
+  // frees its window (`mine`: this rank's request).
+  int OnSetResponse(const Response& response, const Request* mine);
   // Runs a registration or removal request on the global channel and waits for it.
   int RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks);
 
@@ -60,6 +66,7 @@ class Runtime {
   TransportInfo info_;
   MpiTransport transport_;
   Timeline timeline_;
+  WindowService windows_;
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
   std::atomic<bool> started_{false};
   std::thread thread_;

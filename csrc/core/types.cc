@@ -51,6 +51,8 @@ const char* OpTypeName(OpType op) {
     case OpType::kJoin: return "join";
     case OpType::kAddProcessSet: return "add_process_set";
     case OpType::kRemoveProcessSet: return "remove_process_set";
+    case OpType::kWinCreate: return "win_create";
+    case OpType::kWinFree: return "win_free";
   }
   return "unknown";
 }

@@ -46,8 +46,14 @@ enum class OpType : uint8_t {
   // on the global channel like a collective, so every rank does it at the same point.
   kAddProcessSet,
   kRemoveProcessSet,
+  // Creating and freeing a window (bf.win_create, bf.win_free): agreed on the global channel so
+  // every rank makes (and drops) its buffers at the same point. win_create's send_ranks and
+  // recv_ranks are the window's out- and in-neighbours; win_free's splits hold one number, how
+  // many of this rank's operations on the window have not finished.
+  kWinCreate,
+  kWinFree,
 };
-constexpr int kNumOpTypes = 11;
+constexpr int kNumOpTypes = 13;
 bool IsNeighborOp(OpType op);
 
 // How allreduce combines the ranks' values (elementwise). Averaging is a sum divided by the

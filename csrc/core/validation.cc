@@ -82,6 +82,20 @@ Status ValidateForLayout(const Request& request, int rank, int size) {
   if (meta.op == OpType::kBroadcast && (meta.root_rank < 0 || meta.root_rank >= size))
     return Invalid(meta, Concat("root_rank ", meta.root_rank, " is outside [0, ", size, ")"));
   if (IsNeighborOp(meta.op)) return ValidateNeighbors(request, rank, size);
+  if (meta.op == OpType::kWinCreate) {
+    for (const auto* ranks : {&meta.send_ranks, &meta.recv_ranks}) {
+      for (size_t k = 0; k < ranks->size(); ++k) {
+        const int r = (*ranks)[k];
+        if (r < 0 || r >= size || r == rank)
+          return Invalid(meta, Concat("neighbor rank ", r, " is not another rank in [0, ", size,
+                                      "); check the topology (bf.set_topology)"));
+        if (k > 0 && (*ranks)[k - 1] >= r)
+          return Invalid(meta, "neighbor ranks must be unique and ascending");
+      }
+    }
+  }
+  if (meta.op == OpType::kWinFree && meta.splits.size() != 1)
+    return Invalid(meta, "win_free carries one count of pending operations");
   if (meta.op == OpType::kAddProcessSet) {
     const auto& ranks = meta.send_ranks;
     if (ranks.empty()) return Invalid(meta, "a process set needs at least one rank");

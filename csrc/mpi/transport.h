@@ -29,6 +29,8 @@ class MpiTransport {
 
   // Initializes MPI unless the application already did, and duplicates COMM_WORLD.
   TransportInfo Init();
+  // The communicator itself (an MPI_Comm in an opaque word), for the window service to duplicate.
+  void* raw_comm() const { return comm_; }
   // rank and size in this transport's communicator.
   int rank() const { return rank_; }
   int size() const { return size_; }

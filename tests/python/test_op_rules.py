@@ -26,6 +26,7 @@ CORE_OP_TYPES = {
     5: ["neighbor_allgather.grad"],
     6: ["alltoall"],
     7: ["reducescatter", "grouped_reducescatter"],
+    11: ["win_create", "win_put", "win_accumulate", "win_update"],
 }
 
 

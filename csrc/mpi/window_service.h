@@ -1,0 +1,142 @@
+// The windows' transport (bf.win_*): a thread of its own, on communicators of its own, that
+// serves the other ranks' puts, accumulates, gets and mutex requests whether or not this rank's
+// program is calling bluefog at the time (a passive target), and drives this rank's own
+// operations to completion.
+//
+// Why messages and not MPI_Put: Open MPI 4.1's one-sided components here either need the
+// target to enter MPI before a passive-target put completes over TCP, or refuse
+// MPI_THREAD_MULTIPLE (docs/windows.md has the measurements). A thread that polls for messages
+// completes every operation within its polling interval on shared memory and TCP alike.
+//
+// Protocol (one tag for headers, one for data, so a header is always followed by its data from
+// the same sender): put / accumulate carry the sender's weight and push-sum weight and are
+// acknowledged once written; a get request is answered with the target's published value; a
+// lock is granted when the target's mutex for that window is free (waiters queue in arrival
+// order) and released by an acknowledged unlock. An operation's handle finishes when every
+// acknowledgement arrived, so a finished put is in the target's buffer.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "core/window.h"
+
+namespace bluefog {
+
+class WindowService {
+ public:
+  WindowService();
+  WindowService(const WindowService&) = delete;
+  WindowService& operator=(const WindowService&) = delete;
+  ~WindowService();
+
+  // `world_comm` points at the runtime's MPI_Comm over every rank; windows duplicate it on
+  // first use.
+  void Attach(void* world_comm, int rank, int size) {
+    world_comm_ = world_comm;
+    rank_ = rank;
+    size_ = size;
+  }
+
+  // Collective: every rank calls these at the same agreed point (the global channel's thread).
+  // Create returns the window's id; both throw BluefogError.
+  int Create(WindowSpec spec, const void* initial, bool zero_init);
+  void Free(const std::string& name);
+  // Operations on window `name` that have not finished (-1: no such window).
+  int PendingOps(const std::string& name);
+  std::vector<std::string> Names();
+
+  // Any thread. Each checks the call (window, dtype, shape, neighbours, weights) and throws
+  // BluefogError for a mistake, else queues the operation and returns its handle.
+  int64_t Put(const std::string& name, const void* data, DataType dtype,
+              const std::vector<int64_t>& shape, const std::vector<int32_t>& dsts,
+              const std::vector<double>& weights, double self_weight, bool accumulate,
+              bool require_mutex, bool with_p);
+  int64_t Get(const std::string& name, const std::vector<int32_t>& srcs,
+              const std::vector<double>& weights, bool require_mutex);
+  int64_t Mutex(const std::string& name, std::vector<int32_t> ranks, bool lock);
+  // The local combination (Window::Update), after the same checks.
+  void Update(const std::string& name, const void* self, DataType dtype,
+              const std::vector<int64_t>& shape, void* out, double self_weight,
+              const std::vector<int32_t>& ranks, const std::vector<double>& weights, bool reset,
+              bool publish, bool with_p);
+  std::vector<int32_t> InRanks(const std::string& name);
+  std::vector<int64_t> Versions(const std::string& name);
+  double AssociatedP(const std::string& name);
+
+  // Calls `done` once the operation finished (at once if it has) and forgets the handle.
+  void Wait(int64_t handle, std::function<void(const Status&)> done);
+  // 1: finished, 0: running, -1: no such handle (or already waited for).
+  int Poll(int64_t handle);
+
+  // Fails what is pending with `reason`, stops the thread and frees the communicators (unless
+  // `free_comms` is false: MPI may then be left as it is). Idempotent.
+  void Stop(const std::string& reason, bool free_comms);
+
+ private:
+  struct Op;
+  struct Entry;
+  struct Outgoing;
+
+  std::shared_ptr<Entry> Find(const char* op, const std::string& name);
+  void CheckTensor(const char* op, const Entry& e, DataType dtype,
+                   const std::vector<int64_t>& shape);
+  void CheckRanks(const char* op, const Entry& e, const std::vector<int32_t>& ranks,
+                  const std::vector<double>& weights, bool out);
+  int64_t Queue(std::unique_ptr<Op> op, const std::shared_ptr<Entry>& e);
+  std::shared_ptr<std::vector<char>> TakeBuffer(Entry& e);
+
+  // The service thread.
+  void Loop();
+  void Advance(Op* op);
+  void Finish(int64_t handle);
+  void Receive(int src);
+  void Send(int dst, int kind, int window, int64_t op, double weight, double p,
+            std::shared_ptr<std::vector<char>> data, int64_t bytes);
+  void SendError(int dst, int window, int64_t op, const Status& status);
+  bool TestOutgoing();
+  void Drain();
+
+  void* world_comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  void* comm_ = nullptr;      // MPI_Comm: the service's messages
+  void* ctl_comm_ = nullptr;  // MPI_Comm: the collectives of create and free
+  bool have_comms_ = false;
+  std::thread thread_;
+  std::atomic<bool> stopped_{false};
+
+  std::mutex mutex_;  // guards the members below
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::string stop_reason_;
+  int next_id_ = 0;
+  int64_t next_handle_ = 1;
+  std::map<std::string, std::shared_ptr<Entry>> by_name_;
+  std::unordered_map<int, std::shared_ptr<Entry>> by_id_;
+  std::deque<std::unique_ptr<Op>> queue_;
+  struct Handle {
+    bool done = false;
+    Status status;
+    std::function<void(const Status&)> waiter;
+  };
+  std::unordered_map<int64_t, Handle> handles_;
+
+  // Only the service thread touches these.
+  std::unordered_map<int64_t, std::unique_ptr<Op>> running_;
+  std::list<Outgoing> outgoing_;  // a list: its element type may be incomplete here
+  std::vector<char> scratch_;     // incoming data; grown to the largest window, never shrunk
+};
+
+}  // namespace bluefog
