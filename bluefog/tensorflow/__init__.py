@@ -76,6 +76,10 @@ from bluefog.tensorflow.variables import (  # noqa: F401
     broadcast_global_variables,
     broadcast_variables,
 )
+from bluefog.tensorflow.win_optimizers import (  # noqa: F401
+    DistributedPushSumOptimizer,
+    DistributedWinPutOptimizer,
+)
 from bluefog.tensorflow.windows import (  # noqa: F401
     get_win_version,
     turn_off_win_ops_with_associated_p,

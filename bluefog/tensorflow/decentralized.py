@@ -46,7 +46,8 @@ import tensorflow as tf
 from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, wrapping
 
 __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
-           "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES"]
+           "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES", "wrap", "read",
+           "DecentralizedKerasOptimizer"]
 
 COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", "allreduce",
                        "empty")
@@ -85,12 +86,12 @@ def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str) -> 
     return out
 
 
-def _read(variable) -> tf.Tensor:
+def read(variable) -> tf.Tensor:
     """A snapshot of the variable's current value."""
     return tf.identity(tf.convert_to_tensor(variable))
 
 
-class _DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
+class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     """Mixin in front of a Keras optimizer class; ``apply`` adds the neighbour combination.
 
     Keras 3 sends every update through ``apply`` (``apply_gradients`` and ``model.fit`` call
@@ -149,7 +150,7 @@ class _DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
             communicate = self._bluefog_should_communicate()
             if communicate is False:
                 return result
-            combined = self._bluefog_combine([_read(v) for v in variables], communicate)
+            combined = self._bluefog_combine([read(v) for v in variables], communicate)
             for v, c in zip(variables, combined):
                 v.assign(c)
             return result
@@ -157,7 +158,7 @@ class _DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         communicate = self._bluefog_should_communicate()
         if communicate is False:
             return super().apply(grads, trainable_variables)
-        before = [_read(v) for v in variables]
+        before = [read(v) for v in variables]
         combined = self._bluefog_combine(before, communicate)
         result = super().apply(grads, trainable_variables)
         for v, b, c in zip(variables, before, combined):
@@ -165,10 +166,13 @@ class _DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         return result
 
 
-def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communication: int,
-          name: Optional[str], what: str):
+def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communication: int,
+         name: Optional[str], what: str, mixin: Optional[type] = None):
+    """The wrapped copy of ``optimizer``: a subclass with ``mixin`` (default: the neighbour
+    combination of this module) in front, after checking every argument."""
     keras = wrapping.import_keras()
-    if not isinstance(communication_type, str) or communication_type not in COMMUNICATION_TYPES:
+    if mixin is None and (not isinstance(communication_type, str)
+                          or communication_type not in COMMUNICATION_TYPES):
         raise ValueError(f"bluefog {what}: communication_type must be one of "
                          f"{', '.join(repr(c) for c in COMMUNICATION_TYPES)}, got "
                          f"{communication_type!r}")
@@ -189,7 +193,7 @@ def _wrap(optimizer, mode: str, communication_type: str, num_steps_per_communica
         raise ValueError(f"bluefog {what}: this optimizer already communicates (it is a "
                          "bluefog distributed optimizer); wrap the plain optimizer once")
     averaging.check_initialized(what)
-    cls = wrapping.derived_class(_DecentralizedKerasOptimizer, type(optimizer),
+    cls = wrapping.derived_class(mixin or DecentralizedKerasOptimizer, type(optimizer),
                                  {"_bluefog_mode": mode})
     new = wrapping.copy_optimizer(optimizer, cls, what)
     new._bluefog_communication = communication_type
@@ -222,7 +226,7 @@ def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "n
         ValueError: for an unknown communication type, n < 1, something that is not a Keras
             optimizer instance, or an optimizer already wrapped by bluefog.
     """
-    return _wrap(optimizer, "atc", communication_type, num_steps_per_communication, name,
+    return wrap(optimizer, "atc", communication_type, num_steps_per_communication, name,
                  "DistributedAdaptThenCombineOptimizer")
 
 
@@ -235,12 +239,12 @@ def DistributedAdaptWithCombineOptimizer(optimizer, communication_type: str = "n
     so it does not wait for the local update. Arguments and errors as for
     ``DistributedAdaptThenCombineOptimizer``.
     """
-    return _wrap(optimizer, "awc", communication_type, num_steps_per_communication, name,
+    return wrap(optimizer, "awc", communication_type, num_steps_per_communication, name,
                  "DistributedAdaptWithCombineOptimizer")
 
 
 def DistributedNeighborAllreduceOptimizer(optimizer, num_steps_per_communication: int = 1,
                                           name: Optional[str] = None):
     """``DistributedAdaptThenCombineOptimizer(optimizer, "neighbor_allreduce", ...)``."""
-    return _wrap(optimizer, "atc", "neighbor_allreduce", num_steps_per_communication, name,
+    return wrap(optimizer, "atc", "neighbor_allreduce", num_steps_per_communication, name,
                  "DistributedNeighborAllreduceOptimizer")
