@@ -69,7 +69,7 @@ std::string EncodeRound(const RoundMessage& message) {
       for (int32_t r : *ranks) Put<int32_t>(out, r);
     }
     if (m.op == OpType::kNeighborAllgatherGrad) Put<int64_t>(out, m.input_rows);
-    if (m.op == OpType::kAlltoall) {
+    if (m.op == OpType::kAlltoall || m.op == OpType::kWinFree) {
       Put<uint32_t>(out, static_cast<uint32_t>(m.splits.size()));
       for (int64_t s : m.splits) Put<int64_t>(out, s);
     }
@@ -112,7 +112,7 @@ RoundMessage DecodeRound(const char* data, size_t size) {
       for (uint32_t k = 0; k < n; ++k) (*ranks)[k] = in.Get<int32_t>();
     }
     if (m.op == OpType::kNeighborAllgatherGrad) m.input_rows = in.Get<int64_t>();
-    if (m.op == OpType::kAlltoall) {
+    if (m.op == OpType::kAlltoall || m.op == OpType::kWinFree) {
       uint32_t n = in.Get<uint32_t>();
       BF_ENFORCE(n <= size, StatusCode::kInternal, "malformed negotiation message: ", n, " splits");
       m.splits.resize(n);

@@ -24,7 +24,8 @@ TEST(RuntimeFault, BadAllocOnTheBackgroundThreadFailsRequestsInsteadOfAborting) 
   Runtime::Get().Init();
   // Two allreduces that fuse (the test sets a 16 TiB fusion threshold) but whose fused buffer (2 x
   // 4 TiB) cannot be allocated: the executor's std::bad_alloc reaches the background loop before
-  // any byte of the inputs is read, so the inputs need not exist.
+  // any byte of the inputs is read, so the inputs need not exist. The test also sets a 500 ms
+  // cycle time, so that both are in one round (one at a time, size 1 would need no buffer).
   const int64_t huge = int64_t{1} << 40;
   std::vector<std::promise<Status>> results(2);
   for (int k = 0; k < 2; ++k) {
