@@ -78,6 +78,7 @@ TEST(RuntimeWindow, PutAccumulateGetUpdateAndFree) {
   Barrier();
   // A get reads the previous rank's published value: the value it put last, (prev + 1).
   ASSERT_TRUE(WaitHandle(win.Get("ring", {Prev()}, {0.5}, true)).ok());
+  Barrier();  // every get served before anyone publishes its update
   win.Update("ring", mine.data(), DataType::kFloat32, {n}, out.data(), 1.0, {Prev()}, {1.0}, true,
              true, false);
   for (float v : out) ASSERT_EQ(v, Rank() + 0.5f * (Prev() + 1));
@@ -87,8 +88,7 @@ TEST(RuntimeWindow, PutAccumulateGetUpdateAndFree) {
 }
 
 TEST(RuntimeWindow, MutexesSerializeEveryRank) {
-  // Every rank locks rank 0's mutex and increments a shared count through accumulates... here
-  // simply: lock and unlock rank 0's mutex many times from every rank; no deadlock, no error.
+  // Every rank locks and unlocks rank 0's mutex many times at once: no deadlock, no error.
   std::vector<float> mine(4, 0.0f);
   ASSERT_TRUE(CreateRingWindow("mutex", mine).ok());
   WindowService& win = Runtime::Get().windows();
