@@ -24,6 +24,15 @@ int64_t ParseBytes(const char* var, const char* text) {
   return value;
 }
 
+bool ParseBool(const char* var, const char* text) {
+  const std::string s(text);
+  if (s == "1" || s == "true" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "off") return false;
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat("environment variable ", var, "='", text,
+                            "' is not one of 1, 0, true, false, on, off"));
+}
+
 LogLevel ParseLogLevel(const char* text) {
   std::string s(text);
   if (s == "trace") return LogLevel::kTrace;
@@ -44,6 +53,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_RING_THRESHOLD"))
     config.ring_threshold_bytes = ParseBytes("BLUEFOG_RING_THRESHOLD", v);
+  if (const char* v = lookup("BLUEFOG_HIERARCHICAL_ALLREDUCE"))
+    config.hierarchical_allreduce = ParseBool("BLUEFOG_HIERARCHICAL_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_CACHE_CAPACITY"))
     config.cache_capacity = ParseBytes("BLUEFOG_CACHE_CAPACITY", v);
   if (const char* v = lookup("BLUEFOG_CYCLE_TIME"))

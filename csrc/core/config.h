@@ -14,6 +14,8 @@ struct Config {
   int64_t fusion_threshold_bytes = 64 * 1024 * 1024;
   // Allreduces of at least this many bytes use bluefog's ring algorithm (0: always MPI_Allreduce).
   int64_t ring_threshold_bytes = 1024 * 1024;
+  // Large allreduces across hosts go hierarchically (within hosts, then across) when possible.
+  bool hierarchical_allreduce = true;
   // Extra time the background thread waits after the first new request, to batch more of them.
   double cycle_time_ms = 0.0;
   // Agreed requests remembered so that repeating one costs a bit per round (0: no cache).

@@ -63,6 +63,7 @@ void Runtime::Main(std::promise<void>* started) {
   try {
     info_ = transport_.Init();
     transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
+    transport_.set_hierarchical(config_.hierarchical_allreduce);
   } catch (...) {
     started->set_exception(std::current_exception());
     return;
@@ -82,7 +83,8 @@ void Runtime::Main(std::promise<void>* started) {
   world_->set_set_hook(
       [this](const Response& r, const Request* mine) { return OnSetResponse(r, mine); });
   started->set_value();
-  BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size);
+  BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size,
+         ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off");
 
   bool clean = world_->Run();
   // Every rank stops its process sets after the same final round of the global channel.

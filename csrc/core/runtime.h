@@ -34,6 +34,8 @@ class Runtime {
   bool running() const;
   // This rank in the whole job.
   const TransportInfo& info() const { return info_; }
+  // Whether large allreduces over every rank run hierarchically (several hosts).
+  bool hierarchical_allreduce() const { return transport_.hierarchical(); }
 
   // Validates locally and queues on the request's process set. A non-ok status means the
   // request was not queued and `done` will not be called.

@@ -107,6 +107,17 @@ TransportInfo MpiTransport::Init() {
   Check(MPI_Comm_rank(AsComm(local_comm_), &info.local_rank), "MPI_Comm_rank");
   Check(MPI_Comm_size(AsComm(local_comm_), &info.local_size), "MPI_Comm_size");
   Check(MPI_Op_create(&BluefogReduce, 1, &AsOp(bluefog_op_)), "MPI_Op_create");
+  local_rank_ = info.local_rank;
+  local_size_ = info.local_size;
+  // The hierarchical allreduce needs more than one host, more than one rank per host and the
+  // same number of ranks on every host (each local rank owns one slice).
+  int sizes[2] = {-info.local_size, info.local_size};  // min and max through one MPI_MAX
+  Check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, AsComm(comm_)), "MPI_Allreduce");
+  if (-sizes[0] == sizes[1] && info.local_size > 1 && info.local_size < size_) {
+    Check(MPI_Comm_split(AsComm(comm_), info.local_rank, rank_, &AsComm(cross_comm_)),
+          "MPI_Comm_split");
+    has_cross_comm_ = true;
+  }
 
   exchange_send_.assign(kSlotBytes, 0);
   exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * size_, 0);
@@ -147,6 +158,7 @@ void MpiTransport::Shutdown() {
   initialized_ = false;
   MPI_Op_free(&AsOp(bluefog_op_));
   if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));
+  if (has_cross_comm_) MPI_Comm_free(&AsComm(cross_comm_));
   MPI_Comm_free(&AsComm(comm_));
   if (owns_mpi_) {
     int finalized = 0;
@@ -222,7 +234,10 @@ void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType 
   BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
              "only a sum can be averaged (PlanAverage decides who divides)");
   const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
-  if (size_ > 1 && ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_ && count >= size_) {
+  const bool large = ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_;
+  if (large && hierarchical() && count >= local_size_ && count <= INT_MAX) {
+    HierarchicalAllreduce(in, out, count, dtype, op, divisor);
+  } else if (size_ > 1 && large && count >= size_) {
     RingAllreduce(in, out, count, dtype, op, divisor);
   } else {
     MpiAllreduce(in, out, count, dtype, op);
@@ -298,6 +313,51 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
                        AsComm(comm_), MPI_STATUS_IGNORE),
           "MPI_Sendrecv");
   }
+}
+
+// Within each host a reduce-scatter leaves local rank l with slice l of the host's sum; the
+// ranks with one local rank (one per host) allreduce that slice across the hosts, so every
+// local rank uses its own share of the links between hosts; an allgather within each host
+// puts the slices together. Across hosts each host sends and receives about 2 (H-1)/H of the
+// buffer in all, against 2 (N-1)/N per rank (L times as much per host) for a flat ring.
+void MpiTransport::HierarchicalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                         ReduceOp reduce, int64_t divisor) {
+  MPI_Op op = MPI_SUM;
+  if (reduce != ReduceOp::kSum || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
+    op = AsOp(bluefog_op_);
+    reduce_context = {dtype, reduce};
+  }
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  local_counts_.resize(local_size_);
+  local_displs_.resize(local_size_);
+  int offset = 0;
+  for (int l = 0; l < local_size_; ++l) {
+    local_counts_[l] = static_cast<int>(count / local_size_ + (l < count % local_size_ ? 1 : 0));
+    local_displs_[l] = offset;
+    offset += local_counts_[l];
+  }
+  const int mine = local_counts_[local_rank_];
+  char* slice = static_cast<char*>(out) + static_cast<int64_t>(local_displs_[local_rank_]) * elem;
+  // Reduce-scatter straight into this rank's slice of the output (in place when in == out).
+  const void* send = in == out ? MPI_IN_PLACE : in;
+  if (send == MPI_IN_PLACE) {
+    // MPI_Reduce_scatter in place leaves the result at the start of the buffer; move it into
+    // place after (the slice is at most 1/L of the buffer).
+    Check(MPI_Reduce_scatter(MPI_IN_PLACE, out, local_counts_.data(), ToMpi(dtype), op,
+                             AsComm(local_comm_)),
+          "MPI_Reduce_scatter");
+    if (slice != out) std::memmove(slice, out, static_cast<size_t>(mine) * elem);
+  } else {
+    Check(
+        MPI_Reduce_scatter(in, slice, local_counts_.data(), ToMpi(dtype), op, AsComm(local_comm_)),
+        "MPI_Reduce_scatter");
+  }
+  Check(MPI_Allreduce(MPI_IN_PLACE, slice, mine, ToMpi(dtype), op, AsComm(cross_comm_)),
+        "MPI_Allreduce");
+  if (divisor > 1) DivideBy(slice, mine, dtype, divisor);
+  Check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, local_counts_.data(),
+                       local_displs_.data(), ToMpi(dtype), AsComm(local_comm_)),
+        "MPI_Allgatherv");
 }
 
 void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype,

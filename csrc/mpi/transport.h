@@ -56,6 +56,11 @@ class MpiTransport {
   void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                  int64_t divisor = 1);
   void set_ring_threshold_bytes(int64_t bytes) { ring_threshold_bytes_ = bytes; }
+  // Large allreduces over several hosts run hierarchically (reduce within each host, allreduce
+  // across hosts, allgather within each host) when the job has more than one host, more than
+  // one rank on each and the same number on every host; `enabled` false keeps the flat ring.
+  void set_hierarchical(bool enabled) { hierarchical_enabled_ = enabled; }
+  bool hierarchical() const { return hierarchical_enabled_ && has_cross_comm_; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
   // rank receives its counts_per_rank[rank] elements into `out`, divided by `divisor` (kSum
   // only, as for Allreduce).
@@ -79,6 +84,8 @@ class MpiTransport {
   void MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
   void RingAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                      int64_t divisor);
+  void HierarchicalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                             int64_t divisor);
 
   bool initialized_ = false;
   bool owns_mpi_ = false;
@@ -87,6 +94,13 @@ class MpiTransport {
   void* comm_ = nullptr;  // MPI_Comm, kept opaque so this header does not include mpi.h
   void* local_comm_ = nullptr;
   bool has_local_comm_ = false;
+  void* cross_comm_ = nullptr;  // the ranks with this rank's local rank, one per host
+  bool has_cross_comm_ = false;
+  bool hierarchical_enabled_ = true;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  std::vector<int> local_counts_;
+  std::vector<int> local_displs_;
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;

@@ -25,6 +25,13 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.stall_check_seconds, 60.0);
   EXPECT_EQ(c.log_level, LogLevel::kWarning);
   EXPECT_TRUE(c.timeline_prefix.empty());
+  EXPECT_TRUE(c.hierarchical_allreduce);
+}
+
+TEST(Config, HierarchicalAllreduceSwitch) {
+  EXPECT_FALSE(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "0"}}).hierarchical_allreduce);
+  EXPECT_TRUE(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "on"}}).hierarchical_allreduce);
+  EXPECT_THROW(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "maybe"}}), BluefogError);
 }
 
 TEST(Config, ParsesValues) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -18,6 +19,12 @@ namespace bluefog {
 namespace {
 
 using namespace testing_util;
+
+TEST(RuntimeMpi, HierarchicalAllreduceWhereExpected) {
+  // Set by the two-pretend-hosts test: its allreduces must take the hierarchical path.
+  const bool expected = std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") != nullptr;
+  EXPECT_EQ(Runtime::Get().hierarchical_allreduce(), expected);
+}
 
 TEST(RuntimeMpi, AllreduceSumAndAverageFloat) {
   std::vector<float> in(1000);
