@@ -47,6 +47,20 @@ TEST(Wire, AlltoallCarriesItsSplits) {
   EXPECT_EQ(back.announcements[0].splits, a.splits);
 }
 
+TEST(Wire, WinFreeCarriesItsPendingCount) {
+  RoundMessage m;
+  TensorMeta f;
+  f.name = "w";
+  f.op = OpType::kWinFree;
+  f.dtype = DataType::kInt32;
+  f.splits = {3};
+  m.announcements = {f};
+  std::string bytes = EncodeRound(m);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  ASSERT_EQ(back.announcements.size(), 1u);
+  EXPECT_EQ(back.announcements[0].splits, f.splits);
+}
+
 TEST(Wire, NeighborAllgatherGradCarriesItsInputRows) {
   RoundMessage m;
   TensorMeta g;
