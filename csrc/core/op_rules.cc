@@ -59,7 +59,8 @@ int64_t ReducescatterFirstRow(int64_t rows, int size, int rank) {
 }
 
 std::string OpContext(OpType op, const std::string& name) {
-  return Concat("bluefog ", OpTypeName(op), " of tensor '", name, "'");
+  const bool window = op == OpType::kWinCreate || op == OpType::kWinFree;
+  return Concat("bluefog ", OpTypeName(op), window ? " of window '" : " of tensor '", name, "'");
 }
 
 Status OpError(StatusCode code, OpType op, const std::string& name, const std::string& what) {
