@@ -1,0 +1,397 @@
+"""One-sided windows (bf.win_*) on every rank, checked against a numpy model of the buffers.
+
+Rank ``r``'s value is ``value(r)`` (distinct per rank). A receive buffer is read back with
+``win_update(clone=True)`` and weights selecting that buffer alone. ``sync()`` (an allreduce)
+separates phases: a finished ``win_put`` is in the target's buffer, so after ``sync()`` every
+rank sees every other rank's writes. With one rank a window has no neighbours.
+"""
+
+import itertools
+import time
+
+import networkx as nx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bluefog.tensorflow as bf
+from bluefog.common import topology_util as tu
+
+from conftest import needs_ranks
+
+SHAPE = (2, 3)
+_sync_ids = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def clean_state():
+    bf.set_topology()
+    yield
+    bf.turn_off_win_ops_with_associated_p()
+    sync()
+    bf.win_free()
+    bf.set_topology()
+
+
+def sync():
+    bf.allreduce(tf.constant([0.0]), name=f"win.sync.{next(_sync_ids)}")
+
+
+def value(r, dtype=np.float32):
+    return (np.arange(6).reshape(SHAPE) + 10.0 * r + 1).astype(dtype)
+
+
+def buffer(name, src):
+    """This rank's receive buffer for in-neighbour `src` (resets its version to 0)."""
+    return bf.win_update(name, self_weight=0.0, neighbor_weights={src: 1.0}, clone=True).numpy()
+
+
+def buffers(name):
+    return {s: buffer(name, s) for s in bf.in_neighbor_ranks()}
+
+
+def pair_weight(src, dst):
+    """A per-edge weight, exact in float32."""
+    return 0.5 + 0.25 * dst + 0.125 * src
+
+
+# ---- Each operation against the model -----------------------------------------------------
+
+@pytest.mark.parametrize("zero_init", [False, True])
+@pytest.mark.parametrize("as_variable", [False, True])
+def test_create(zero_init, as_variable, rank, size):
+    x = value(rank)
+    t = tf.Variable(x) if as_variable else tf.constant(x)
+    assert bf.win_create(t, "w", zero_init=zero_init) is True
+    assert bf.window_names() == ["w"]
+    var = bf.window_variable("w")
+    assert (var is t) == as_variable
+    np.testing.assert_array_equal(var.numpy(), x)
+    assert sorted(bf.get_win_version("w")) == bf.in_neighbor_ranks()
+    assert set(bf.get_win_version("w").values()) <= {0}
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, np.zeros_like(x) if zero_init else x, err_msg=f"{s}")
+    assert bf.win_associated_p("w") == 1.0
+    # The published value is the initial tensor.
+    bf.win_get("w")
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, value(s))
+
+
+def test_put_default_and_per_call_weights(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w", zero_init=True)
+    assert bf.win_put(tf.constant(value(rank)), "w") is True
+    sync()
+    assert bf.get_win_version("w") == {s: 1 for s in bf.in_neighbor_ranks()}
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, value(s))
+    sync()
+    # Per-call weights to the first out-neighbour only; the others keep their buffer.
+    outs = bf.out_neighbor_ranks()
+    dst = {outs[0]: pair_weight(rank, outs[0])} if outs else {}
+    assert bf.win_put(tf.constant(2 * value(rank)), "w", dst_weights=dst) is True
+    sync()
+    for s, b in buffers("w").items():
+        first = min(r for r in bf.load_topology().successors(s) if r != s) == rank
+        want = 2 * value(s) * pair_weight(s, rank) if first else value(s)
+        np.testing.assert_array_equal(b, want, err_msg=f"buffer of {s}")
+
+
+def test_put_self_weight_publishes_scaled(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w")
+    bf.win_put(tf.constant(value(rank)), "w", self_weight=0.5)
+    np.testing.assert_array_equal(bf.window_variable("w").numpy(), 0.5 * value(rank))
+    sync()
+    bf.win_get("w")
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, 0.5 * value(s))
+
+
+def test_accumulate(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w")
+    dst = {d: pair_weight(rank, d) for d in bf.out_neighbor_ranks()}
+    bf.win_accumulate(tf.constant(value(rank)), "w", dst_weights=dst)
+    bf.win_accumulate(tf.constant(value(rank)), "w", dst_weights=dst)
+    sync()
+    assert bf.get_win_version("w") == {s: 2 for s in bf.in_neighbor_ranks()}
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, value(rank) + 2 * pair_weight(s, rank) * value(s))
+    assert set(bf.get_win_version("w").values()) <= {0}
+
+
+def test_get_with_src_weights(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w", zero_init=True)
+    src = {s: pair_weight(s, rank) for s in bf.in_neighbor_ranks()}
+    assert bf.win_get("w", src_weights=src) is True
+    assert bf.get_win_version("w") == {s: 1 for s in bf.in_neighbor_ranks()}
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, pair_weight(s, rank) * value(s))
+
+
+def weighted_graph(size):
+    """ExponentialGraph with distinct weights (each rank's in-weights and self-weight sum to 1)."""
+    g = tu.ExponentialGraph(size)
+    for v in range(size):
+        srcs = [u for u in g.predecessors(v) if u != v]
+        for u in srcs:
+            g[u][v]["weight"] = 0.125 * (1 + (u % 2))
+        g[v][v]["weight"] = 1.0 - sum(g[u][v]["weight"] for u in srcs)
+    return g
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("run", ["eager", "function"])
+def test_update_default_weights(weighted, run, rank, size):
+    if weighted:
+        bf.set_topology(weighted_graph(size), is_weighted=True)
+    var = tf.Variable(value(rank))
+    bf.win_create(var, "w", zero_init=True)
+
+    def step():
+        bf.win_put(tf.constant(value(rank)), "w")
+        return 0
+
+    (tf.function(step) if run == "function" else step)()
+    sync()
+
+    def update():
+        return bf.win_update("w")
+
+    out = (tf.function(update) if run == "function" else update)().numpy()
+    graph = bf.load_topology()
+
+    def model(r):
+        ins = sorted(u for u in graph.predecessors(r) if u != r)
+        if weighted:
+            sw, nw = tu.GetRecvWeights(graph, r)
+        else:
+            sw = 1.0 / (len(ins) + 1)
+            nw = {s: sw for s in ins}
+        return sw * value(r, np.float64) + sum(nw[s] * value(s, np.float64) for s in ins)
+
+    np.testing.assert_allclose(out, model(rank), rtol=1e-6)
+    np.testing.assert_array_equal(var.numpy(), out)  # the variable, updated in place
+    assert set(bf.get_win_version("w").values()) <= {0}
+    sync()
+    bf.win_get("w")  # what the neighbours publish now is their update
+    for s, b in buffers("w").items():
+        np.testing.assert_allclose(b, model(s), rtol=1e-6, err_msg=f"published by {s}")
+
+
+def test_update_explicit_weights_reset_clone(rank, size):
+    var = tf.Variable(value(rank))
+    bf.win_create(var, "w", zero_init=True)
+    bf.win_put(tf.constant(value(rank)), "w")
+    sync()
+    ins = bf.in_neighbor_ranks()
+    nw = {s: pair_weight(s, rank) for s in ins}
+    want = 0.25 * value(rank) + sum(nw[s] * value(s) for s in ins)
+    out = bf.win_update("w", self_weight=0.25, neighbor_weights=nw, clone=True)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    np.testing.assert_array_equal(var.numpy(), value(rank))  # clone: untouched
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, value(s))  # no reset
+    out = bf.win_update("w", self_weight=0.25, neighbor_weights=nw, reset=True)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    np.testing.assert_array_equal(var.numpy(), out.numpy())
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, np.zeros(SHAPE), err_msg=f"buffer of {s} after reset")
+
+
+def test_update_then_collect(rank, size):
+    var = tf.Variable(value(rank))
+    bf.win_create(var, "w", zero_init=True)
+    bf.win_accumulate(tf.constant(value(rank)), "w")
+    bf.win_accumulate(tf.constant(value(rank)), "w")
+    sync()
+    out = bf.win_update_then_collect("w").numpy()
+    want = value(rank) + sum(2 * value(s) for s in bf.in_neighbor_ranks())
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(var.numpy(), want)
+    for s, b in buffers("w").items():
+        np.testing.assert_array_equal(b, np.zeros(SHAPE))
+
+
+def test_single_rank_ops_are_noops(rank, size):
+    if size != 1:
+        pytest.skip("one rank only")
+    bf.win_create(tf.constant(value(0)), "w")
+    assert bf.get_win_version("w") == {}
+    assert bf.win_put(tf.constant(value(0)), "w") is True
+    assert bf.win_accumulate(tf.constant(value(0)), "w", self_weight=0.5) is True
+    np.testing.assert_array_equal(bf.window_variable("w").numpy(), 0.5 * value(0))
+    assert bf.win_get("w") is True
+    np.testing.assert_array_equal(bf.win_update("w").numpy(), 0.5 * value(0))
+    np.testing.assert_array_equal(bf.win_update_then_collect("w").numpy(), 0.5 * value(0))
+
+
+# ---- Versions and nonblocking handles ---------------------------------------------------
+
+def test_versions(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w")
+    ins = bf.in_neighbor_ranks()
+    for k in range(1, 4):
+        bf.win_put(tf.constant(value(rank)), "w")
+        sync()
+        assert bf.get_win_version("w") == {s: k for s in ins}
+        sync()
+    if ins:  # reading one buffer resets only its version
+        bf.win_update("w", self_weight=1.0, neighbor_weights={ins[0]: 0.0})
+        assert bf.get_win_version("w") == {s: 0 if s == ins[0] else 3 for s in ins}
+    bf.win_update("w")
+    assert bf.get_win_version("w") == {s: 0 for s in ins}
+
+    @tf.function
+    def versions():
+        return bf.get_win_version("w")
+
+    assert {s: int(v) for s, v in versions().items()} == {s: 0 for s in ins}
+
+
+def test_nonblocking_poll_wait(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w", zero_init=True)
+    for h in [bf.win_put_nonblocking(tf.constant(value(rank)), "w"),
+              bf.win_accumulate_nonblocking(tf.constant(value(rank)), "w"),
+              bf.win_get_nonblocking("w")]:
+        assert bf.win_poll(h) in (True, False)
+        assert bf.win_wait(h) is True
+        with pytest.raises(tf.errors.InvalidArgumentError, match="waited for already"):
+            bf.win_wait(h)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="waited for already"):
+            bf.win_poll(h)
+
+
+@needs_ranks(2)
+def test_nonblocking_stays_pending_while_target_locked(rank, size):
+    """Rank 0 holds its own mutex; rank 1's require_mutex put into rank 0 waits for it."""
+    bf.set_topology(tu.RingGraph(size))
+    bf.win_create(tf.constant(value(rank)), "w", zero_init=True)
+    if rank == 0:
+        with bf.win_mutex("w", for_self=True):
+            sync()
+            sync()
+    else:
+        sync()
+        h = None
+        if rank == 1:
+            h = bf.win_put_nonblocking(tf.constant(value(1)), "w", dst_weights={0: 1.0},
+                                       require_mutex=True)
+            for _ in range(20):
+                time.sleep(0.01)
+                assert bf.win_poll(h) is False
+        sync()
+        if h is not None:
+            assert bf.win_wait(h) is True
+    sync()
+    if rank == 0:
+        np.testing.assert_array_equal(buffer("w", 1), value(1))
+
+
+# ---- Errors: clear, on the calling rank, naming the rank, the op and the window ----------
+
+def raises(exc, op, name, match=None):
+    """pytest.raises that also checks the message names this rank, `op` and window `name`."""
+    class Check:
+        def __enter__(self):
+            self.ctx = pytest.raises(exc, match=match)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *a):
+            out = self.ctx.__exit__(*a)
+            msg = str(self.info.value)
+            for part in (f"rank {bf.rank()}", op, repr(name) if name else ""):
+                assert part in msg, f"{part!r} not in {msg!r}"
+            return out
+
+    return Check()
+
+
+def test_errors_unknown_window(rank, size):
+    x = tf.constant(value(rank))
+    for op, call in [("win_put", lambda: bf.win_put(x, "nope")),
+                     ("win_accumulate", lambda: bf.win_accumulate(x, "nope")),
+                     ("win_get", lambda: bf.win_get("nope")),
+                     ("win_update", lambda: bf.win_update("nope")),
+                     ("win_mutex", lambda: bf.win_mutex("nope").__enter__()),
+                     ("get_win_version", lambda: bf.get_win_version("nope")),
+                     ("win_free", lambda: bf.win_free("nope"))]:
+        with raises(ValueError, op, "nope", match="no window"):
+            call()
+
+
+def test_errors_tensor_and_create(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w")
+    with raises(ValueError, "win_put", "w", match=r"shape \[5\]"):
+        bf.win_put(tf.zeros([5]), "w")
+    with raises(ValueError, "win_accumulate", "w", match="float64"):
+        bf.win_accumulate(tf.constant(value(rank, np.float64)), "w")
+    with raises(ValueError, "win_create", "w", match="exists already"):
+        bf.win_create(tf.constant(value(rank)), "w")
+    with raises(TypeError, "win_create", "i", match="int32"):
+        bf.win_create(tf.constant([1, 2, 3]), "i")
+    assert bf.window_names() == ["w"]
+
+    # A shape that only the kernel sees (unknown while tracing) is refused there.
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def put(t):
+        return bf.win_put(t, "w")
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"rank \d+: bluefog win_put of "
+                       r"window 'w': the tensor is float32 of shape \[2, 4\]"):
+        put(tf.zeros([2, 4]))
+    # The window still works.
+    assert bf.win_put(tf.constant(value(rank)), "w") is True
+
+
+def test_errors_neighbours_and_weights(rank, size):
+    bf.win_create(tf.constant(value(rank)), "w")
+    x = tf.constant(value(rank))
+    with raises(ValueError, "win_put", "w", match=f"rank {rank}, which is not an out-neighbor"):
+        bf.win_put(x, "w", dst_weights={rank: 1.0})
+    with raises(ValueError, "win_accumulate", "w", match=f"rank {size}, which is not an out"):
+        bf.win_accumulate(x, "w", dst_weights={size: 1.0})
+    with raises(ValueError, "win_get", "w", match=f"rank {rank}, which is not an in-neighbor"):
+        bf.win_get("w", src_weights={rank: 1.0})
+    with raises(ValueError, "win_update", "w", match=f"rank {rank}, which is not an in-neighbor"):
+        bf.win_update("w", self_weight=0.5, neighbor_weights={rank: 0.5})
+    with raises(ValueError, "win_update", "w", match="given together"):
+        bf.win_update("w", self_weight=0.5)
+    with raises(ValueError, "win_update", "w", match="given together"):
+        bf.win_update("w", neighbor_weights={})
+    with raises(tf.errors.InvalidArgumentError, "win_mutex", "w", match="distinct ranks"):
+        bf.win_mutex("w", ranks=[size]).__enter__()
+    if size >= 4:  # ExponentialGraph(4): rank r sends to r+1 and r+2, not r+3
+        other = (rank + 3) % size
+        with raises(ValueError, "win_put", "w", match=f"rank {other}, which is not an out"):
+            bf.win_put(x, "w", dst_weights={other: 1.0})
+        with raises(ValueError, "win_get", "w", match=f"rank {(rank + 1) % size}, which"):
+            bf.win_get("w", src_weights={(rank + 1) % size: 1.0})
+
+
+@needs_ranks(2)
+def test_error_free_with_pending_op(rank, size):
+    """Rank 1's require_mutex put waits for rank 0's mutex, so win_free fails on every rank."""
+    bf.set_topology(tu.RingGraph(size))
+    bf.win_create(tf.constant(value(rank)), "w")
+    h = None
+    if rank == 0:
+        with bf.win_mutex("w", for_self=True):
+            sync()
+            with pytest.raises(tf.errors.FailedPreconditionError,
+                               match="rank 1 has 1 window") as info:
+                bf.win_free("w")
+    else:
+        sync()
+        if rank == 1:
+            h = bf.win_put_nonblocking(tf.constant(value(1)), "w", dst_weights={0: 1.0},
+                                       require_mutex=True)
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match="rank 1 has 1 window") as info:
+            bf.win_free("w")
+    if h is not None:
+        assert bf.win_wait(h) is True
+    assert "bluefog win_free of window 'w'" in str(info.value)
+    assert bf.window_names() == ["w"]
+    bf.win_free("w")
+    assert bf.window_names() == []
