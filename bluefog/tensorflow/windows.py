@@ -211,7 +211,10 @@ def _put(tensor, name, self_weight, dst_weights, require_mutex, accumulate):
         # torch scales the tensor in place after sending it; here the window's variable takes
         # the scaled value.
         with tf.control_dependencies([handle]):
-            w.variable.assign(tensor * tf.cast(sw, tensor.dtype))
+            # tf.constant, not tf.cast: tf.cast(python float) goes through float32 first, so a
+            # float64 variable would hold tensor * float32(w) while the core publishes
+            # tensor * w (push-sum then loses mass, ~1e-8 relative per step with w = 1/3).
+            w.variable.assign(tensor * tf.constant(sw, tensor.dtype))
     return handle
 
 
