@@ -6,10 +6,8 @@ separates phases: a finished ``win_put`` is in the target's buffer, so after ``s
 rank sees every other rank's writes. With one rank a window has no neighbours.
 """
 
-import itertools
 import time
 
-import networkx as nx
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,7 +18,6 @@ from bluefog.common import topology_util as tu
 from conftest import needs_ranks
 
 SHAPE = (2, 3)
-_sync_ids = itertools.count()
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +31,7 @@ def clean_state():
 
 
 def sync():
-    bf.allreduce(tf.constant([0.0]), name=f"win.sync.{next(_sync_ids)}")
+    bf.allreduce(tf.constant([0.0]), name="win.sync")
 
 
 def value(r, dtype=np.float32):
@@ -97,14 +94,18 @@ def test_put_default_and_per_call_weights(rank, size):
         np.testing.assert_array_equal(b, want, err_msg=f"buffer of {s}")
 
 
-def test_put_self_weight_publishes_scaled(rank, size):
-    bf.win_create(tf.constant(value(rank)), "w")
-    bf.win_put(tf.constant(value(rank)), "w", self_weight=0.5)
-    np.testing.assert_array_equal(bf.window_variable("w").numpy(), 0.5 * value(rank))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_put_self_weight_publishes_scaled(dtype, rank, size):
+    """The variable and the published value are both tensor * self_weight, rounded once in the
+    tensor's dtype (1/3 is not exact in any float format)."""
+    bf.win_create(tf.constant(value(rank, dtype)), "w")
+    bf.win_put(tf.constant(value(rank, dtype)), "w", self_weight=1 / 3)
+    np.testing.assert_array_equal(bf.window_variable("w").numpy(),
+                                  value(rank, dtype) * dtype(1 / 3))
     sync()
     bf.win_get("w")
     for s, b in buffers("w").items():
-        np.testing.assert_array_equal(b, 0.5 * value(s))
+        np.testing.assert_array_equal(b, value(s, dtype) * dtype(1 / 3))
 
 
 def test_accumulate(rank, size):
@@ -198,18 +199,20 @@ def test_update_explicit_weights_reset_clone(rank, size):
         np.testing.assert_array_equal(b, np.zeros(SHAPE), err_msg=f"buffer of {s} after reset")
 
 
-def test_update_then_collect(rank, size):
-    var = tf.Variable(value(rank))
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+def test_update_then_collect(dtype, rank, size):
+    var = tf.Variable(tf.constant(value(rank), dtype))  # small integers: exact in every dtype
     bf.win_create(var, "w", zero_init=True)
-    bf.win_accumulate(tf.constant(value(rank)), "w")
-    bf.win_accumulate(tf.constant(value(rank)), "w")
+    bf.win_accumulate(tf.constant(value(rank), dtype), "w")
+    bf.win_accumulate(tf.constant(value(rank), dtype), "w")
     sync()
-    out = bf.win_update_then_collect("w").numpy()
+    out = bf.win_update_then_collect("w")
+    assert out.dtype == dtype
     want = value(rank) + sum(2 * value(s) for s in bf.in_neighbor_ranks())
-    np.testing.assert_array_equal(out, want)
-    np.testing.assert_array_equal(var.numpy(), want)
+    np.testing.assert_array_equal(out.numpy().astype(np.float32), want)
+    np.testing.assert_array_equal(var.numpy().astype(np.float32), want)
     for s, b in buffers("w").items():
-        np.testing.assert_array_equal(b, np.zeros(SHAPE))
+        np.testing.assert_array_equal(b.astype(np.float32), np.zeros(SHAPE), err_msg=f"{s}")
 
 
 def test_single_rank_ops_are_noops(rank, size):
@@ -279,9 +282,14 @@ def test_nonblocking_stays_pending_while_target_locked(rank, size):
             for _ in range(20):
                 time.sleep(0.01)
                 assert bf.win_poll(h) is False
+            g = bf.win_get_nonblocking("w", src_weights={0: 2.0}, require_mutex=True)
+            time.sleep(0.1)
+            assert bf.win_poll(g) is False
         sync()
         if h is not None:
             assert bf.win_wait(h) is True
+            assert bf.win_wait(g) is True
+            np.testing.assert_array_equal(buffer("w", 0), 2 * value(0))
     sync()
     if rank == 0:
         np.testing.assert_array_equal(buffer("w", 1), value(1))
@@ -342,6 +350,18 @@ def test_errors_tensor_and_create(rank, size):
         put(tf.zeros([2, 4]))
     # The window still works.
     assert bf.win_put(tf.constant(value(rank)), "w") is True
+
+
+@needs_ranks(2)
+def test_error_create_mismatch(rank, size):
+    """Ranks that disagree on the shape or dtype all get an error; no window is made."""
+    for t, what in [(tf.zeros([2 + rank]), "shape"),
+                    (tf.zeros([2], tf.float16 if rank else tf.float32), "dtype")]:
+        with raises(tf.errors.FailedPreconditionError, "win_create", "w",
+                    match=f"ranks disagree on the {what}"):
+            bf.win_create(t, "w")
+        assert bf.window_names() == []
+    assert bf.win_create(tf.zeros([2]), "w") is True
 
 
 def test_errors_neighbours_and_weights(rank, size):
