@@ -85,7 +85,6 @@ def mutex_roles(rank, n, rounds, final):
             if all(final in s for s in seen.values()):
                 break
         assert all(final in s for s in seen.values()), f"the last writes never arrived: {seen}"
-        assert len(seen[1] | seen[2]) > 2, "the reads never overlapped the writes"
 
 
 @pytest.mark.parametrize("require_mutex", [False, True])
