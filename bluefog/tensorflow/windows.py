@@ -294,10 +294,11 @@ def win_poll(handle):
 
 def _update(name: str, value, self_weight: float, ranks: List[int], weights: List[float],
             reset: bool, publish: bool):
+    # A clone (publish=False) leaves this rank's push-sum weight as it is, like its value.
     return ops.bluefog_win_update(value, name_input(name), const_input(float(self_weight),
                                                                        tf.float64),
                                   const_input(ranks, tf.int32), const_input(weights, tf.float64),
-                                  reset=reset, publish=publish, with_p=_with_p[0])
+                                  reset=reset, publish=publish, with_p=_with_p[0] and publish)
 
 
 def win_update(name: str, self_weight: Optional[float] = None,
@@ -308,8 +309,9 @@ def win_update(name: str, self_weight: Optional[float] = None,
     ``self_weight * value + sum_r neighbor_weights[r] * buffer[r]``; without weights, the
     topology's weights as of ``win_create`` (uniform ``1/(in-degree+1)`` when it is not
     weighted). ``self_weight`` and ``neighbor_weights`` go together. The buffers read get version
-    0; with ``reset`` they become zero. The result is assigned to the window's variable and
-    published (unless ``clone``) and returned. ``require_mutex`` holds this rank's own mutex of
+    0; with ``reset`` they become zero (also with ``clone``). The result is assigned to the
+    window's variable and published, and the push-sum weight updated, unless ``clone``; it is
+    returned. ``require_mutex`` holds this rank's own mutex of
     the window, so no neighbour's ``require_mutex`` put lands in the middle.
     """
     w = _window("win_update", name)
@@ -343,7 +345,8 @@ def win_mutex(name: str, for_self: bool = False, ranks: Optional[List[int]] = No
     """Holds the window's mutex on ``ranks`` (default: the out-neighbours; ``for_self``: this
     rank's own) for the body. Ranks are locked one at a time in ascending order, so two callers
     cannot deadlock; puts, accumulates and gets with ``require_mutex`` and updates with
-    ``require_mutex`` on those ranks wait while it is held."""
+    ``require_mutex`` on those ranks wait while it is held. Asking again for a mutex this rank
+    holds (``require_mutex`` inside ``win_mutex`` on the same rank) is an error, not a wait."""
     w = _window("win_mutex", name)
     if for_self:
         ranks = [basics.rank()]

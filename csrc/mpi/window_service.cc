@@ -66,6 +66,7 @@ double Now() {
 // time, in ascending order, so two operations that lock overlapping ranks cannot deadlock.
 struct WindowService::Op {
   int64_t handle = 0;
+  const char* name = "";  // "win_put", ...: for its errors
   std::shared_ptr<Entry> entry;
   struct Step {
     Kind kind;
@@ -247,6 +248,7 @@ int64_t WindowService::Put(const std::string& name, const void* data, DataType d
   CheckTensor(opname, *e, dtype, shape);
   CheckRanks(opname, *e, dsts, weights, true);
   auto op = std::make_unique<Op>();
+  op->name = opname;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     op->payload = TakeBuffer(*e);
@@ -270,6 +272,7 @@ int64_t WindowService::Get(const std::string& name, const std::vector<int32_t>& 
   std::shared_ptr<Entry> e = Find("win_get", name);
   CheckRanks("win_get", *e, srcs, weights, false);
   auto op = std::make_unique<Op>();
+  op->name = "win_get";
   std::vector<int32_t> sorted = srcs;
   std::sort(sorted.begin(), sorted.end());
   if (require_mutex && !srcs.empty()) {
@@ -292,6 +295,7 @@ int64_t WindowService::Mutex(const std::string& name, std::vector<int32_t> ranks
                              .message());
   }
   auto op = std::make_unique<Op>();
+  op->name = "win_mutex";
   op->steps.push_back({lock ? kLock : kUnlock, ranks, {}});
   return Queue(std::move(op), e);
 }
@@ -428,7 +432,8 @@ void WindowService::Loop() {
   std::vector<int64_t> left;
   for (auto& [h, op] : running_) left.push_back(h);
   for (int64_t h : left) {
-    running_[h]->status = Status(StatusCode::kAborted, reason);
+    Op* op = running_[h].get();
+    op->status = WinError(StatusCode::kAborted, op->name, op->entry->window->spec().name, reason);
     running_[h]->outstanding = 0;
     running_[h]->steps.clear();
     running_[h]->unlock_granted = false;
@@ -619,10 +624,9 @@ void WindowService::Receive(int src) {
     if (it != by_id_.end()) e = it->second;
   }
   auto refuse = [&](const std::string& what) {
-    SendError(src, h.window, h.op,
-              Status(StatusCode::kInvalidArgument, Concat("rank ", rank_, ": ", what)));
+    SendError(src, h.window, h.op, Status(StatusCode::kInvalidArgument, what));
   };
-  if (!e) return refuse("it has no such window (it was freed, or not created on this rank)");
+  if (!e) return refuse("it has no such window (freed, or not created there)");
   Window& w = *e->window;
   const std::string& name = w.spec().name;
   switch (h.kind) {
@@ -650,6 +654,10 @@ void WindowService::Receive(int src) {
       return;
     }
     case kLock:
+      if (e->holder == src)
+        return refuse(Concat("rank ", src, " asks for the mutex of window '", name,
+                             "', which it holds already (a require_mutex operation or win_mutex "
+                             "inside win_mutex on the same rank would wait for itself)"));
       if (e->holder < 0) {
         e->holder = src;
         Send(src, kGrant, h.window, h.op, 0, 0, nullptr, 0);

@@ -415,3 +415,15 @@ def test_error_free_with_pending_op(rank, size):
     assert bf.window_names() == ["w"]
     bf.win_free("w")
     assert bf.window_names() == []
+
+
+def test_error_mutex_asked_again_by_its_holder(rank, size):
+    """require_mutex inside win_mutex on the same rank fails instead of waiting for itself."""
+    bf.win_create(tf.constant(value(rank)), "w")
+    with bf.win_mutex("w", for_self=True):
+        with raises(tf.errors.InvalidArgumentError, "win_mutex", "w",
+                    match=f"rank {rank} refused: rank {rank} asks for the mutex of window 'w', "
+                          "which it holds already"):
+            bf.win_update("w", require_mutex=True)
+    # Released: taking it again works.
+    bf.win_update("w", require_mutex=True)
