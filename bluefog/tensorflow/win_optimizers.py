@@ -37,8 +37,10 @@ __all__ = ["DistributedWinPutOptimizer", "DistributedPushSumOptimizer"]
 def _groups(variables) -> Dict[tf.DType, List[int]]:
     by_dtype: Dict[tf.DType, List[int]] = {}
     for i, v in enumerate(variables):
-        if v.dtype in op_rules.FLOAT_DTYPES:
-            by_dtype.setdefault(v.dtype, []).append(i)
+        # Keras 3 variables give their dtype as a str ("float32"), tf.Variables as a tf.DType.
+        dtype = tf.as_dtype(v.dtype)
+        if dtype in op_rules.FLOAT_DTYPES:
+            by_dtype.setdefault(dtype, []).append(i)
     return by_dtype
 
 
