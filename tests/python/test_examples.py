@@ -54,6 +54,14 @@ def test_decentralized_example_learns():
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("optimizer", ["winput", "pushsum"])
+def test_async_example_learns_with_a_straggler(optimizer):
+    out = run_example(["examples/async_digits.py", "--optimizer", optimizer, "--epochs", "5",
+                       "--straggler-ms", "2"])
+    assert accuracy(out, r"test accuracy rank 0: ([\d.]+)") > 0.85
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("compression", ["none", "bf16"])
 def test_synthetic_benchmark_reports_throughput(compression):
     out = run_example(["examples/synthetic_benchmark.py", "--num-iters", "2",
