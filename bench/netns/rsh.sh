@@ -9,4 +9,8 @@ ns="bfnv${host##*.}"
 TMPDIR="/tmp/$ns"
 mkdir -p "$TMPDIR"
 export TMPDIR
+# Shared memory between the ranks of one pretend host: Open MPI names its segments after the
+# host name and local rank, which every namespace shares, so each host keeps them in its own
+# directory (otherwise local rank 0 of two hosts map the same segment and crash).
+export OMPI_MCA_btl_vader_backing_directory="$TMPDIR"
 exec ip netns exec "$ns" /bin/sh -c "$*"

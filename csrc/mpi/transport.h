@@ -60,7 +60,7 @@ class MpiTransport {
   // across hosts, allgather within each host) when the job has more than one host, more than
   // one rank on each and the same number on every host; `enabled` false keeps the flat ring.
   void set_hierarchical(bool enabled) { hierarchical_enabled_ = enabled; }
-  bool hierarchical() const { return hierarchical_enabled_ && has_cross_comm_; }
+  bool hierarchical() const { return hierarchical_enabled_ && cross_ != nullptr; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
   // rank receives its counts_per_rank[rank] elements into `out`, divided by `divisor` (kSum
   // only, as for Allreduce).
@@ -81,6 +81,8 @@ class MpiTransport {
 
  private:
   void Check(int code, const char* call) const;
+  // A transport over `comm` (an MPI_Comm this process owns), which it frees at Shutdown.
+  std::unique_ptr<MpiTransport> Adopt(void* comm);
   void MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
   void RingAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                      int64_t divisor);
@@ -94,8 +96,8 @@ class MpiTransport {
   void* comm_ = nullptr;  // MPI_Comm, kept opaque so this header does not include mpi.h
   void* local_comm_ = nullptr;
   bool has_local_comm_ = false;
-  void* cross_comm_ = nullptr;  // the ranks with this rank's local rank, one per host
-  bool has_cross_comm_ = false;
+  // Over the ranks with this rank's local rank, one per host (hierarchical allreduce only).
+  std::unique_ptr<MpiTransport> cross_;
   bool hierarchical_enabled_ = true;
   int local_rank_ = 0;
   int local_size_ = 1;
