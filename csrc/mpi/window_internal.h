@@ -1,0 +1,108 @@
+// Shared by the window service's two halves (window_service.cc: the calling threads, create and
+// free; window_thread.cc: the service thread): the wire format of its messages and the state
+// of one operation and one window. Not part of any interface.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi/window_service.h"
+
+namespace bluefog {
+namespace window_internal {
+
+constexpr int kHeaderTag = 71;
+constexpr int kDataTag = 72;
+// The thread polls for messages; after a quiet spell it waits longer between polls, up to this
+// (which bounds how long an idle target takes to notice a put).
+constexpr auto kMinPause = std::chrono::microseconds(20);
+constexpr auto kMaxPause = std::chrono::microseconds(1000);
+// How long Stop keeps serving the other ranks' last messages before it gives up on them.
+constexpr double kDrainSeconds = 1.0;
+
+enum Kind : int32_t {
+  kPut = 1,
+  kAccumulate,
+  kAck,  // code != 0: an error, its text as data
+  kGetRequest,
+  kGetReply,
+  kLock,
+  kGrant,
+  kUnlock,
+};
+
+struct Header {
+  int32_t kind;
+  int32_t window;
+  int64_t op;  // the sender's handle, echoed in the reply
+  double weight;
+  double p;
+  int64_t bytes;  // of the data message that follows (0: none)
+  int32_t code;
+  int32_t pad;
+};
+
+inline MPI_Comm& AsComm(void*& p) { return *reinterpret_cast<MPI_Comm*>(&p); }
+
+inline void CheckMpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw BluefogError(StatusCode::kInternal, Concat(call, " failed: ", std::string(text, len)));
+}
+
+inline std::string RanksText(const std::vector<int32_t>& ranks) {
+  return ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end()));
+}
+
+inline double Now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace window_internal
+
+// One step of an operation: messages of one kind to some ranks; a lock step asks one rank at a
+// time, in ascending order, so two operations that lock overlapping ranks cannot deadlock.
+struct WindowService::Op {
+  int64_t handle = 0;
+  const char* name = "";  // "win_put", ...: for its errors
+  std::shared_ptr<Entry> entry;
+  struct Step {
+    window_internal::Kind kind;
+    std::vector<int32_t> ranks;
+    std::vector<double> weights;
+  };
+  std::deque<Step> steps;
+  bool unlock_granted = false;  // a final unlock of what this op's lock step was granted
+  std::vector<int32_t> granted;
+  std::shared_ptr<std::vector<char>> payload;  // put / accumulate: the data
+  double p = 1.0;                              // the sender's push-sum weight (before weights)
+  bool with_p = false;
+  int outstanding = 0;
+  Status status;
+};
+
+struct WindowService::Entry {
+  std::shared_ptr<Window> window;
+  // Send buffers, reused: one is free when only this list holds it.
+  std::vector<std::shared_ptr<std::vector<char>>> pool;
+  int pending = 0;  // operations not yet finished
+  // The mutex other ranks lock on this rank (service thread only).
+  int holder = -1;
+  std::deque<std::pair<int, int64_t>> waiters;
+};
+
+struct WindowService::Outgoing {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::unique_ptr<window_internal::Header> header;
+  std::shared_ptr<std::vector<char>> data;
+};
+
+}  // namespace bluefog

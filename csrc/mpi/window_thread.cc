@@ -1,0 +1,342 @@
+// The window service's thread: polls for messages, serves the other ranks' requests to this
+// rank's windows and drives this rank's own operations (the protocol: window_service.h).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "mpi/window_internal.h"
+#include "mpi/window_service.h"
+
+namespace bluefog {
+
+using namespace window_internal;
+
+void WindowService::Loop() {
+  auto pause = kMinPause;
+  while (true) {
+    std::deque<std::unique_ptr<Op>> fresh;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (stop_) break;
+      fresh.swap(queue_);
+    }
+    bool worked = !fresh.empty();
+    try {
+      for (auto& op : fresh) {
+        Op* raw = op.get();
+        running_[raw->handle] = std::move(op);
+        Advance(raw);
+      }
+      for (int k = 0; k < 64; ++k) {
+        int flag = 0;
+        MPI_Status st;
+        CheckMpi(MPI_Iprobe(MPI_ANY_SOURCE, kHeaderTag, AsComm(comm_), &flag, &st), "MPI_Iprobe");
+        if (!flag) break;
+        Receive(st.MPI_SOURCE);
+        worked = true;
+      }
+      worked |= TestOutgoing();
+    } catch (const std::exception& e) {
+      // An MPI failure: nothing more can be trusted to arrive.
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      stop_reason_ = Concat("the window service failed: ", e.what());
+      break;
+    }
+    if (worked) {
+      pause = kMinPause;
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait_for(lock, pause, [this] { return stop_ || !queue_.empty(); });
+    pause = std::min(pause * 2, std::chrono::duration_cast<std::chrono::microseconds>(kMaxPause));
+  }
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reason = stop_reason_;
+  }
+  std::vector<int64_t> left;
+  for (auto& [h, op] : running_) left.push_back(h);
+  for (int64_t h : left) {
+    Op* op = running_[h].get();
+    op->status = WinError(StatusCode::kAborted, op->name, op->entry->window->spec().name, reason);
+    running_[h]->outstanding = 0;
+    running_[h]->steps.clear();
+    running_[h]->unlock_granted = false;
+    Advance(running_[h].get());
+  }
+  Drain();
+}
+
+void WindowService::Send(int dst, int kind, int window, int64_t op, double weight, double p,
+                         std::shared_ptr<std::vector<char>> data, int64_t bytes) {
+  outgoing_.emplace_back();
+  Outgoing& out = outgoing_.back();
+  out.header = std::make_unique<Header>(Header{kind, window, op, weight, p, bytes, 0, 0});
+  out.data = std::move(data);
+  CheckMpi(MPI_Isend(out.header.get(), sizeof(Header), MPI_BYTE, dst, kHeaderTag, AsComm(comm_),
+                     &out.request),
+           "MPI_Isend");
+  if (bytes > 0) {
+    outgoing_.emplace_back();
+    Outgoing& body = outgoing_.back();
+    body.data = out.data;
+    CheckMpi(MPI_Isend(body.data->data(), static_cast<int>(bytes), MPI_BYTE, dst, kDataTag,
+                       AsComm(comm_), &body.request),
+             "MPI_Isend");
+  }
+}
+
+void WindowService::SendError(int dst, int window, int64_t op, const Status& status) {
+  auto text = std::make_shared<std::vector<char>>(status.message().begin(), status.message().end());
+  outgoing_.emplace_back();
+  Outgoing& out = outgoing_.back();
+  out.header =
+      std::make_unique<Header>(Header{kAck, window, op, 0, 0, static_cast<int64_t>(text->size()),
+                                      static_cast<int32_t>(status.code()), 0});
+  out.data = text;
+  CheckMpi(MPI_Isend(out.header.get(), sizeof(Header), MPI_BYTE, dst, kHeaderTag, AsComm(comm_),
+                     &out.request),
+           "MPI_Isend");
+  if (!text->empty()) {
+    outgoing_.emplace_back();
+    Outgoing& body = outgoing_.back();
+    body.data = text;
+    CheckMpi(MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_BYTE, dst, kDataTag,
+                       AsComm(comm_), &body.request),
+             "MPI_Isend");
+  }
+}
+
+bool WindowService::TestOutgoing() {
+  bool any = false;
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    int done = 0;
+    CheckMpi(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) {
+      it = outgoing_.erase(it);
+      any = true;
+    } else {
+      ++it;
+    }
+  }
+  return any;
+}
+
+// Sends the next step's messages, or finishes the op once nothing is outstanding.
+void WindowService::Advance(Op* op) {
+  while (op->outstanding == 0) {
+    if (!op->status.ok()) {
+      // After a failure only the release of what was granted still runs.
+      op->steps.clear();
+    }
+    if (op->steps.empty()) {
+      if (op->unlock_granted && !op->granted.empty()) {
+        op->unlock_granted = false;
+        op->steps.push_back({kUnlock, op->granted, {}});
+        op->granted.clear();
+        // Sent even after a failure: the lock must not stay held.
+        const int window = op->entry->window->id();
+        for (int32_t r : op->steps.front().ranks) {
+          Send(r, kUnlock, window, op->handle, 0, 0, nullptr, 0);
+          ++op->outstanding;
+        }
+        op->steps.clear();
+        continue;
+      }
+      Finish(op->handle);
+      return;
+    }
+    Op::Step& step = op->steps.front();
+    const int window = op->entry->window->id();
+    if (step.ranks.empty()) {
+      op->steps.pop_front();
+      continue;
+    }
+    if (step.kind == kLock) {
+      // One rank at a time, ascending.
+      const int32_t r = step.ranks.front();
+      step.ranks.erase(step.ranks.begin());
+      if (step.ranks.empty()) op->steps.pop_front();
+      Send(r, kLock, window, op->handle, 0, 0, nullptr, 0);
+      op->granted.push_back(r);  // released by the final unlock even if the grant fails
+      op->outstanding = 1;
+      return;
+    }
+    Op::Step s = std::move(step);
+    op->steps.pop_front();
+    for (size_t k = 0; k < s.ranks.size(); ++k) {
+      const double w = s.weights.empty() ? 1.0 : s.weights[k];
+      switch (s.kind) {
+        case kPut:
+        case kAccumulate:
+          Send(s.ranks[k], s.kind, window, op->handle, w, op->with_p ? op->p * w : 0.0, op->payload,
+               static_cast<int64_t>(op->payload->size()));
+          break;
+        default: Send(s.ranks[k], s.kind, window, op->handle, w, 0, nullptr, 0); break;
+      }
+      ++op->outstanding;
+    }
+  }
+}
+
+void WindowService::Finish(int64_t handle) {
+  Status status;
+  std::shared_ptr<Entry> entry;
+  auto op_it = running_.find(handle);
+  const bool was_running = op_it != running_.end();
+  if (was_running) {
+    status = op_it->second->status;
+    entry = op_it->second->entry;
+    running_.erase(op_it);
+  }
+  std::function<void(const Status&)> waiter;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entry) --entry->pending;
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) return;
+    if (!was_running) status = it->second.status;  // failed before it started
+    if (it->second.waiter) {
+      waiter = std::move(it->second.waiter);
+      handles_.erase(it);
+    } else {
+      it->second.done = true;
+      it->second.status = status;
+    }
+  }
+  if (waiter) waiter(status);
+}
+
+void WindowService::Receive(int src) {
+  Header h;
+  CheckMpi(
+      MPI_Recv(&h, sizeof(Header), MPI_BYTE, src, kHeaderTag, AsComm(comm_), MPI_STATUS_IGNORE),
+      "MPI_Recv");
+  if (h.bytes > 0) {
+    if (scratch_.size() < static_cast<size_t>(h.bytes)) scratch_.resize(h.bytes);
+    CheckMpi(MPI_Recv(scratch_.data(), static_cast<int>(h.bytes), MPI_BYTE, src, kDataTag,
+                      AsComm(comm_), MPI_STATUS_IGNORE),
+             "MPI_Recv");
+  }
+  // Replies to this rank's own operations.
+  if (h.kind == kAck || h.kind == kGrant || h.kind == kGetReply) {
+    auto it = running_.find(h.op);
+    if (it == running_.end()) return;  // failed by a stop in the meantime
+    Op* op = it->second.get();
+    if (h.kind == kAck && h.code != 0 && op->status.ok()) {
+      op->status =
+          Status(static_cast<StatusCode>(h.code),
+                 Concat("rank ", src, " refused: ", std::string(scratch_.data(), h.bytes)));
+    }
+    if (h.kind == kGetReply) {
+      if (static_cast<size_t>(h.bytes) == op->entry->window->bytes()) {
+        op->entry->window->Write(src, scratch_.data(), h.weight, h.weight * h.p, false);
+      } else if (op->status.ok()) {
+        op->status = Status(StatusCode::kInternal,
+                            Concat("rank ", src, " sent ", h.bytes, " bytes for a window of ",
+                                   op->entry->window->bytes()));
+      }
+    }
+    if (op->outstanding > 0) --op->outstanding;
+    Advance(op);
+    return;
+  }
+  // Requests from other ranks (or this one) to this rank's windows.
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = by_id_.find(h.window);
+    if (it != by_id_.end()) e = it->second;
+  }
+  auto refuse = [&](const std::string& what) {
+    SendError(src, h.window, h.op, Status(StatusCode::kInvalidArgument, what));
+  };
+  if (!e) return refuse("it has no such window (freed, or not created there)");
+  Window& w = *e->window;
+  const std::string& name = w.spec().name;
+  switch (h.kind) {
+    case kPut:
+    case kAccumulate:
+      if (w.InIndex(src) < 0)
+        return refuse(Concat("rank ", src, " is not an in-neighbor of window '", name, "'"));
+      if (static_cast<size_t>(h.bytes) != w.bytes())
+        return refuse(Concat("window '", name, "' holds ", w.bytes(), " bytes, not ", h.bytes));
+      w.Write(src, scratch_.data(), h.weight, h.p, h.kind == kAccumulate);
+      Send(src, kAck, h.window, h.op, 0, 0, nullptr, 0);
+      return;
+    case kGetRequest: {
+      if (w.OutIndex(src) < 0)
+        return refuse(Concat("rank ", src, " is not an out-neighbor of window '", name, "'"));
+      std::shared_ptr<std::vector<char>> buffer;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        buffer = TakeBuffer(*e);
+      }
+      double p = 0;
+      w.ReadSelf(buffer->data(), &p);
+      Send(src, kGetReply, h.window, h.op, h.weight, p, buffer,
+           static_cast<int64_t>(buffer->size()));
+      return;
+    }
+    case kLock:
+      if (e->holder == src)
+        return refuse(Concat("rank ", src, " asks for the mutex of window '", name,
+                             "', which it holds already (a require_mutex operation or win_mutex "
+                             "inside win_mutex on the same rank would wait for itself)"));
+      if (e->holder < 0) {
+        e->holder = src;
+        Send(src, kGrant, h.window, h.op, 0, 0, nullptr, 0);
+      } else {
+        e->waiters.emplace_back(src, h.op);
+      }
+      return;
+    case kUnlock:
+      if (e->holder != src)
+        return refuse(
+            Concat("rank ", src, " unlocks the mutex of window '", name, "' but does not hold it"));
+      e->holder = -1;
+      if (!e->waiters.empty()) {
+        auto [next, next_op] = e->waiters.front();
+        e->waiters.pop_front();
+        e->holder = next;
+        Send(next, kGrant, h.window, next_op, 0, 0, nullptr, 0);
+      }
+      Send(src, kAck, h.window, h.op, 0, 0, nullptr, 0);
+      return;
+    default: return refuse(Concat("unknown message kind ", h.kind));
+  }
+}
+
+// Serves the other ranks' last messages for a while, so their operations end, then lets go.
+void WindowService::Drain() {
+  const double until = Now() + kDrainSeconds;
+  while (Now() < until) {
+    try {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kHeaderTag, AsComm(comm_), &flag, &st);
+      if (flag) {
+        Receive(st.MPI_SOURCE);
+        continue;
+      }
+      TestOutgoing();
+    } catch (const std::exception&) {
+      break;
+    }
+    if (outgoing_.empty()) break;
+    std::this_thread::sleep_for(kMinPause);
+  }
+  for (Outgoing& out : outgoing_) {
+    if (out.request != MPI_REQUEST_NULL) {
+      MPI_Cancel(&out.request);
+      MPI_Request_free(&out.request);
+    }
+  }
+  outgoing_.clear();
+}
+
+}  // namespace bluefog
