@@ -427,3 +427,9 @@ def test_error_mutex_asked_again_by_its_holder(rank, size):
             bf.win_update("w", require_mutex=True)
     # Released: taking it again works.
     bf.win_update("w", require_mutex=True)
+
+
+def test_unified_model_reported_where_windows_work(rank, size):
+    """Windows need MPI_THREAD_MULTIPLE (their thread calls MPI); where they work, a finished
+    put is visible to the next update without further synchronisation."""
+    assert bf.unified_mpi_window_model_supported() is bf.mpi_threads_supported()
