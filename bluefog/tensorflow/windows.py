@@ -363,11 +363,10 @@ def win_mutex(name: str, for_self: bool = False, ranks: Optional[List[int]] = No
 
 def get_win_version(name: str) -> Dict[int, Union[int, tf.Tensor]]:
     """{in-neighbour: writes into its buffer since this rank last read it with win_update}."""
-    _window("get_win_version", name)
+    w = _window("get_win_version", name)
     ranks, versions = ops.bluefog_win_version(name_input(name))
     if tf.executing_eagerly():
         return {int(r): int(v) for r, v in zip(ranks.numpy(), versions.numpy())}
-    w = _window("get_win_version", name)
     return {r: versions[k] for k, r in enumerate(w.in_ranks)}
 
 

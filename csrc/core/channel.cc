@@ -21,7 +21,7 @@ double NowSeconds() {
 }
 
 // Ops the runtime's hook carries out on every rank at the same point of the global channel.
-bool IsSetOp(OpType op) {
+bool IsRuntimeOp(OpType op) {
   return op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet ||
          op == OpType::kWinCreate || op == OpType::kWinFree;
 }
@@ -209,7 +209,7 @@ bool Channel::RunRound(bool* anyone_spoke) {
   BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds, ": announced ",
          mine.announcements.size() + mine.cached.size(), " (", mine.cached.size(),
          " as cache bits), ready ", ready.size());
-  RunSetOps(ready);
+  RunRuntimeOps(ready);
   stats_.collectives += executor_.Execute(ready);
   CheckStalls();
   if (shutdown_rank < 0) return true;
@@ -220,21 +220,21 @@ bool Channel::RunRound(bool* anyone_spoke) {
   return false;
 }
 
-// Registrations and removals of process sets leave the ready list here, in order, before the
+// Process sets and windows (created, freed) leave the ready list here, in order, before the
 // collectives run: every rank handles them at the same point.
-void Channel::RunSetOps(std::vector<Response>& ready) {
+void Channel::RunRuntimeOps(std::vector<Response>& ready) {
   if (std::none_of(ready.begin(), ready.end(),
-                   [](const Response& r) { return IsSetOp(r.meta.op); }))
+                   [](const Response& r) { return IsRuntimeOp(r.meta.op); }))
     return;
   std::vector<Response> rest;
   for (Response& r : ready) {
-    if (!IsSetOp(r.meta.op)) {
+    if (!IsRuntimeOp(r.meta.op)) {
       rest.push_back(std::move(r));
       continue;
     }
-    if (!r.status.ok() || !set_hook_) {
+    if (!r.status.ok() || !runtime_hook_) {
       Finish(r.meta.name,
-             r.status.ok() ? Status(StatusCode::kInternal, "no process set hook") : r.status);
+             r.status.ok() ? Status(StatusCode::kInternal, "no runtime hook") : r.status);
       continue;
     }
     Status status;
@@ -246,7 +246,7 @@ void Channel::RunSetOps(std::vector<Response>& ready) {
       if (it != in_flight_.end()) mine = &it->second;  // stable: only this thread erases
     }
     try {
-      id = set_hook_(r, mine);
+      id = runtime_hook_(r, mine);
     } catch (const BluefogError& e) {
       status = OpError(e.code(), r.meta.op, r.meta.name, e.what());
     }

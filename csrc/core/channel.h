@@ -39,8 +39,8 @@ class Channel : private RequestTable {
   // Registration and removal of process sets, and creating and freeing windows, run on the
   // world channel's thread, in the order every rank agreed on: the hook does it (given this
   // rank's request) and returns the set's or window's id, or throws BluefogError.
-  using SetHook = std::function<int(const Response&, const Request*)>;
-  void set_set_hook(SetHook hook) { set_hook_ = std::move(hook); }
+  using RuntimeHook = std::function<int(const Response&, const Request*)>;
+  void set_runtime_hook(RuntimeHook hook) { runtime_hook_ = std::move(hook); }
 
   // Runs the loop on the calling thread until every rank of the channel has agreed to stop (or
   // an error stops it); then fails what is still pending. Returns false when an exchange may be
@@ -67,7 +67,7 @@ class Channel : private RequestTable {
  private:
   // One negotiation round and the collectives it made ready; false once every rank stops.
   bool RunRound(bool* anyone_spoke);
-  void RunSetOps(std::vector<Response>& ready);
+  void RunRuntimeOps(std::vector<Response>& ready);
   Request* Lookup(const std::string& name) override;
   void Finish(const std::string& name, const Status& status) override;
   void Abandon(const std::string& reason);
@@ -86,7 +86,7 @@ class Channel : private RequestTable {
   ResponseCache cache_;  // only the channel's thread touches it
   Executor executor_;
   StallWatch stall_watch_;
-  SetHook set_hook_;
+  RuntimeHook runtime_hook_;
   std::thread thread_;
   bool run_result_ = true;
   std::atomic<bool> running_{true};

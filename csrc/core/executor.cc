@@ -72,7 +72,8 @@ size_t Executor::Execute(std::vector<Response>& ready) {
         case OpType::kRemoveProcessSet:  // run by the channel before the executors
         case OpType::kWinCreate:
         case OpType::kWinFree:
-          throw BluefogError(StatusCode::kInternal, "process set request reached the executor");
+          throw BluefogError(StatusCode::kInternal,
+                             "a request the runtime carries out reached the executor");
       }
     } catch (const BluefogError& e) {
       for (size_t k = 0; k < n; ++k)

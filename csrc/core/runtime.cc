@@ -80,8 +80,8 @@ void Runtime::Main(std::promise<void>* started) {
   std::iota(everyone.begin(), everyone.end(), 0);
   world_ = std::make_unique<Channel>(0, config_, &transport_, info_, everyone, &timeline_);
   windows_.Attach(transport_.raw_comm(), info_.rank, info_.size);
-  world_->set_set_hook(
-      [this](const Response& r, const Request* mine) { return OnSetResponse(r, mine); });
+  world_->set_runtime_hook(
+      [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
   BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size,
          ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off");
@@ -213,7 +213,7 @@ void Runtime::RemoveProcessSet(int id) {
                 {id});
 }
 
-int Runtime::OnSetResponse(const Response& response, const Request* mine) {
+int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
   const std::vector<int32_t>& list = response.meta.send_ranks;
   if (response.meta.op == OpType::kWinCreate) {
     BF_ENFORCE(mine != nullptr, StatusCode::kInternal, "no request for the window");

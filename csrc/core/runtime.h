@@ -60,7 +60,7 @@ class Runtime {
   void Main(std::promise<void>* started);
   // On the global channel's thread: registers or removes the set of `response`, or creates or
   // frees its window (`mine`: this rank's request).
-  int OnSetResponse(const Response& response, const Request* mine);
+  int OnRuntimeOp(const Response& response, const Request* mine);
   // Runs a registration or removal request on the global channel and waits for it.
   int RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks);
 

@@ -44,6 +44,15 @@ void BluefogReduce(void* in, void* inout, int* len, MPI_Datatype*) {
   ReduceOf(inout, inout, in, *len, reduce_context.dtype, reduce_context.op);
 }
 
+// MPI_SUM where MPI can sum the dtype itself; otherwise bluefog's own op (`ours`), with the
+// context its callback reads set for this thread.
+MPI_Op AsMpiOp(MPI_Op ours, DataType dtype, ReduceOp reduce) {
+  if (reduce == ReduceOp::kSum && dtype != DataType::kFloat16 && dtype != DataType::kBFloat16)
+    return MPI_SUM;
+  reduce_context = {dtype, reduce};
+  return ours;
+}
+
 MPI_Datatype ToMpi(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8: return MPI_UINT8_T;
@@ -328,11 +337,7 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
 // buffer in all, against 2 (N-1)/N per rank (L times as much per host) for a flat ring.
 void MpiTransport::HierarchicalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                          ReduceOp reduce, int64_t divisor) {
-  MPI_Op op = MPI_SUM;
-  if (reduce != ReduceOp::kSum || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
-    op = AsOp(bluefog_op_);
-    reduce_context = {dtype, reduce};
-  }
+  const MPI_Op op = AsMpiOp(AsOp(bluefog_op_), dtype, reduce);
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   local_counts_.resize(local_size_);
   local_displs_.resize(local_size_);
@@ -368,11 +373,7 @@ void MpiTransport::HierarchicalAllreduce(const void* in, void* out, int64_t coun
 
 void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                 ReduceOp reduce) {
-  MPI_Op op = MPI_SUM;
-  if (reduce != ReduceOp::kSum || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
-    op = AsOp(bluefog_op_);
-    reduce_context = {dtype, reduce};
-  }
+  const MPI_Op op = AsMpiOp(AsOp(bluefog_op_), dtype, reduce);
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int64_t chunk = kMaxChunkBytes / elem;
   const char* src = static_cast<const char*>(in);
@@ -396,11 +397,7 @@ void MpiTransport::ReduceScatter(const void* in, void* out,
                "reducescatter slices of 2^31 elements or more are not supported");
     counts_[r] = static_cast<int>(counts_per_rank[r]);
   }
-  MPI_Op op = MPI_SUM;
-  if (reduce != ReduceOp::kSum || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
-    op = AsOp(bluefog_op_);
-    reduce_context = {dtype, reduce};
-  }
+  const MPI_Op op = AsMpiOp(AsOp(bluefog_op_), dtype, reduce);
   Check(MPI_Reduce_scatter(in, out, counts_.data(), ToMpi(dtype), op, AsComm(comm_)),
         "MPI_Reduce_scatter");
   if (divisor > 1) DivideBy(out, counts_per_rank[rank_], dtype, divisor);

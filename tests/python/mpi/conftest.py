@@ -62,3 +62,19 @@ def assert_same_on_all_ranks(variables, name=None):
     rows = gather_rows(flat_weights(variables), name=name)
     for r in range(1, rows.shape[0]):
         np.testing.assert_array_equal(rows[r], rows[0], err_msg=f"rank {r} differs from rank 0")
+
+
+def win_sync():
+    """A barrier for the window tests: after it, every rank's finished puts have landed."""
+    bf.allreduce(tf.constant([0.0]), name="win.sync")
+
+
+@pytest.fixture
+def clean_windows():
+    """Default topology before; afterwards push-sum off, every window freed, default topology."""
+    bf.set_topology()
+    yield
+    bf.turn_off_win_ops_with_associated_p()
+    win_sync()
+    bf.win_free()
+    bf.set_topology()

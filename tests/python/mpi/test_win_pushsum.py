@@ -12,6 +12,7 @@ import bluefog.tensorflow as bf
 from bluefog.common import topology_util as tu
 
 from conftest import needs_ranks
+from conftest import win_sync as sync
 
 # Push-sum rounds per rank before the final collection. Measured worst error after K rounds
 # (np 4, 2 shared cores, the sleeps below, 3 runs): exponential K=40 4.5e-6, K=60 1e-8;
@@ -20,18 +21,7 @@ from conftest import needs_ranks
 PUSH_SUM_ROUNDS = {"exponential": 60, "directed_ring": 250}
 
 
-@pytest.fixture(autouse=True)
-def clean_state():
-    bf.set_topology()
-    yield
-    bf.turn_off_win_ops_with_associated_p()
-    sync()
-    bf.win_free()
-    bf.set_topology()
-
-
-def sync():
-    bf.allreduce(tf.constant([0.0]), name="win.sync")
+pytestmark = pytest.mark.usefixtures("clean_windows")
 
 
 def into_zero_graph(size):

@@ -16,22 +16,12 @@ import bluefog.tensorflow as bf
 from bluefog.common import topology_util as tu
 
 from conftest import needs_ranks
+from conftest import win_sync as sync
 
 SHAPE = (2, 3)
 
 
-@pytest.fixture(autouse=True)
-def clean_state():
-    bf.set_topology()
-    yield
-    bf.turn_off_win_ops_with_associated_p()
-    sync()
-    bf.win_free()
-    bf.set_topology()
-
-
-def sync():
-    bf.allreduce(tf.constant([0.0]), name="win.sync")
+pytestmark = pytest.mark.usefixtures("clean_windows")
 
 
 def value(r, dtype=np.float32):
