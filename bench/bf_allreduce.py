@@ -22,6 +22,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import bluefog.tensorflow as bf  # noqa: E402
+from bluefog.tensorflow import op_library  # noqa: E402
 
 
 def sizes_up_to(max_bytes):
@@ -64,6 +65,18 @@ def timed(batches: dict, budget: float, reps: int) -> dict:
             bf.allreduce(tf.constant(0.0), name="bench.barrier")
             samples[name].append(slowest(run(iters[name]) / iters[name]))
     return {name: float(np.median(v)) for name, v in samples.items()}
+
+
+def handed_off(step):
+    """`step` with eager collectives handed to the background thread (as before
+    BLUEFOG_EAGER_INLINE): the same process, so the two are interleaved."""
+    def run():
+        op_library.EAGER_INLINE["on"] = False
+        try:
+            step()
+        finally:
+            op_library.EAGER_INLINE["on"] = True
+    return run
 
 
 def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
@@ -110,9 +123,13 @@ def main() -> None:
         got = bf.allreduce(x, average=False, name=f"check.{nbytes}").numpy()
         assert np.all(got == expected), f"wrong allreduce result at {nbytes} bytes"
         fn = tf.function(lambda t, nb=nbytes: bf.allreduce(t, average=False, name=f"f.{nb}"))
+
+        def eager(x=x, nb=nbytes):
+            return bf.allreduce(x, average=False, name=f"e.{nb}")
+
         batches = {
-            "bf_eager": per_call(
-                lambda x=x, nb=nbytes: bf.allreduce(x, average=False, name=f"e.{nb}")),
+            "bf_eager": per_call(eager),
+            "bf_eager_handoff": per_call(handed_off(eager)),
             "bf_function": per_call(lambda x=x, fn=fn: fn(x)),
         }
         if lib:

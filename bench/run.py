@@ -125,11 +125,20 @@ def main() -> None:
         floors.append((f"{n} ranks 100x1KiB: tf.function no slower than raw MPI",
                        fused <= mpi100, f"{fused / mpi100:.2f}x MPI's time"))
         ident, lat4 = by[("tf_identity", 4)], by[("bf_eager", 4)]
-        mpi4 = by[("mpi_inproc", 4)]
+        mpi4, handoff4 = by[("mpi_inproc", 4)], by[("bf_eager_handoff", 4)]
         over = lat4 - ident - mpi4
-        print(f"\n4-byte eager latency, {n} ranks: bf {fmt_time(lat4)}, tf.identity dispatch "
+        print(f"\n4-byte eager latency, {n} ranks: bf {fmt_time(lat4)} (handed to the "
+              f"background thread: {fmt_time(handoff4)}), tf.identity dispatch "
               f"{fmt_time(ident)}, raw MPI {fmt_time(mpi4)}; overhead above both "
-              f"{fmt_time(over)}")
+              f"{fmt_time(over)} (handed off: {fmt_time(handoff4 - ident - mpi4)})")
+        latency = os.path.join(ROOT, "build", "cpp", "runtime_latency_bench")
+        if os.path.exists(latency):  # the runtime alone, without TensorFlow
+            rows = records(MPIRUN + ["-np", str(n), latency], 600)
+            print(f"\nThe runtime alone, from C++, {n} ranks (Enqueue and wait; batches "
+                  "interleaved): " + "; ".join(
+                      f"{fmt_size(r['bytes'])} caller-run {fmt_time(r['bf_drive'])}, handed off "
+                      f"{fmt_time(r['bf_handoff'])}, MPI in place {fmt_time(r['mpi_inplace'])}"
+                      for r in rows))
         if n == 2:
             floors.append(("2 ranks: 4-byte eager overhead < 100 us", over < 100e-6,
                            fmt_time(over)))

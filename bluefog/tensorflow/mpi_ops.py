@@ -17,6 +17,7 @@ from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
 from bluefog.tensorflow.op_library import (
     device_scope,
+    eager_inline_attrs,
     forward_name,
     name_input,
     ops,
@@ -136,7 +137,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     if compression is Compression.none and not device and op is None and not scaled and \
             not set_attrs:
         # the common path, lean
-        return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average)
+        return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average,
+                                     **eager_inline_attrs())
     if scaled:
         _check_scale(prescale_factor, postscale_factor, tensor.dtype, reduce_op,
                      op_error_prefix("allreduce", name))
@@ -145,7 +147,7 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
         out = ops.bluefog_allreduce(sent, tensor_name=name_input(name), average=average,
                                     reduce_op=reduce_op,
                                     **_scale_attrs(prescale_factor, postscale_factor),
-                                    **set_attrs)
+                                    **set_attrs, **eager_inline_attrs())
     return compression.decompress(out, context)
 
 
@@ -275,9 +277,9 @@ def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None,
         raise ValueError(f"{op_error_prefix('allgather', name)}: allgather concatenates along "
                          "dimension 0 and needs a tensor of rank >= 1; reshape the scalar to [1] "
                          "first")
-    return ops.bluefog_allgather(tensor, tensor_name=name_input(name),
-                                 **process_set_attrs(process_set, op_error_prefix("allgather",
-                                                                                  name)))
+    set_attrs = process_set_attrs(process_set, op_error_prefix("allgather", name))
+    return ops.bluefog_allgather(tensor, tensor_name=name_input(name), **set_attrs,
+                                 **eager_inline_attrs())
 
 
 def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
@@ -301,7 +303,7 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
         raise ValueError(f"{op_error_prefix('broadcast', name)}: root_rank {root_rank} is not "
                          f"in {process_set}")
     return ops.bluefog_broadcast(tensor, tensor_name=name_input(name), root_rank=root_rank,
-                                 **set_attrs)
+                                 **set_attrs, **eager_inline_attrs())
 
 
 def _reduce_op_attr(op) -> str:

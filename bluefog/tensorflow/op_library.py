@@ -95,6 +95,20 @@ def name_input(name: str):
 _consts: collections.OrderedDict[tuple, tf.Tensor] = collections.OrderedDict()
 
 
+# Whether eager allreduce/allgather/broadcast over every rank may run on the calling thread
+# (BLUEFOG_EAGER_INLINE, docs/env.md, decides in C++ too). bench/bf_allreduce.py flips it to
+# time both ways in one process.
+EAGER_INLINE = {"on": True}
+_INLINE_ATTRS = {"eager_inline": True}
+_NO_ATTRS: dict = {}
+
+
+def eager_inline_attrs() -> dict:
+    """``{"eager_inline": True}`` when executing eagerly (the caller waits for the result, so
+    it may run the collective itself), else nothing: graph ops keep the attr's default."""
+    return _INLINE_ATTRS if EAGER_INLINE["on"] and tf.executing_eagerly() else _NO_ATTRS
+
+
 def const_input(values, dtype: tf.DType):
     """A small constant op input: a float scalar or a 1-D list (ranks, weights).
 

@@ -69,11 +69,11 @@ void Channel::RequestStop(const std::string& reason) {
   wake_.notify_all();
 }
 
-Status Channel::Enqueue(Request request) {
+Status Channel::Enqueue(Request request, bool drive) {
   const TensorMeta& meta = request.meta;
   const int me = WorldRank(info_.rank);
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!running_ || stop_requested_) {
+  if (!running_ || stop_requested_ || ended_) {
     const std::string what =
         id_ == 0 ? Concat("bluefog has been shut down (", stop_reason_,
                           "); no collective can run after shutdown")
@@ -87,11 +87,55 @@ Status Channel::Enqueue(Request request) {
                                 "a collective with this name is already in flight on this rank; "
                                 "give collectives that may run concurrently distinct names"));
   request.enqueued_at = NowSeconds();
+  // Driven by the caller only when this is the one request of the rank: with others pending,
+  // the channel's thread is at work (and may fuse this one with them).
+  drive = drive && config_.eager_inline && info_.threads_multiple && config_.cycle_time_ms <= 0 &&
+          in_flight_.empty() && unannounced_.empty();
+  std::shared_ptr<std::atomic<bool>> finished;
+  if (drive) {
+    driver_active_ = true;  // the channel's thread stays out of the rounds until it is done
+    finished = std::make_shared<std::atomic<bool>>(false);
+    request.done = [finished, done = std::move(request.done)](const Status& s) {
+      finished->store(true);
+      done(s);
+    };
+  }
   unannounced_.push_back(meta);
   in_flight_.emplace(meta.name, std::move(request));
   lock.unlock();
-  wake_.notify_one();
+  if (drive) {
+    DriveUntil(*finished);
+  } else {
+    wake_.notify_one();
+  }
   return Status::Ok();
+}
+
+void Channel::DriveUntil(const std::atomic<bool>& finished) {
+  // The channel's thread had nothing to do and starts no round while a driver is active; it
+  // may still hold the rounds for a moment, checking that.
+  std::unique_lock<std::mutex> round(round_mutex_);
+  // As the channel's thread does while waiting on other ranks: rounds in which nobody said
+  // anything are spaced out by a growing pause.
+  auto idle_pause = std::chrono::microseconds(0);
+  while (!finished.load()) {
+    bool anyone_spoke = false;
+    ++stats_.rounds_driven;
+    if (!DriveRound(&anyone_spoke)) break;
+    if (finished.load()) break;
+    idle_pause = anyone_spoke ? std::chrono::microseconds(0)
+                              : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
+    if (idle_pause.count() > 0) std::this_thread::sleep_for(idle_pause);
+  }
+  // Anything still pending (other threads' requests, or the failures of an ended channel) is
+  // the channel thread's. Handed over while the rounds are still held, so that once they are
+  // released this thread touches no member.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    driver_active_ = false;
+    kicked_ = !in_flight_.empty() || !unannounced_.empty() || ended_ || stop_requested_;
+  }
+  wake_.notify_one();
 }
 
 bool Channel::Run() {
@@ -100,50 +144,82 @@ bool Channel::Run() {
   // other ranks may be about to announce the matching names). With nothing at all, it sleeps
   // until a request arrives. While only waiting, rounds in which no rank said anything are
   // spaced out by a growing pause, so idle ranks do not spin on empty rounds.
-  bool abandoned = false;
   auto idle_pause = std::chrono::microseconds(0);
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      auto has_news = [this] { return !unannounced_.empty() || stop_requested_; };
-      if (in_flight_.empty()) {
+      // While a caller drives the rounds (Enqueue with drive) they are its alone.
+      auto has_news = [this] {
+        return ended_ || (!driver_active_ && (!unannounced_.empty() || stop_requested_ || kicked_ ||
+                                              !in_flight_.empty()));
+      };
+      if (in_flight_.empty() || driver_active_) {
         wake_.wait(lock, has_news);
       } else if (idle_pause.count() > 0) {
-        wake_.wait_for(lock, idle_pause, has_news);
+        // Only this thread completes requests now: in_flight_ stays non-empty, so no caller
+        // becomes a driver during the pause.
+        wake_.wait_for(lock, idle_pause, [this] {
+          return ended_ || !unannounced_.empty() || stop_requested_ || kicked_;
+        });
       }
+      kicked_ = false;
     }
     if (config_.cycle_time_ms > 0)
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
-    bool keep_going = true;
-    try {
-      bool anyone_spoke = false;
-      keep_going = RunRound(&anyone_spoke);
-      idle_pause = anyone_spoke ? std::chrono::microseconds(0)
-                                : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
-    } catch (const BluefogError& e) {
-      Abandon(e.what());
-      abandoned = true;
-    } catch (const std::exception& e) {
-      // Not the library's own error (e.g. std::bad_alloc for a huge fused buffer): this rank
-      // may have left its peers inside a collective, so it cannot go on; it stops, failing
-      // every pending request with the reason instead of terminating the process.
-      Abandon(Concat("internal error on the background thread: ", e.what()));
-      abandoned = true;
-    } catch (...) {
-      Abandon("internal error on the background thread: an unknown exception");
-      abandoned = true;
+    std::lock_guard<std::mutex> round(round_mutex_);
+    {
+      // A caller may have run the rounds in the meantime, or be about to (Enqueue with drive).
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (ended_) break;
+      if (driver_active_ || (in_flight_.empty() && unannounced_.empty() && !stop_requested_))
+        continue;
     }
-    if (!keep_going || abandoned) break;
+    bool anyone_spoke = false;
+    if (!DriveRound(&anyone_spoke)) break;
+    idle_pause = anyone_spoke ? std::chrono::microseconds(0)
+                              : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
   }
   BF_LOG(LogLevel::kDebug, "channel ", id_, " stopping after ", stats_.rounds,
-         " negotiation rounds for ", stats_.announced, " requests (", stats_.announced_cached,
-         " announced as cache bits); ", stats_.collectives, " collectives ran");
+         " negotiation rounds (", stats_.rounds_driven, " run by eager callers) for ",
+         stats_.announced, " requests (", stats_.announced_cached, " announced as cache bits); ",
+         stats_.collectives, " collectives ran");
+  bool abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abandoned = abandoned_;
+  }
   const std::string reason = stop_reason();
   FailAll(Status(StatusCode::kAborted,
                  id_ == 0 ? Concat("bluefog has been shut down (", reason,
                                    "); no collective can run after shutdown")
                           : Concat("process set ", id_, " can no longer be used (", reason, ")")));
   return !abandoned;
+}
+
+bool Channel::DriveRound(bool* anyone_spoke) {
+  bool keep_going = false;
+  std::string failure;
+  try {
+    keep_going = RunRound(anyone_spoke);
+  } catch (const BluefogError& e) {
+    failure = e.what();
+  } catch (const std::exception& e) {
+    // Not the library's own error (e.g. std::bad_alloc for a huge fused buffer): this rank
+    // may have left its peers inside a collective, so it cannot go on; it stops, failing
+    // every pending request with the reason instead of terminating the process.
+    failure = Concat("internal error on the background thread: ", e.what());
+  } catch (...) {
+    failure = "internal error on the background thread: an unknown exception";
+  }
+  if (!failure.empty()) Abandon(failure);
+  if (keep_going) return true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ended_ = true;
+    abandoned_ = abandoned_ || !failure.empty();
+  }
+  wake_.notify_all();
+  return false;
 }
 
 bool Channel::RunRound(bool* anyone_spoke) {

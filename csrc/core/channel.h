@@ -56,7 +56,14 @@ class Channel : private RequestTable {
 
   // Validates and queues (state, layout, name in flight). A non-ok status means the request was
   // not queued and its `done` will not be called.
-  Status Enqueue(Request request);
+  //
+  // `drive` is for callers that wait for the result anyway (eager ops). When nothing else is
+  // pending on this rank and no other thread is running a round, the calling thread runs the
+  // negotiation rounds and the collective itself, until its request has finished, instead of
+  // waking the channel's thread and being woken again by it (two thread handoffs). The rounds
+  // are the same ones the channel's thread would run, so the other ranks cannot tell the
+  // difference: errors, ordering and fusion are unchanged. Otherwise it is queued as usual.
+  Status Enqueue(Request request, bool drive = false);
 
   int id() const { return id_; }
   const TransportInfo& info() const { return info_; }
@@ -67,6 +74,13 @@ class Channel : private RequestTable {
  private:
   // One negotiation round and the collectives it made ready; false once every rank stops.
   bool RunRound(bool* anyone_spoke);
+  // RunRound for whichever thread holds round_mutex_: an error abandons the channel. False
+  // once the channel has ended (every rank stopped, or this rank abandoned it).
+  bool DriveRound(bool* anyone_spoke);
+  // Enqueue(drive = true)'s rounds on the calling thread, until `finished` or the channel ends;
+  // what is left pending goes back to the channel's thread. One driver at a time: a caller
+  // drives only when nothing else is pending.
+  void DriveUntil(const std::atomic<bool>& finished);
   void RunRuntimeOps(std::vector<Response>& ready);
   Request* Lookup(const std::string& name) override;
   void Finish(const std::string& name, const Status& status) override;
@@ -83,7 +97,11 @@ class Channel : private RequestTable {
   Timeline no_timeline_;
   Timeline* timeline_;
   Coordinator coordinator_;
-  ResponseCache cache_;  // only the channel's thread touches it
+  // Held by the thread running a round (the channel's own, or a caller in Enqueue(drive)):
+  // cache_, coordinator_, executor_, stall_watch_ and stats_ are used under it only.
+  // Lock order: round_mutex_, then mutex_.
+  std::mutex round_mutex_;
+  ResponseCache cache_;
   Executor executor_;
   StallWatch stall_watch_;
   RuntimeHook runtime_hook_;
@@ -97,9 +115,14 @@ class Channel : private RequestTable {
   std::unordered_map<std::string, Request> in_flight_;
   bool stop_requested_ = false;
   std::string stop_reason_;
+  bool driver_active_ = false;  // a caller runs the rounds (Enqueue with drive)
+  bool kicked_ = false;         // a driver left requests pending: the channel's thread takes over
+  bool ended_ = false;          // the last round has run (or failed); no more rounds
+  bool abandoned_ = false;      // ended by an error: an exchange may be left pending
 
   struct Stats {
     uint64_t rounds = 0;
+    uint64_t rounds_driven = 0;  // of those, run by a caller (Enqueue with drive)
     uint64_t announced = 0;
     uint64_t announced_cached = 0;  // of those, as a cache bit
     uint64_t completed = 0;

@@ -16,6 +16,9 @@ struct Config {
   int64_t ring_threshold_bytes = 1024 * 1024;
   // Large allreduces across hosts go hierarchically (within hosts, then across) when possible.
   bool hierarchical_allreduce = true;
+  // Eager collectives (which wait for their result anyway) run their rounds on the calling
+  // thread when nothing else is pending, instead of handing off to the background thread.
+  bool eager_inline = true;
   // Extra time the background thread waits after the first new request, to batch more of them.
   double cycle_time_ms = 0.0;
   // Agreed requests remembered so that repeating one costs a bit per round (0: no cache).

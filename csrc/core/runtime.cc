@@ -118,14 +118,14 @@ void Runtime::Main(std::promise<void>* started) {
   if (clean) transport_.Shutdown();
 }
 
-Status Runtime::Enqueue(Request request) {
+Status Runtime::Enqueue(Request request, bool drive) {
   const TensorMeta& meta = request.meta;
   Status invalid = ValidateRequest(request);
   if (!invalid.ok()) return WithRank(info_.rank, invalid);
   if (!started_)
     return OpError(StatusCode::kPrecondition, meta.op, meta.name,
                    "bluefog is not initialized; call bf.init() first");
-  if (request.process_set == 0) return world_->Enqueue(std::move(request));
+  if (request.process_set == 0) return world_->Enqueue(std::move(request), drive);
 
   std::lock_guard<std::mutex> lock(sets_mutex_);
   auto invalid_in_set = [&](const std::string& what) {

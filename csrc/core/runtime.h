@@ -38,8 +38,9 @@ class Runtime {
   bool hierarchical_allreduce() const { return transport_.hierarchical(); }
 
   // Validates locally and queues on the request's process set. A non-ok status means the
-  // request was not queued and `done` will not be called.
-  Status Enqueue(Request request);
+  // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the
+  // global set only; a process set's channel may be removed while a caller would drive it).
+  Status Enqueue(Request request, bool drive = false);
 
   // Process sets. Every rank must register (and remove) the same sets in the same order;
   // these block until every rank has. Throw BluefogError (disagreement, unknown set, ...).

@@ -70,7 +70,12 @@ std::function<void*(const std::vector<int64_t>&)> AllocateLike(OpKernelContext* 
 class CollectiveKernel : public AsyncOpKernel {
  public:
   CollectiveKernel(OpKernelConstruction* c, OpType op)
-      : AsyncOpKernel(c), op_(op), process_set_(ProcessSetAttr(c)) {}
+      : AsyncOpKernel(c), op_(op), process_set_(ProcessSetAttr(c)) {
+    // Set by the Python wrappers when executing eagerly: the caller waits for the result, so
+    // it may run the collective itself (Channel::Enqueue's `drive`). Never set in a graph,
+    // whose executor must not be blocked by one op while others wait to be enqueued.
+    if (c->HasAttr("eager_inline")) OP_REQUIRES_OK(c, c->GetAttr("eager_inline", &drive_));
+  }
 
  protected:
   // Fills `request` from input 0 and the name input 1; returns false after reporting an error.
@@ -103,7 +108,7 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
   void Submit(OpKernelContext* ctx, const DoneCallback& done, Request request) {
-    Status s = Runtime::Get().Enqueue(std::move(request));
+    Status s = Runtime::Get().Enqueue(std::move(request), drive_);
     if (!s.ok()) {
       ctx->SetStatus(ToTfStatus(s));
       done();
@@ -116,6 +121,7 @@ class CollectiveKernel : public AsyncOpKernel {
  private:
   OpType op_;
   int process_set_;
+  bool drive_ = false;
 };
 
 class AllreduceKernel : public CollectiveKernel {

@@ -26,6 +26,12 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.log_level, LogLevel::kWarning);
   EXPECT_TRUE(c.timeline_prefix.empty());
   EXPECT_TRUE(c.hierarchical_allreduce);
+  EXPECT_TRUE(c.eager_inline);
+}
+
+TEST(Config, EagerInlineSwitch) {
+  EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_INLINE", "0"}}).eager_inline);
+  EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_INLINE", "sometimes"}}), BluefogError);
 }
 
 TEST(Config, HierarchicalAllreduceSwitch) {

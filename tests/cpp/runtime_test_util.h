@@ -1,6 +1,7 @@
 // Helpers of the runtime's multi-rank tests: submit a request and wait for its result.
 #pragma once
 
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
@@ -19,11 +20,13 @@ struct Pending {
   std::promise<Status> promise;
   std::future<Status> future = promise.get_future();
   std::vector<char> output;
+  // Whether it had finished when Enqueue returned (with `drive`, the caller ran it).
+  bool finished_in_enqueue = false;
 };
 
 inline std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataType dtype,
                                        std::vector<int64_t> shape, const void* input,
-                                       bool average = false, int root = -1) {
+                                       bool average = false, int root = -1, bool drive = false) {
   auto p = std::make_unique<Pending>();
   Request req;
   req.meta.name = name;
@@ -47,8 +50,9 @@ inline std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataT
   }
   Pending* raw = p.get();
   req.done = [raw](const Status& s) { raw->promise.set_value(s); };
-  Status s = Runtime::Get().Enqueue(std::move(req));
+  Status s = Runtime::Get().Enqueue(std::move(req), drive);
   if (!s.ok()) p->promise.set_value(s);
+  p->finished_in_enqueue = p->future.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   return p;
 }
 

@@ -416,3 +416,35 @@ def test_collective_with_unused_result_runs_in_function(rank, size, op_name):
                     f"{size - 1} rank(s) waited for it)")
     if rank != 0:
         np.testing.assert_allclose(out["r"], [size * (size + 1) / 2, size])
+
+
+def test_eager_collectives_from_several_threads(rank, size, op_name):
+    """Eager calls may run their collective on the calling thread (BLUEFOG_EAGER_INLINE): with
+    three Python threads calling at once, each in its own order, every result must still be
+    right, whichever thread ended up running the rounds."""
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            for k in range(15):
+                x = tf.constant([rank + k + 10.0 * t] * (k + 1))
+                s = bf.allreduce(x, average=False, name=f"{op_name}.{t}.s{k}").numpy()
+                g = bf.allgather(tf.constant([[rank, k]]), name=f"{op_name}.{t}.g{k}").numpy()
+                b = bf.broadcast(tf.constant([rank * 1.0, k]), root_rank=k % size,
+                                 name=f"{op_name}.{t}.b{k}").numpy()
+                results[(t, k)] = (s, g, b)
+        except Exception as e:  # reported below, with the thread's name
+            errors.append(f"thread {t}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert not any(th.is_alive() for th in threads), "an eager collective did not finish"
+    for (t, k), (s, g, b) in results.items():
+        np.testing.assert_array_equal(s, [size * (k + 10.0 * t) + size * (size - 1) / 2] * (k + 1))
+        np.testing.assert_array_equal(g, [[r, k] for r in range(size)])
+        np.testing.assert_array_equal(b, [k % size, k])
+    assert len(results) == 45
