@@ -4,9 +4,11 @@ No TensorFlow here: the driver imports this module too. The protocol has three p
 
 * environment variables the driver sets for every rank of every launch (forwarded by ``bfrun``
   with its ``BLUEFOG_`` prefix rule);
-* ``HOST_UPDATE_SIGNAL``: the driver sends it to ``mpirun``, which forwards it to every rank,
-  when the set of hosts changed (discovered or removed); the ranks act on it at the next
-  ``commit()``;
+* ``HOST_UPDATE_SIGNAL``: the driver sends it to ``mpirun``, which forwards it to every rank
+  (``--mca ess_base_forward_signals``), when the set of hosts changed (discovered or removed);
+  the ranks act on it at the next ``commit()``. SIGURG, because its default action is to
+  ignore it: a process that has no handler yet (mpirun starting, a rank still importing)
+  drops it instead of dying, and the driver repeats it until the launch ends;
 * ``RESIZE_EXIT_CODE``: every rank exits with it after that commit, which tells the driver to
   relaunch on the new hosts (any other non-zero status is a failure).
 """
@@ -22,7 +24,8 @@ ENV_RESTART = "BLUEFOG_ELASTIC_RESTART"  # how many launches of this job came be
 ENV_STATE_DIR = "BLUEFOG_ELASTIC_STATE_DIR"  # where each host keeps its last commit
 ENV_KEEP_STATE = "BLUEFOG_ELASTIC_KEEP_STATE"  # "1": keep the commit files after success
 
-HOST_UPDATE_SIGNAL = signal.SIGUSR1
+HOST_UPDATE_SIGNAL = signal.SIGURG
+HOST_UPDATE_SIGNAL_NAME = "SIGURG"
 RESIZE_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on purpose, relaunch me"
 
 

@@ -31,10 +31,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 from bluefog.common import elastic_env
 from bluefog.run import elastic_hosts as eh
 
-# The ranks start with HOST_UPDATE_SIGNAL ignored (an ignored disposition survives exec), so a
-# signal that arrives before bluefog installs its handler is dropped instead of killing the
-# rank; the driver repeats the signal until the launch ends.
-_IGNORE_UPDATES = 'trap "" USR1; exec "$@"'
+# A process without a handler drops HOST_UPDATE_SIGNAL (its default action is to ignore it), so
+# the driver repeats it until the launch ends.
 _RESIGNAL_S = 3.0
 _OUTPUT_LINES = 400  # lines of mpirun output kept for reading its verdict
 
@@ -146,7 +144,8 @@ class ElasticDriver:
         env[elastic_env.ENV_STATE_DIR] = self.state_dir
         env[elastic_env.ENV_KEEP_STATE] = "1" if self.keep else "0"
         cmd = self.build_command(hosts, np_, env)
-        cmd += ["/bin/sh", "-c", _IGNORE_UPDATES, "bluefog-elastic"] + self.command
+        cmd[1:1] = ["--mca", "ess_base_forward_signals", elastic_env.HOST_UPDATE_SIGNAL_NAME]
+        cmd += self.command
         log(f"launch {self.resets}: {np_} rank(s) on {eh.host_spec(hosts)} at {time.time():.3f}")
         if self.args.verbose:
             log(" ".join(shlex.quote(c) for c in cmd))

@@ -1,9 +1,9 @@
 """The driver's "hosts changed" notice, as seen by a rank.
 
-The elastic driver sends ``HOST_UPDATE_SIGNAL`` to ``mpirun``, which forwards it to every rank
-(Open MPI forwards SIGUSR1 and SIGUSR2 to the job). The handler only counts; the ranks act on
-it together at the next ``commit()`` (``State.check_host_updates``), where they agree with one
-allreduce whether any of them got the notice.
+The elastic driver sends ``HOST_UPDATE_SIGNAL`` (SIGURG) to ``mpirun``, which forwards it to
+every rank (the driver asks it to with ``--mca ess_base_forward_signals``). The handler only
+counts; the ranks act on it together at the next ``commit()`` (``State.check_host_updates``),
+where they agree with one allreduce whether any of them got the notice.
 """
 
 from __future__ import annotations
