@@ -130,6 +130,9 @@ _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on s
 _EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n?\s*Exit code:\s*(\d+)")
 _LOST_DAEMON = re.compile(r"Remote daemon:\s*\[\[\d+,\d+\],(\d+)\]\s*on node\s*(\S+)")
 _DAEMON_FAILED = re.compile(r"daemon.*?on node\s+(\S+)", re.IGNORECASE)
+# A rank that exits through Python shuts bluefog down first, and the others fail with this
+# (docs/errors.md); mpirun then reports whichever rank exited first, often a survivor.
+_SHUT_DOWN = re.compile(r"bluefog has been shut down \(rank (\d+) shut down")
 
 
 def find_failures(output: str, launched: Hosts) -> List[Tuple[str, str]]:
@@ -156,7 +159,13 @@ def find_failures(output: str, launched: Hosts) -> List[Tuple[str, str]]:
         r = int(m.group(1))
         host = ranks[r] if r < len(ranks) else host_of_node(m.group(2))
         add(host, f"rank {r} exited on signal {m.group(3)}")
+    for m in _SHUT_DOWN.finditer(output):
+        r = int(m.group(1))
+        if r < len(ranks):
+            add(ranks[r], f"rank {r} shut down while the others still ran")
     for m in _EXIT.finditer(output):
+        if _SHUT_DOWN.search(output):
+            break
         r, code = int(m.group(1)), int(m.group(2))
         if r < len(ranks):
             add(ranks[r], f"rank {r} exited with status {code}")

@@ -73,6 +73,11 @@ def test_mpirun_verdicts_name_the_host():
         ("localhost", "rank 1 exited on signal 9")]
     assert eh.find_failures(EXITED, three) == [("10.78.0.3", "rank 2 exited with status 3")]
     assert eh.find_failures("something else went wrong", three) == []
+    # Rank 1 left through Python; rank 0, a survivor, failed first: rank 1 is to blame.
+    survivor = ("tensorflow.python.framework.errors_impl.AbortedError: rank 0: bluefog has been "
+                "shut down (rank 1 shut down: it exited)\n" + EXITED.replace("],2]", "],0]"))
+    assert eh.find_failures(survivor, three) == [
+        ("10.78.0.2", "rank 1 shut down while the others still ran")]
 
 
 @pytest.mark.parametrize("argv, message", [
