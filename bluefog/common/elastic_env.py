@@ -22,7 +22,6 @@ from typing import Optional
 ENV_ELASTIC = "BLUEFOG_ELASTIC"  # "1" under an elastic bfrun
 ENV_RESTART = "BLUEFOG_ELASTIC_RESTART"  # how many launches of this job came before this one
 ENV_STATE_DIR = "BLUEFOG_ELASTIC_STATE_DIR"  # where each host keeps its last commit
-ENV_KEEP_STATE = "BLUEFOG_ELASTIC_KEEP_STATE"  # "1": keep the commit files after success
 
 HOST_UPDATE_SIGNAL = signal.SIGURG
 HOST_UPDATE_SIGNAL_NAME = "SIGURG"
@@ -46,6 +45,3 @@ def state_dir() -> Optional[str]:
     """The folder for this host's committed state, or None (commits stay in memory)."""
     return os.environ.get(ENV_STATE_DIR) or None
 
-
-def keep_state() -> bool:
-    return os.environ.get(ENV_KEEP_STATE) == "1"

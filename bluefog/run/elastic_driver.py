@@ -142,7 +142,6 @@ class ElasticDriver:
         env[elastic_env.ENV_ELASTIC] = "1"
         env[elastic_env.ENV_RESTART] = str(self.resets)
         env[elastic_env.ENV_STATE_DIR] = self.state_dir
-        env[elastic_env.ENV_KEEP_STATE] = "1" if self.keep else "0"
         cmd = self.build_command(hosts, np_, env)
         cmd[1:1] = ["--mca", "ess_base_forward_signals", elastic_env.HOST_UPDATE_SIGNAL_NAME]
         cmd += self.command
@@ -179,6 +178,18 @@ class ElasticDriver:
         for t in pumps:
             t.join(timeout=10)
         return self.proc.returncode
+
+    def remove_state(self, hosts: eh.Hosts) -> None:
+        """Deletes the temporary commit folder on the hosts of the last launch. Not done by the
+        ranks at the end of ``run``: a failure after it (evaluation, saving) relaunches the
+        job, which must then find the final commit instead of starting over."""
+        one_each = [(h, 1) for h, _ in hosts]
+        cmd = self.build_command(one_each, len(one_each), dict(self.env))
+        cmd += ["rm", "-rf", self.state_dir]
+        try:
+            subprocess.run(cmd, env=self.env, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            log(f"could not remove {self.state_dir} on the hosts: {e}")
 
     def _signal(self, sig) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -217,6 +228,8 @@ class ElasticDriver:
                 return rc or 130
             if rc == 0:
                 log(f"the job finished after {self.resets} reset(s)")
+                if not self.keep:
+                    self.remove_state(hosts)
                 return 0
             if rc == elastic_env.RESIZE_EXIT_CODE:
                 log(f"the ranks stopped at a commit for the new hosts at {ended:.3f}")

@@ -12,6 +12,7 @@ elastic bfrun of tests/elastic/worker.py (a counter committed every few steps).
 The multi-host cases (a lost host, a host that comes back) are in test_elastic_netns.py.
 """
 
+import os
 import re
 import subprocess
 import time
@@ -87,6 +88,8 @@ def test_a_discovered_slot_joins_at_the_next_commit_with_the_state(tmp_path):
     assert reset and int(reset.group(1)) % 5 == 0 and int(reset.group(1)) > 0, out[-4000:]
     # Both ranks, the new one included, end with the counter of the whole run.
     assert sorted(done_lines(out)) == [(0, 2, 40, 40), (1, 2, 40, 40)], out[-4000:]
+    folder = re.search(r"state of the commits under (\S+) on each host", out).group(1)
+    assert not os.path.exists(folder), "the temporary commit folder was left behind"
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

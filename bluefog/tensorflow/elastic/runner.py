@@ -51,7 +51,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.stdout.flush()
             sys.stderr.flush()
             raise SystemExit(elastic_env.RESIZE_EXIT_CODE) from None
-        state._finished()
         return result
 
     return wrapper

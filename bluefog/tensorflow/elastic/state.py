@@ -63,7 +63,7 @@ class State:
         self._saved: Optional[Snapshot] = None
         folder = elastic_env.state_dir()
         self._store = CommitStore(folder) if folder else None
-        self.restored_commit = False  # set by sync(): whether it restored an earlier commit
+        self.restored_commit = False  # set by sync(): whether it took a commit not its own
 
     # -- what the subclasses define ------------------------------------------------------------
 
@@ -141,7 +141,10 @@ class State:
             if not problem and (best is None or disk[0] > best[0]):
                 best = disk
         my_id = -2 if problem else (best[0] if best is not None else -1)
-        ids = mpi_ops.allgather(tf.constant([my_id], tf.int64), name=_name("sync.ids")).numpy()
+        held = self._saved[0] if self._saved is not None else -1
+        gathered = mpi_ops.allgather(tf.constant([[my_id, held]], tf.int64),
+                                     name=_name("sync.ids")).numpy()
+        ids = gathered[:, 0]
         if (ids == -2).any():
             bad = [int(r) for r in np.flatnonzero(ids == -2)]
             raise ValueError(f"bluefog elastic sync: the commit on the host(s) of rank(s) {bad} "
@@ -158,7 +161,9 @@ class State:
         for name, value in attrs.items():
             setattr(self, name, value)
         self._commit_id = max(newest, -1)
-        self.restored_commit = newest >= 0
+        # From an earlier launch (or another rank), not this process's own last commit: the
+        # same answer on every rank, since it is computed from the gathered numbers.
+        self.restored_commit = newest > int(gathered[:, 1].min())
         self.save()
 
     # -- internals -----------------------------------------------------------------------------
@@ -193,11 +198,6 @@ class State:
             setattr(self, name, copy.deepcopy(value))
         self._commit_id = commit_id
 
-    def _finished(self) -> None:
-        """The job's function returned: drop this host's commit unless it is to be kept."""
-        if (self._store is not None and not elastic_env.keep_state()
-                and basics.local_rank() == 0):
-            self._store.remove()
 
 
 HostsUpdatedInterrupt = interrupts.HostsUpdatedInterrupt

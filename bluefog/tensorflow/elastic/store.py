@@ -49,13 +49,3 @@ class CommitStore:
                           f"format {FORMAT}", stacklevel=2)
             return None
         return record
-
-    def remove(self) -> None:
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            pass
-        try:
-            os.rmdir(self.folder)  # only when no other host's file is left in it
-        except OSError:
-            pass
