@@ -56,6 +56,7 @@ class ElasticDriver:
         self.fixed_hosts: Optional[eh.Hosts] = (
             eh.parse_host_spec(args.hosts) if args.hosts else None)
         self.discovered: eh.Hosts = []
+        self.last_discovery_problem: Optional[str] = None
         self.lost: List[Tuple[str, str]] = []
         self.resets = 0
         self.proc: Optional[subprocess.Popen] = None
@@ -71,24 +72,30 @@ class ElasticDriver:
     # -- hosts ---------------------------------------------------------------------------------
 
     def discover(self) -> Optional[eh.Hosts]:
-        """The discovery script's hosts, or None when it failed (reported, previous list kept)."""
+        """The discovery script's hosts, or None when it failed (reported once per distinct
+        problem; the previous list is kept)."""
         script = self.args.host_discovery_script
         try:
             out = subprocess.run(script, shell=True, capture_output=True, text=True,
                                  timeout=self.args.discovery_timeout, env=self.env)
+            if out.returncode != 0:
+                raise ValueError(f"host discovery script {script!r} exited with "
+                                 f"{out.returncode}: {out.stderr.strip()[-300:]}")
+            hosts = eh.parse_discovery_output(out.stdout)
         except subprocess.TimeoutExpired:
-            log(f"host discovery script {script!r} took over {self.args.discovery_timeout} s; "
-                "keeping the previous host list")
+            self._discovery_problem(f"host discovery script {script!r} took over "
+                                    f"{self.args.discovery_timeout} s")
             return None
-        if out.returncode != 0:
-            log(f"host discovery script {script!r} exited with {out.returncode}: "
-                f"{out.stderr.strip()[-300:]}; keeping the previous host list")
+        except (OSError, ValueError) as e:
+            self._discovery_problem(str(e))
             return None
-        try:
-            return eh.parse_discovery_output(out.stdout)
-        except ValueError as e:
-            log(f"{e}; keeping the previous host list")
-            return None
+        self.last_discovery_problem = None
+        return hosts
+
+    def _discovery_problem(self, problem: str) -> None:
+        if problem != self.last_discovery_problem:
+            log(f"{problem}; keeping the previous host list ({eh.host_spec(self.discovered)})")
+            self.last_discovery_problem = problem
 
     def available(self, now: float) -> eh.Hosts:
         hosts = self.fixed_hosts if self.fixed_hosts is not None else self.discovered

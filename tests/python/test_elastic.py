@@ -116,3 +116,17 @@ def test_state_dir_resumes_a_job_started_again(tmp_path):
     assert "STEP launch 0 step 11 " in out and "STEP launch 0 step 10 " not in out
     assert sorted(done_lines(out)) == [(0, 2, 30, 30), (1, 2, 30, 30)], out[-4000:]
     assert list(folder.glob("commit-*.pkl")), "--state-dir must keep the commit after success"
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_discovery_script_is_reported_and_the_wait_is_bounded(tmp_path):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho 'not a host'\n")
+    script.chmod(0o755)
+    result = run_job(bfrun("--min-np", "1", "--elastic-timeout", "3", "--host-discovery-script",
+                           str(script), PYTHON, WORKER), timeout=60)
+    out = result.output
+    assert result.returncode == 1 and not result.timed_out, out
+    assert out.count("discovery script line 1: 'not a host' is not 'host' or 'host:slots'") == 1
+    assert "giving up: 0 slot(s) left, below --min-np 1" in out
+    assert result.wall < 30
