@@ -180,4 +180,5 @@ def describe(hosts: Iterable[Tuple[str, str]]) -> str:
 
 
 def changed(a: Sequence[Tuple[str, int]], b: Sequence[Tuple[str, int]]) -> bool:
-    return list(a) != list(b)
+    """Whether two slot assignments differ (a new order alone is no reason to relaunch)."""
+    return sorted(a) != sorted(b)

@@ -49,6 +49,9 @@ def test_assignment_fills_hosts_in_order_up_to_max_np():
     assert eh.assign(hosts, 3) == [("a", 2), ("b", 1)]
     assert eh.host_spec(eh.assign(hosts, 4)) == "a:2,b:2"
     assert eh.rank_hosts([("a", 2), ("b", 1)]) == ["a", "a", "b"]
+    assert not eh.changed([("a", 2), ("b", 1)], [("b", 1), ("a", 2)])
+    assert eh.changed([("a", 2), ("b", 1)], [("a", 2), ("b", 2)])
+    assert eh.changed([("a", 2)], [("a", 2), ("c", 1)])
 
 
 def test_blacklist_forever_or_with_a_growing_cooldown():
