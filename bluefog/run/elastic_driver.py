@@ -215,6 +215,9 @@ class ElasticDriver:
     def fail(self, why: str) -> int:
         lost = f" Lost: {eh.describe(self.lost)}." if self.lost else ""
         log(f"giving up: {why}.{lost}")
+        if self.resets or self.lost:
+            log(f"the last commit stays in {self.state_dir} on the hosts that made it; to "
+                f"resume from it, run the job again with --state-dir {self.state_dir}")
         return 1
 
     def run(self) -> int:

@@ -40,9 +40,10 @@ def done_lines(out):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_below_min_np_ends_the_job_naming_what_was_lost():
-    result = run_job(bfrun("--min-np", "2", "-H", "localhost:2", PYTHON, WORKER,
-                           "--die-rank", "1", "--die-at", "7"), timeout=TIMEOUT_S)
+def test_below_min_np_ends_the_job_naming_what_was_lost(tmp_path):
+    result = run_job(bfrun("--min-np", "2", "-H", "localhost:2", "--state-dir",
+                           str(tmp_path / "state"), PYTHON, WORKER, "--die-rank", "1",
+                           "--die-at", "7"), timeout=TIMEOUT_S)
     out = result.output
     assert not result.timed_out, out[-4000:]
     assert result.returncode == 1, out[-4000:]
@@ -50,6 +51,7 @@ def test_below_min_np_ends_the_job_naming_what_was_lost():
     assert re.search(r"giving up: 0 slot\(s\) left, below --min-np 2\. Lost: localhost \(rank 1 "
                      r"exited on signal 9\)", out), out[-4000:]
     assert "DONE" not in out
+    assert f"run the job again with --state-dir {tmp_path / 'state'}" in out
     assert result.ended - died <= BELOW_MIN_BOUND_S, result.ended - died
     print(f"ended {result.ended - died:.1f} s after the rank died")
 
@@ -94,7 +96,7 @@ def test_a_discovered_slot_joins_at_the_next_commit_with_the_state(tmp_path):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_reset_limit_stops_the_job(tmp_path):
-    rc, out = grow(tmp_path, ["--reset-limit", "0"])
+    rc, out = grow(tmp_path, ["--reset-limit", "0", "--state-dir", str(tmp_path / "state")])
     assert rc == 1, out[-4000:]
     assert "giving up: --reset-limit 0 reached" in out, out[-4000:]
 
