@@ -3,10 +3,14 @@
     bfrun -np 4 python train.py --epochs 3
     bfrun -np 8 -H server1:4,server2:4 python train.py
     bfrun -np 8 --hostfile hosts.txt python train.py
+    bfrun --min-np 2 --max-np 4 -H a:2,b:2 python train.py               # elastic
+    bfrun --min-np 2 --host-discovery-script ./hosts.sh python train.py  # elastic
 
 It runs ``mpirun`` with the options bluefog needs (``--bind-to none``, ``--oversubscribe``,
 ``--allow-run-as-root`` when run as root), forwards the relevant environment variables to every
 rank (also on other hosts), and exits with ``mpirun``'s exit status: non-zero when a rank fails.
+With ``--min-np`` (elastic mode, bluefog/run/elastic_driver.py) it stays alive instead and
+relaunches the job on the hosts that remain or that are discovered.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import shutil
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
+
+from bluefog.run import elastic_driver, elastic_hosts
 
 # Forwarded to the ranks with `-x` when set: exact names, and every name with these prefixes.
 FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME",
@@ -46,8 +52,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="bfrun",
         description="Run a command on N processes with Open MPI (bluefog's launcher).",
         epilog="Example: bfrun -np 4 python train.py --epochs 3")
-    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, required=True,
-                   help="number of processes (ranks) to start")
+    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int,
+                   help="number of processes (ranks) to start (elastic mode: at most this "
+                        "many at the first launch; default --max-np)")
     p.add_argument("-H", "--hosts", dest="hosts",
                    help="comma-separated hosts with slot counts, e.g. host1:4,host2:4 "
                         "(default: this machine)")
@@ -59,6 +66,32 @@ def _parser() -> argparse.ArgumentParser:
                    help="also forward this environment variable (repeatable)")
     p.add_argument("--mpi-args", dest="mpi_args", default="",
                    help="extra arguments for mpirun, as one quoted string")
+    e = p.add_argument_group("elastic training (docs/training.md); --min-np turns it on")
+    e.add_argument("--min-np", dest="min_np", type=int,
+                   help="the fewest ranks the job may run on: when hosts are lost, it goes on "
+                        "from the last commit with the ranks left, down to this many")
+    e.add_argument("--max-np", dest="max_np", type=int,
+                   help="the most ranks (default: every available slot, or -np)")
+    e.add_argument("--host-discovery-script", dest="host_discovery_script",
+                   help="command printing the available hosts, one 'host:slots' per line; run "
+                        "every --discovery-interval seconds (instead of -H)")
+    e.add_argument("--discovery-interval", dest="discovery_interval", type=float, default=1.0,
+                   help="seconds between two runs of the discovery script (default 1)")
+    e.add_argument("--discovery-timeout", dest="discovery_timeout", type=float, default=30.0,
+                   help=argparse.SUPPRESS)
+    e.add_argument("--reset-limit", dest="reset_limit", type=int,
+                   help="give up after this many relaunches (failures and resizes; default: "
+                        "no limit)")
+    e.add_argument("--blacklist-cooldown-range", dest="blacklist_cooldown_range", type=float,
+                   nargs=2, metavar=("MIN", "MAX"),
+                   help="a failed host may come back after a random MIN..MAX seconds (doubled "
+                        "at each further failure); default: never")
+    e.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0,
+                   help="seconds to wait for --min-np slots before giving up (default 600)")
+    e.add_argument("--state-dir", dest="state_dir",
+                   help="folder (on each host) for the committed state, kept after the job: "
+                        "a later bfrun with the same folder resumes from it (default: a "
+                        "temporary folder, removed on success)")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpirun command and exit without running it")
@@ -123,6 +156,23 @@ def build_command(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) ->
     return cmd
 
 
+def _elastic_requested(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.min_np, args.max_np, args.host_discovery_script,
+                                        args.reset_limit, args.blacklist_cooldown_range,
+                                        args.state_dir))
+
+
+def _run_elastic(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) -> int:
+    command = args.command
+
+    def launch_command(hosts, np_, launch_env):
+        one = argparse.Namespace(**vars(args))
+        one.np, one.hosts, one.hostfile, one.command = np_, elastic_hosts.host_spec(hosts), None, []
+        return build_command(one, mpirun, launch_env)
+
+    return elastic_driver.ElasticDriver(args, command, env, launch_command).run()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -130,7 +180,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.command:
         print("bfrun: no command given; usage: bfrun -np N python train.py", file=sys.stderr)
         return 2
-    if args.np < 1:
+    elastic = _elastic_requested(args)
+    if elastic:
+        problem = elastic_driver.check_args(args)
+        if problem:
+            print(f"bfrun: {problem}", file=sys.stderr)
+            return 2
+    elif args.np is None:
+        print("bfrun: -np N is required (the number of ranks), or --min-np for elastic "
+              "training", file=sys.stderr)
+        return 2
+    if args.np is not None and args.np < 1:
         print(f"bfrun: -np must be >= 1, got {args.np}", file=sys.stderr)
         return 2
     if args.hostfile and not os.path.isfile(args.hostfile):
@@ -146,6 +206,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bfrun: {mpirun} is not Open MPI's mpirun. {INSTALL_HINT}", file=sys.stderr)
         return 127
 
+    if elastic:
+        if args.dry_run:
+            print("bfrun: --dry-run is not available in elastic mode (each launch depends on "
+                  "the hosts of the moment)", file=sys.stderr)
+            return 2
+        return _run_elastic(args, mpirun, env)
     cmd = build_command(args, mpirun, env)
     if args.verbose or args.dry_run:
         print("bfrun: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)

@@ -27,6 +27,7 @@ from bluefog.common.topology import (  # noqa: F401
     set_topology,
     unified_mpi_window_model_supported,
 )
+from bluefog.tensorflow import elastic  # noqa: F401
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.decentralized import (  # noqa: F401
     DistributedAdaptThenCombineOptimizer,

@@ -19,6 +19,7 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
+from bluefog.tensorflow import elastic  # noqa: F401
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.keras import callbacks, layers  # noqa: F401

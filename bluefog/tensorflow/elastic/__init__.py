@@ -1,0 +1,29 @@
+"""``bf.elastic``: training that survives lost hosts and takes in new ones (under
+``bfrun --min-np``). Horovod's elastic API: ``run``, ``State``, ``ObjectState``,
+``TensorFlowState``, ``KerasState``, ``HostsUpdatedInterrupt`` and the Keras callbacks.
+docs/training.md shows how to use it; docs/design.md how it works."""
+
+from bluefog.common import elastic_env as _env
+from bluefog.tensorflow.elastic.interrupts import HostsUpdatedInterrupt  # noqa: F401
+from bluefog.tensorflow.elastic.interrupts import install_handler as _install_handler
+from bluefog.tensorflow.elastic.runner import run  # noqa: F401
+from bluefog.tensorflow.elastic.state import (  # noqa: F401
+    KerasState,
+    ObjectState,
+    State,
+    TensorFlowState,
+)
+
+if _env.is_elastic():
+    _install_handler()
+
+_CALLBACKS = ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback")
+
+
+def __getattr__(name):
+    # The Keras callbacks import Keras, which `import bluefog.tensorflow` does not: on first use.
+    if name in _CALLBACKS:
+        from bluefog.tensorflow.elastic import callbacks  # noqa: PLC0415
+
+        return getattr(callbacks, name)
+    raise AttributeError(f"module 'bluefog.tensorflow.elastic' has no attribute {name!r}")
