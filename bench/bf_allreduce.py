@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -127,16 +128,32 @@ def main() -> None:
         def eager(x=x, nb=nbytes):
             return bf.allreduce(x, average=False, name=f"e.{nb}")
 
+        # An input TensorFlow may overwrite: a temporary made in the step (as gradients are),
+        # which the kernel takes as its output and reduces in place. Making it costs the
+        # multiplication, timed alone as tf_function_scale.
+        fn_temp = tf.function(
+            lambda t, nb=nbytes: bf.allreduce(t * 2.0, average=False, name=f"t.{nb}"))
+        fn_scale = tf.function(lambda t: t * 2.0)
         batches = {
             "bf_eager": per_call(eager),
             "bf_eager_handoff": per_call(handed_off(eager)),
             "bf_function": per_call(lambda x=x, fn=fn: fn(x)),
+            "bf_function_temp": per_call(lambda x=x, fn=fn_temp: fn(x)),
+            "tf_function_scale": per_call(lambda x=x, fn=fn_scale: fn(x)),
         }
         if lib:
             batches["mpi_inproc"] = raw_mpi(lib, nbytes)
             batches["mpi_inproc_oop"] = raw_mpi(lib, nbytes, out_of_place=True)
         for impl, t in timed(batches, args.budget, args.reps).items():
             emit(impl=impl, bytes=nbytes, median_s=t)
+        # Page faults per call in steady state (fresh memory would fault on every page).
+        for impl, step in (("bf_eager", eager), ("bf_function_temp", lambda x=x, f=fn_temp: f(x))):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(10):
+                step()
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
+            emit(impl="faults_" + impl, bytes=nbytes,
+                 faults_per_call=float(slowest(faults)))
 
     # Eager dispatch floor: what any TF op costs from Python, for the latency comparison.
     tiny = tf.constant([1.0])

@@ -76,7 +76,9 @@ def main() -> None:
         res += records(MPIRUN + ["-np", str(n), mpi_exe, "--json"] + common, 600)
         if not args.no_mwms:
             res += records([PY, "bench/tf_mwms.py", "--ranks", str(n), "--json"] + common, 900)
-        by = {(r["impl"], r.get("bytes")): r["median_s"] for r in res}
+        by = {(r["impl"], r.get("bytes")): r["median_s"] for r in res if "median_s" in r}
+        faults = {(r["impl"], r["bytes"]): r["faults_per_call"] for r in res
+                  if "faults_per_call" in r}
         busf = 2 * (n - 1) / n
         print(f"\n### Allreduce, float32, {n} ranks (median per call)\n")
         print("| size | bf eager | bf tf.function | raw MPI, interleaved | raw MPI, own program "
@@ -102,6 +104,15 @@ def main() -> None:
             if b >= 1 << 20 and mwms:
                 floors.append((f"{n} ranks {fmt_size(b)}: bf >= 3x MWMS", mwms / best >= 3.0,
                                f"{mwms / best:.2f}x"))
+        print("\nIn place (a temporary input, reduced where it lies) and page faults per call "
+              f"(rank max), {n} ranks: " + "; ".join(
+                  f"{fmt_size(b)}: tf.function with a temporary "
+                  f"{fmt_time(by[('bf_function_temp', b)])} of which making it "
+                  f"{fmt_time(by[('tf_function_scale', b)])}, raw MPI in place "
+                  f"{fmt_time(by[('mpi_inproc', b)])}; faults eager "
+                  f"{faults[('faults_bf_eager', b)]:.0f}, temporary "
+                  f"{faults[('faults_bf_function_temp', b)]:.0f}"
+                  for b in sorted({k[1] for k in faults}) if b >= 1 << 20))
         transport = os.path.join(ROOT, "build", "cpp", "transport_bench")
         if os.path.exists(transport):  # built by `make bench` (make cpp-build)
             rows = records(MPIRUN + ["-np", str(n), transport], 600)
