@@ -15,8 +15,17 @@ import networkx as nx
 from bluefog.common import basics, topology_util
 
 _lock = threading.Lock()
+# Callables returning why the topology may not change now (None: it may). The windows register
+# one: a window keeps the neighbours it was created with.
+_change_guards: list = []
 _state = {"topology": None, "weighted": False, "for_size": None,
           "machine_topology": None, "machine_weighted": False, "for_machines": None}
+
+
+def register_change_guard(guard) -> None:
+    """``guard()`` is asked before ``set_topology`` changes the topology; a string it returns
+    is the reason the change is refused."""
+    _change_guards.append(guard)
 
 
 def _current() -> nx.DiGraph:
@@ -47,6 +56,11 @@ def set_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = Fals
     if not isinstance(is_weighted, bool):
         raise TypeError(f"rank {basics.rank()}: set_topology: is_weighted must be a bool")
     current = _current()
+    if not topology_util.IsTopologyEquivalent(topology, current):
+        for guard in _change_guards:
+            reason = guard()
+            if reason:
+                raise ValueError(f"rank {basics.rank()}: set_topology: {reason}")
     with _lock:
         changed = (not topology_util.IsTopologyEquivalent(topology, current)
                    or is_weighted != _state["weighted"])

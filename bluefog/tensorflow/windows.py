@@ -55,6 +55,20 @@ _windows: Dict[str, _Window] = {}
 _with_p = [False]
 
 
+def _topology_guard():
+    """Why the topology may not change while windows exist (None when none do)."""
+    with _lock:
+        names = sorted(_windows)
+    if names and basics.is_initialized():
+        return (f"windows {', '.join(repr(n) for n in names)} exist and keep the neighbours "
+                "they were created with; free them with bf.win_free() on every rank before "
+                "changing the topology (and create them again after)")
+    return None
+
+
+topology.register_change_guard(_topology_guard)
+
+
 def _prefix(op: str, name) -> str:
     return f"rank {rank_str()}: bluefog {op} of window {name!r}"
 

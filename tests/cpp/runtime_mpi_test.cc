@@ -169,7 +169,7 @@ TEST(RuntimeMpi, DrivenRequestsFinishOnTheCallingThread) {
     ASSERT_EQ(out[0], expected) << k;
     ASSERT_EQ(out[count - 1], expected) << k;
   }
-  std::vector<float> g(8, 1.0f);
+  std::vector<float> g(8 * (Rank() + 1), 1.0f);
   auto gathered = Submit(OpType::kAllgather, "driven.gather", DataType::kFloat32, {Rank() + 1, 8},
                          g.data(), false, -1, true);
   ASSERT_TRUE(Wait(*gathered).ok());

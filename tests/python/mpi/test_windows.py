@@ -8,6 +8,7 @@ rank sees every other rank's writes. With one rank a window has no neighbours.
 
 import time
 
+import networkx as nx
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -423,3 +424,21 @@ def test_unified_model_reported_where_windows_work(rank, size):
     """Windows need MPI_THREAD_MULTIPLE (their thread calls MPI); where they work, a finished
     put is visible to the next update without further synchronisation."""
     assert bf.unified_mpi_window_model_supported() is bf.mpi_threads_supported()
+
+
+@needs_ranks(2)
+def test_topology_change_refused_while_windows_exist(rank, size):
+    """A window keeps the neighbours it was created with, so changing the topology while one
+    exists is refused with what to do; the same topology again is fine, and after win_free the
+    change goes through."""
+    bf.win_create(tf.constant(value(rank)), "w_topo")
+    lonely = nx.DiGraph()
+    lonely.add_nodes_from(range(size))  # no edges: differs from the default
+    with pytest.raises(ValueError, match=r"rank \d+: set_topology: windows 'w_topo' exist.*"
+                                         r"bf.win_free"):
+        bf.set_topology(lonely)
+    assert bf.set_topology(bf.load_topology()) is False  # unchanged: allowed
+    sync()
+    assert bf.win_free("w_topo")
+    assert bf.set_topology(lonely) is True
+    assert bf.in_neighbor_ranks() == []
