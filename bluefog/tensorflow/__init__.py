@@ -11,6 +11,17 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
+from bluefog.common.capabilities import (  # noqa: F401
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    nccl_built,
+    rocm_built,
+)
 from bluefog.common.process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,
@@ -47,6 +58,7 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     UnsupportedReductionError,
     allgather,
     allreduce,
+    barrier,
     broadcast,
     grouped_allreduce,
 )

@@ -263,6 +263,15 @@ def _divide(tensor: tf.Tensor, n: int) -> tf.Tensor:
     return tf.truncatediv(tensor, tf.cast(n, tensor.dtype))
 
 
+def barrier(process_set=None) -> None:
+    """Returns once every rank (of ``process_set``, default all) has called it (Horovod's
+    ``hvd.barrier``). Calls match by order, like unnamed collectives."""
+    name = request_name("barrier", None)
+    set_attrs = process_set_attrs(process_set, op_error_prefix("barrier", name))
+    ops.bluefog_allreduce(tf.constant(0, tf.int32), tensor_name=name_input(name), average=False,
+                          **set_attrs, **eager_inline_attrs())
+
+
 def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None,
               process_set=None) -> tf.Tensor:
     """Concatenation along dimension 0 of ``tensor`` from every rank, in rank order.

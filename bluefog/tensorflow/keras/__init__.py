@@ -19,6 +19,17 @@ from bluefog.common.basics import (  # noqa: F401
     shutdown,
     size,
 )
+from bluefog.common.capabilities import (  # noqa: F401
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    nccl_built,
+    rocm_built,
+)
 from bluefog.tensorflow import elastic  # noqa: F401
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
@@ -41,12 +52,14 @@ from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Sum,
     allgather,
     allreduce,
+    barrier,
     broadcast,
 )
 from bluefog.tensorflow.partial import (  # noqa: F401
     PartialDistributedGradientTape,
     PartialDistributedOptimizer,
 )
+from bluefog.tensorflow.scatter_ops import reducescatter  # noqa: F401
 from bluefog.tensorflow.variables import broadcast_variables  # noqa: F401
 
 

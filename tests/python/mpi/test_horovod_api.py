@@ -85,3 +85,26 @@ def test_unsupported_indexed_slices_reduction_is_also_not_implemented(rank, size
         bf.allreduce(slices, op=bf.Min, name="hapi.slices.min")
     assert issubclass(bf.UnsupportedReductionError, NotImplementedError)
     assert issubclass(bf.UnsupportedReductionError, ValueError)
+
+
+def test_build_queries_answer_like_horovod():
+    import bluefog.tensorflow.keras as bfk
+    for mod in (bf, bfk):
+        assert mod.mpi_built() and mod.mpi_enabled()
+        assert not any(f() for f in (mod.gloo_built, mod.gloo_enabled, mod.nccl_built,
+                                     mod.ddl_built, mod.ccl_built, mod.cuda_built,
+                                     mod.rocm_built))
+
+
+def test_barrier_waits_for_every_rank(rank, size):
+    """A rank that sleeps before the barrier holds the others: every rank leaves it after the
+    last one entered (wall clocks of one machine; the ranks compare through an allgather)."""
+    import time
+    if rank == size - 1:
+        time.sleep(0.3)
+    entered = time.time()
+    bf.barrier()
+    left = time.time()
+    times = bf.allgather(tf.constant([[entered, left]], tf.float64), name="barrier.times").numpy()
+    assert times[:, 1].min() >= times[:, 0].max() - 1e-3, times
+    bf.barrier(process_set=bf.global_process_set)
