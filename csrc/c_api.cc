@@ -57,6 +57,18 @@ int bluefog_mpi_threads_supported(void) {
   return IfRunning([](const auto& i) { return i.threads_multiple ? 1 : 0; });
 }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
+int bluefog_start_timeline(const char* path) {
+  return Guard([&] {
+    BF_ENFORCE(bluefog::Runtime::Get().running(), bluefog::StatusCode::kPrecondition,
+               "start_timeline: bluefog is not initialized; call bf.init() first");
+    bluefog::Runtime::Get().StartTimeline(path);
+  });
+}
+int bluefog_stop_timeline(void) {
+  return Guard([] {
+    if (bluefog::Runtime::Get().running()) bluefog::Runtime::Get().StopTimeline();
+  });
+}
 int bluefog_add_process_set(const int* ranks, int count) {
   int id = -1;
   if (Guard([&] {

@@ -14,6 +14,9 @@ int bluefog_size(void);
 int bluefog_local_rank(void);
 int bluefog_local_size(void);
 int bluefog_mpi_threads_supported(void);
+// Records this rank's timeline into `path` (Chrome trace), replacing any open one; stops it.
+int bluefog_start_timeline(const char* path);
+int bluefog_stop_timeline(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call
 // 1 when the op (OpType's value) accepts the dtype (DataType's value), 0 when not, -1 for values
 // that name no op or dtype. Lets the Python layer check its own table against the core's.

@@ -28,6 +28,7 @@ from bluefog.common.process_sets import (  # noqa: F401
     global_process_set,
     remove_process_set,
 )
+from bluefog.common.timeline import start_timeline, stop_timeline  # noqa: F401
 from bluefog.common.topology import (  # noqa: F401
     in_neighbor_ranks,
     is_topo_weighted,

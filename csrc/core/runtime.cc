@@ -73,7 +73,7 @@ void Runtime::Main(std::promise<void>* started) {
     try {
       timeline_.Open(config_.timeline_prefix, info_.rank);
     } catch (const BluefogError& e) {
-      BF_LOG(LogLevel::kError, e.what(), "; running without a timeline");
+      BF_LOG(LogLevel::kError, "BLUEFOG_TIMELINE: ", e.what(), "; running without a timeline");
     }
   }
   std::vector<int> everyone(info_.size);

@@ -52,6 +52,11 @@ class Runtime {
   // The job-wide ranks of a registered set; empty when there is none.
   std::vector<int> SetRanks(int id);
 
+  // Records this rank's timeline into `path` from now on (replacing any open one), or stops.
+  // Throws BluefogError when the file cannot be created.
+  void StartTimeline(const std::string& path) { timeline_.OpenPath(path, info_.rank); }
+  void StopTimeline() { timeline_.Close(); }
+
   // The windows (bf.win_*). Created and freed through Enqueue (kWinCreate, kWinFree), so every
   // rank does it at the same point; the other operations go to the service directly.
   WindowService& windows() { return windows_; }

@@ -29,10 +29,16 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 void Timeline::Open(const std::string& prefix, int rank) {
-  const std::string path = prefix + std::to_string(rank) + ".json";
-  file_ = std::fopen(path.c_str(), "w");
-  BF_ENFORCE(file_ != nullptr, StatusCode::kInvalidArgument, "BLUEFOG_TIMELINE: cannot create '",
-             path, "': ", std::strerror(errno));
+  OpenPath(prefix + std::to_string(rank) + ".json", rank);
+}
+
+void Timeline::OpenPath(const std::string& path, int rank) {
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  BF_ENFORCE(file != nullptr, StatusCode::kInvalidArgument, "timeline: cannot create '", path,
+             "': ", std::strerror(errno));
+  std::lock_guard<std::mutex> lock(mutex_);
+  CloseLocked();
+  file_ = file;
   rank_ = rank;
   std::fputs("[\n", file_);
   std::fprintf(file_,
@@ -40,6 +46,7 @@ void Timeline::Open(const std::string& prefix, int rank) {
                "\"bluefog rank %d\"}}",
                rank_, rank_);
   first_ = false;
+  enabled_ = true;
 }
 
 int Timeline::TrackOf(const std::string& tensor) {
@@ -55,6 +62,7 @@ int Timeline::TrackOf(const std::string& tensor) {
 }
 
 void Timeline::Phase(const std::string& tensor, const char* phase, double start, double end) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!file_) return;
   const int track = TrackOf(tensor);
   std::fprintf(file_,
@@ -65,6 +73,12 @@ void Timeline::Phase(const std::string& tensor, const char* phase, double start,
 }
 
 void Timeline::Close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  CloseLocked();
+}
+
+void Timeline::CloseLocked() {
+  enabled_ = false;
   if (!file_) return;
   std::fputs("\n]\n", file_);
   std::fclose(file_);

@@ -62,3 +62,32 @@ def test_stall_is_reported_and_fails_after_shutdown_time():
     assert "ABORTED:" in out and "BLUEFOG_STALL_SHUTDOWN_TIME=3" in out, out
     assert not result.timed_out and result.wall < 30, (
         f"the job took {result.wall:.0f} s: the stalled rank was not released")
+
+
+def test_start_and_stop_timeline_at_run_time(tmp_path):
+    """Horovod's start_timeline/stop_timeline: only the calls between them are recorded, one
+    file per rank (rank 0 the given path), each complete JSON after stop_timeline; a second
+    start replaces the first recording; an unwritable path is a clear error."""
+    path = str(tmp_path / "tl.json")
+    result = _job(f"""
+        bf.init()
+        bf.allreduce(tf.ones([4]), name="before")
+        bf.start_timeline({path!r})
+        for step in range(2):
+            bf.allreduce(tf.ones([4]), name="during")
+        bf.stop_timeline()
+        bf.allreduce(tf.ones([4]), name="after")
+        bf.stop_timeline()  # nothing open: a no-op
+        try:
+            bf.start_timeline({str(tmp_path / "no" / "such" / "dir.json")!r})
+        except bf.BluefogError as e:
+            print("START FAILED:", e, flush=True)
+        bf.shutdown()
+        """, np=2, env={})
+    assert result.returncode == 0, result.tail()
+    assert "START FAILED:" in result.output and "cannot create" in result.output, result.tail()
+    for rank, name in ((0, "tl.json"), (1, "tl.rank1.json")):
+        events = json.load(open(tmp_path / name))
+        tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+        assert tracks == {"during"}, (rank, tracks)
+        assert all(e["pid"] == rank for e in events)
