@@ -56,6 +56,15 @@ int bluefog_local_size(void) {
 int bluefog_mpi_threads_supported(void) {
   return IfRunning([](const auto& i) { return i.threads_multiple ? 1 : 0; });
 }
+int bluefog_cross_rank(void) {
+  return IfRunning([](const auto& i) { return i.cross_rank; });
+}
+int bluefog_cross_size(void) {
+  return IfRunning([](const auto& i) { return i.cross_size; });
+}
+int bluefog_is_homogeneous(void) {
+  return IfRunning([](const auto& i) { return i.homogeneous ? 1 : 0; });
+}
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
 int bluefog_start_timeline(const char* path) {
   return Guard([&] {

@@ -22,6 +22,7 @@ from bluefog.common.capabilities import (  # noqa: F401
     nccl_built,
     rocm_built,
 )
+from bluefog.common.hosts import cross_rank, cross_size, is_homogeneous  # noqa: F401
 from bluefog.common.process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,

@@ -139,10 +139,15 @@ TransportInfo MpiTransport::Init() {
   // same number of ranks on every host (each local rank owns one slice).
   int sizes[2] = {-info.local_size, info.local_size};  // min and max through one MPI_MAX
   Check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, AsComm(comm_)), "MPI_Allreduce");
-  if (-sizes[0] == sizes[1] && info.local_size > 1 && info.local_size < size_) {
-    void* cross = nullptr;
-    Check(MPI_Comm_split(AsComm(comm_), info.local_rank, rank_, &AsComm(cross)), "MPI_Comm_split");
+  info.homogeneous = -sizes[0] == sizes[1];
+  void* cross = nullptr;
+  Check(MPI_Comm_split(AsComm(comm_), info.local_rank, rank_, &AsComm(cross)), "MPI_Comm_split");
+  Check(MPI_Comm_rank(AsComm(cross), &info.cross_rank), "MPI_Comm_rank");
+  Check(MPI_Comm_size(AsComm(cross), &info.cross_size), "MPI_Comm_size");
+  if (info.homogeneous && info.local_size > 1 && info.local_size < size_) {
     cross_ = Adopt(cross);
+  } else {
+    Check(MPI_Comm_free(&AsComm(cross)), "MPI_Comm_free");
   }
 
   exchange_send_.assign(kSlotBytes, 0);

@@ -17,6 +17,10 @@ struct TransportInfo {
   int size = 1;
   int local_rank = 0;
   int local_size = 1;
+  // Among the ranks with this local rank (one per host): this one's index and their number.
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool homogeneous = true;        // every host runs the same number of ranks
   bool threads_multiple = false;  // MPI granted MPI_THREAD_MULTIPLE
 };
 

@@ -24,6 +24,11 @@ TEST(RuntimeMpi, HierarchicalAllreduceWhereExpected) {
   // Set by the two-pretend-hosts test: its allreduces must take the hierarchical path.
   const bool expected = std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") != nullptr;
   EXPECT_EQ(Runtime::Get().hierarchical_allreduce(), expected);
+  // Those two hosts run two ranks each (0, 1 and 2, 3); otherwise everything is on one host.
+  const TransportInfo& info = Runtime::Get().info();
+  EXPECT_TRUE(info.homogeneous);
+  EXPECT_EQ(info.cross_size, expected ? 2 : 1);
+  EXPECT_EQ(info.cross_rank, expected ? Rank() / 2 : 0);
 }
 
 TEST(RuntimeMpi, AllreduceSumAndAverageFloat) {

@@ -30,6 +30,7 @@ from bluefog.common.capabilities import (  # noqa: F401
     nccl_built,
     rocm_built,
 )
+from bluefog.common.hosts import cross_rank, cross_size, is_homogeneous  # noqa: F401
 from bluefog.common.timeline import start_timeline, stop_timeline  # noqa: F401
 from bluefog.tensorflow import elastic  # noqa: F401
 from bluefog.tensorflow.compression import Compression  # noqa: F401

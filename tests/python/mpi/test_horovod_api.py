@@ -51,6 +51,17 @@ def test_layout_ops(rank, size):
     assert int(in_function()) == rank * 10 + size
 
 
+def test_cross_rank_size_and_homogeneous_match_the_layout(rank, size):
+    """Against the layout gathered from every rank: the cross group of a rank is the ranks with
+    its local rank, in rank order; the job is homogeneous when every host has as many ranks."""
+    layout = bf.allgather(tf.constant([[bf.local_rank(), bf.local_size()]]),
+                          name="cross.layout").numpy()
+    group = [r for r in range(size) if layout[r, 0] == bf.local_rank()]
+    assert bf.cross_rank() == group.index(rank)
+    assert bf.cross_size() == len(group)
+    assert bf.is_homogeneous() == (len(set(layout[:, 1])) == 1)
+
+
 def test_gradient_predivide_factor_still_averages(rank, size):
     w = tf.Variable([1.0, 2.0])
     with tf.GradientTape() as tape:
