@@ -73,6 +73,15 @@ int bluefog_start_timeline(const char* path) {
     bluefog::Runtime::Get().StartTimeline(path);
   });
 }
+int bluefog_timeline_enabled(void) {
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  return rt.running() ? (rt.timeline_enabled() ? 1 : 0) : -1;
+}
+int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end) {
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  if (!rt.running()) return -1;
+  return rt.TimelineActivity(tensor, activity, start, end) ? 1 : 0;
+}
 int bluefog_stop_timeline(void) {
   return Guard([] {
     if (bluefog::Runtime::Get().running()) bluefog::Runtime::Get().StopTimeline();

@@ -20,6 +20,11 @@ int bluefog_is_homogeneous(void);  // every host runs the same number of ranks
 // Records this rank's timeline into `path` (Chrome trace), replacing any open one; stops it.
 int bluefog_start_timeline(const char* path);
 int bluefog_stop_timeline(void);
+// 1 when a timeline is recording, 0 when not, -1 when bluefog is not running.
+int bluefog_timeline_enabled(void);
+// Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns
+// like bluefog_timeline_enabled.
+int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call
 // 1 when the op (OpType's value) accepts the dtype (DataType's value), 0 when not, -1 for values
 // that name no op or dtype. Lets the Python layer check its own table against the core's.

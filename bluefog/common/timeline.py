@@ -1,4 +1,7 @@
-"""Horovod's ``start_timeline`` / ``stop_timeline``: record a timeline for part of a run.
+"""The timeline from Python: Horovod's ``start_timeline`` / ``stop_timeline`` (record part of a
+run) and Bluefog's ``timeline_start_activity`` / ``timeline_end_activity`` /
+``timeline_context`` (put your own activities, e.g. forward and backward passes, next to the
+communication).
 
 The same Chrome trace as ``BLUEFOG_TIMELINE`` (each tensor's queue, negotiation and
 communication phases; open it in Perfetto or ``chrome://tracing``), one file per rank.
@@ -6,9 +9,18 @@ communication phases; open it in Perfetto or ``chrome://tracing``), one file per
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import threading
+import time
 
 from bluefog.common import basics
+
+# tensor_name -> (activity_name, start on the steady clock); the C++ side uses the same clock
+# (std::chrono::steady_clock and time.monotonic are both CLOCK_MONOTONIC on Linux).
+_activities: dict = {}
+_lock = threading.Lock()
 
 
 def rank_path(file_path: str, rank: int) -> str:
@@ -38,3 +50,51 @@ def stop_timeline() -> None:
     """Stops the recording (the file is complete JSON afterwards). A no-op when none runs."""
     if basics.is_initialized():
         basics._check(basics._load().bluefog_stop_timeline())
+
+
+def _lib():
+    lib = basics._load()
+    lib.bluefog_timeline_activity.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double,
+                                              ctypes.c_double]
+    return lib
+
+
+def _check_name(what: str, label: str, value) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{what}: {label} must be a non-empty str, got {value!r}")
+
+
+def timeline_start_activity(tensor_name: str, activity_name: str) -> bool:
+    """Starts activity ``activity_name`` on ``tensor_name``'s track of the timeline. Returns
+    False (and records nothing) when no timeline is recording or bluefog is not initialized."""
+    _check_name("timeline_start_activity", "tensor_name", tensor_name)
+    _check_name("timeline_start_activity", "activity_name", activity_name)
+    if not basics.is_initialized() or _lib().bluefog_timeline_enabled() != 1:
+        return False
+    with _lock:
+        _activities[tensor_name] = (activity_name, time.monotonic())
+    return True
+
+
+def timeline_end_activity(tensor_name: str) -> bool:
+    """Ends the activity started on ``tensor_name`` and records it. Returns False when none was
+    started or no timeline is recording."""
+    _check_name("timeline_end_activity", "tensor_name", tensor_name)
+    end = time.monotonic()
+    with _lock:
+        started = _activities.pop(tensor_name, None)
+    if started is None or not basics.is_initialized():
+        return False
+    activity, start = started
+    return _lib().bluefog_timeline_activity(tensor_name.encode(), activity.encode(), start,
+                                            end) == 1
+
+
+@contextlib.contextmanager
+def timeline_context(tensor_name: str, activity_name: str):
+    """``with bf.timeline_context("step", "FORWARD"): ...`` records the block as an activity."""
+    timeline_start_activity(tensor_name, activity_name)
+    try:
+        yield
+    finally:
+        timeline_end_activity(tensor_name)

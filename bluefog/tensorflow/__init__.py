@@ -29,7 +29,13 @@ from bluefog.common.process_sets import (  # noqa: F401
     global_process_set,
     remove_process_set,
 )
-from bluefog.common.timeline import start_timeline, stop_timeline  # noqa: F401
+from bluefog.common.timeline import (  # noqa: F401
+    start_timeline,
+    stop_timeline,
+    timeline_context,
+    timeline_end_activity,
+    timeline_start_activity,
+)
 from bluefog.common.topology import (  # noqa: F401
     in_neighbor_ranks,
     is_topo_weighted,

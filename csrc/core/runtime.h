@@ -56,6 +56,15 @@ class Runtime {
   // Throws BluefogError when the file cannot be created.
   void StartTimeline(const std::string& path) { timeline_.OpenPath(path, info_.rank); }
   void StopTimeline() { timeline_.Close(); }
+  // A user's activity (bf.timeline_start_activity/end_activity), times from the steady clock
+  // in seconds. False when no timeline is recording.
+  bool TimelineActivity(const std::string& tensor, const std::string& activity, double start,
+                        double end) {
+    if (!timeline_.enabled()) return false;
+    timeline_.Phase(tensor, activity.c_str(), start, end);
+    return true;
+  }
+  bool timeline_enabled() const { return timeline_.enabled(); }
 
   // The windows (bf.win_*). Created and freed through Enqueue (kWinCreate, kWinFree), so every
   // rank does it at the same point; the other operations go to the service directly.

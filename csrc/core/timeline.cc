@@ -68,7 +68,8 @@ void Timeline::Phase(const std::string& tensor, const char* phase, double start,
   std::fprintf(file_,
                "%s\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, "
                "\"dur\": %.3f}",
-               first_ ? "" : ",", phase, rank_, track, start * 1e6, (end - start) * 1e6);
+               first_ ? "" : ",", JsonEscape(phase).c_str(), rank_, track, start * 1e6,
+               (end - start) * 1e6);
   first_ = false;
 }
 

@@ -72,9 +72,14 @@ def test_start_and_stop_timeline_at_run_time(tmp_path):
     result = _job(f"""
         bf.init()
         bf.allreduce(tf.ones([4]), name="before")
+        assert not bf.timeline_start_activity("step", "FORWARD")  # not recording yet
         bf.start_timeline({path!r})
         for step in range(2):
-            bf.allreduce(tf.ones([4]), name="during")
+            with bf.timeline_context("step", "FORWARD"):
+                bf.allreduce(tf.ones([4]), name="during")
+        assert bf.timeline_start_activity("odd \\"x\\"", 'BACK"WARD')
+        assert bf.timeline_end_activity("odd \\"x\\"")
+        assert not bf.timeline_end_activity("never started")
         bf.stop_timeline()
         bf.allreduce(tf.ones([4]), name="after")
         bf.stop_timeline()  # nothing open: a no-op
@@ -89,5 +94,7 @@ def test_start_and_stop_timeline_at_run_time(tmp_path):
     for rank, name in ((0, "tl.json"), (1, "tl.rank1.json")):
         events = json.load(open(tmp_path / name))
         tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-        assert tracks == {"during"}, (rank, tracks)
+        assert tracks == {"during", "step", 'odd "x"'}, (rank, tracks)
         assert all(e["pid"] == rank for e in events)
+        names = [e["name"] for e in events if e["ph"] == "X"]
+        assert names.count("FORWARD") == 2 and names.count('BACK"WARD') == 1, names

@@ -31,7 +31,13 @@ from bluefog.common.capabilities import (  # noqa: F401
     rocm_built,
 )
 from bluefog.common.hosts import cross_rank, cross_size, is_homogeneous  # noqa: F401
-from bluefog.common.timeline import start_timeline, stop_timeline  # noqa: F401
+from bluefog.common.timeline import (  # noqa: F401
+    start_timeline,
+    stop_timeline,
+    timeline_context,
+    timeline_end_activity,
+    timeline_start_activity,
+)
 from bluefog.tensorflow import elastic  # noqa: F401
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
