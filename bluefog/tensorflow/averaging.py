@@ -107,6 +107,9 @@ class Averaging:
     op: str = mpi_ops.Average
     # Horovod's scale_local_gradients: gradients of local variables are divided by size.
     scale_local: bool = True
+    # Horovod's groups / num_groups as a count: the gradients go out as that many grouped
+    # requests, split evenly in order (0: one).
+    groups: int = 0
 
 
 def _check_device(device, what: str) -> str:
@@ -118,9 +121,43 @@ def _check_device(device, what: str) -> str:
     return device
 
 
+def resolve_device(device, device_dense, device_sparse, what: str) -> str:
+    """One device from bluefog's ``device`` and Horovod's ``device_dense``/``device_sparse``.
+
+    bluefog places the dense and the sparse reductions of a call together, so the ones given
+    must agree. Raises ValueError when they do not, TypeError for a non-str.
+    """
+    given = {label: _check_device(value, what) for label, value in
+             (("device", device), ("device_dense", device_dense),
+              ("device_sparse", device_sparse))}
+    chosen = {label: value for label, value in given.items() if value}
+    if len(set(chosen.values())) > 1:
+        raise ValueError(f"bluefog {what}: {', '.join(f'{k}={v!r}' for k, v in chosen.items())}:"
+                         " bluefog places a call's dense and sparse reductions on one device; "
+                         "pass one of them")
+    return next(iter(chosen.values()), "")
+
+
+def resolve_groups(groups, num_groups, what: str) -> int:
+    """Horovod's ``groups`` (an int here) and its older ``num_groups``: how many grouped
+    requests the gradients go out as (0: one). Raises ValueError/TypeError for other values."""
+    if groups is not None and num_groups:
+        raise ValueError(f"bluefog {what}: pass groups or num_groups, not both")
+    value = num_groups if groups is None else groups
+    if value is None:
+        return 0
+    if isinstance(value, (list, tuple)):
+        raise ValueError(f"bluefog {what}: groups as lists of variables are not supported; pass "
+                         "the number of groups (an int): the runtime fuses what is ready together "
+                         "anyway, so lists would only change how requests are split")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"bluefog {what}: groups must be an int >= 0, got {value!r}")
+    return value
+
+
 def averaging_options(device, compression, sparse_as_dense, what: str,
                       gradient_predivide_factor: float = 1.0, process_set=None, op=None,
-                      scale_local_gradients: bool = True) -> Averaging:
+                      scale_local_gradients: bool = True, groups: int = 0) -> Averaging:
     """The checked averaging options of a tape or optimizer (``what``).
 
     Raises TypeError for a non-bool ``sparse_as_dense`` or ``scale_local_gradients``, a non-str
@@ -152,30 +189,42 @@ def averaging_options(device, compression, sparse_as_dense, what: str,
     set_id = process_set_attrs(process_set, f"bluefog {what}").get("process_set_id", 0)
     return Averaging(_check_device(device, what),
                      compression_check(compression, f"bluefog {what}"), sparse_as_dense,
-                     float(f), set_id, op, scale_local_gradients)
+                     float(f), set_id, op, scale_local_gradients, groups)
 
 
 def _allreduce_in_graph(tensors: Sequence, prefix: str, how: Averaging) -> List:
+    k = next_graph_index(prefix)
+    if how.groups > 1 and len(tensors) > 1:
+        # Horovod's groups: consecutive slices of the list, sizes differing by at most one.
+        n = min(how.groups, len(tensors))
+        bounds = [len(tensors) * i // n for i in range(n + 1)]
+        out: List = []
+        for i in range(n):
+            out += _allreduce_group(tensors[bounds[i]:bounds[i + 1]], f"{prefix}.{k}.g{i}", how)
+        return out
+    return _allreduce_group(tensors, f"{prefix}.{k}", how)
+
+
+def _allreduce_group(tensors: Sequence, name: str, how: Averaging) -> List:
     # One grouped request: the dense gradients of one dtype go through a single op, so the
     # runtime gets them together and fuses them.
-    k = next_graph_index(prefix)
     process_set = process_set_by_id(how.process_set) if how.process_set else None
     if how.op == mpi_ops.Adasum:
         if process_set is not None:
-            raise ValueError(f"{op_error_prefix(prefix)}: op=bf.Adasum runs on the global "
+            raise ValueError(f"{op_error_prefix(name)}: op=bf.Adasum runs on the global "
                              "process set only")
-        return mpi_ops.grouped_allreduce(list(tensors), name=f"{prefix}.{k}", op=mpi_ops.Adasum)
+        return mpi_ops.grouped_allreduce(list(tensors), name=name, op=mpi_ops.Adasum)
     if how.op == mpi_ops.Sum:
-        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
+        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=name,
                                          device=how.device, compression=how.compression,
                                          process_set=process_set)
     if how.predivide != 1.0:
-        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=f"{prefix}.{k}",
+        return mpi_ops.grouped_allreduce(list(tensors), average=False, name=name,
                                          device=how.device, compression=how.compression,
                                          prescale_factor=1.0 / how.predivide,
                                          postscale_factor=how.predivide / set_size(process_set),
                                          process_set=process_set)
-    return mpi_ops.grouped_allreduce(list(tensors), average=True, name=f"{prefix}.{k}",
+    return mpi_ops.grouped_allreduce(list(tensors), average=True, name=name,
                                      device=how.device, compression=how.compression,
                                      process_set=process_set)
 

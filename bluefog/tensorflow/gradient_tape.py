@@ -111,7 +111,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
                             sparse_as_dense: bool = False,
                             gradient_predivide_factor: float = 1.0,
                             process_set=None, op=None,
-                            scale_local_gradients: bool = True) -> tf.GradientTape:
+                            scale_local_gradients: bool = True, device_dense: str = "",
+                            device_sparse: str = "", num_groups: int = 0,
+                            groups=None) -> tf.GradientTape:
     """Wraps ``gradtape`` so that ``gradient()`` returns gradients averaged over all ranks.
 
     Works with persistent and non-persistent tapes, ``watch_accessed_variables=False``, in eager
@@ -146,6 +148,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
         scale_local_gradients: gradients of sources registered with
             ``register_local_source`` are not reduced; with True (default, as Horovod) they
             are divided by ``size``.
+        device_dense, device_sparse: Horovod's names for ``device`` (those given must agree).
+        groups, num_groups: Horovod's: send the gradients as this many grouped requests
+            (consecutive, evenly split) instead of one. An int; lists of variables are refused.
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
@@ -156,8 +161,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
     if isinstance(gradtape, _DistributedGradientTape):
         raise ValueError("bluefog DistributedGradientTape: this tape is already a "
                          "DistributedGradientTape; wrap the tf.GradientTape only once")
-    how = averaging.averaging_options(device, compression, sparse_as_dense,
-                                      "DistributedGradientTape", gradient_predivide_factor,
-                                      process_set, op, scale_local_gradients)
+    what = "DistributedGradientTape"
+    how = averaging.averaging_options(
+        averaging.resolve_device(device, device_dense, device_sparse, what), compression,
+        sparse_as_dense, what, gradient_predivide_factor, process_set, op, scale_local_gradients,
+        averaging.resolve_groups(groups, num_groups, what))
     averaging.check_initialized("DistributedGradientTape")
     return _DistributedGradientTape(gradtape, "DistributedGradientTape", how)

@@ -169,7 +169,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
                          backward_passes_per_step: int = 1, sparse_as_dense: bool = False,
                          gradient_predivide_factor: float = 1.0, process_set=None, op=None,
                          average_aggregated_gradients: Optional[bool] = None,
-                         scale_local_gradients: bool = True):
+                         scale_local_gradients: bool = True, device_dense: str = "",
+                         device_sparse: str = "", num_groups: int = 0, groups=None):
     """An optimizer that averages gradients over all ranks before applying them.
 
     * Keras 3 optimizer (``keras.optimizers.*``, including ``LossScaleOptimizer``): returns a
@@ -212,6 +213,10 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         scale_local_gradients: gradients of variables registered with ``register_local_var``
             (or ``PartialDistributedOptimizer``'s ``local_layers``) are not reduced; with True
             (default, as Horovod) they are divided by ``size``.
+        device_dense, device_sparse: Horovod's names for ``device``; bluefog places a step's
+            dense and sparse reductions together, so those given must agree.
+        groups, num_groups: Horovod's: send the gradients as this many grouped requests
+            (consecutive, evenly split) instead of one. An int; lists of variables are refused.
 
     Raises:
         ValueError: for a bad argument, something that is not an optimizer instance, an
@@ -222,9 +227,11 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     if not isinstance(use_locking, bool):
         raise ValueError(f"bluefog DistributedOptimizer: use_locking must be a bool, got "
                          f"{use_locking!r}")
-    how = averaging.averaging_options(device, compression, sparse_as_dense,
-                                      "DistributedOptimizer", gradient_predivide_factor,
-                                      process_set, op, scale_local_gradients)
+    what = "DistributedOptimizer"
+    how = averaging.averaging_options(
+        averaging.resolve_device(device, device_dense, device_sparse, what), compression,
+        sparse_as_dense, what, gradient_predivide_factor, process_set, op, scale_local_gradients,
+        averaging.resolve_groups(groups, num_groups, what))
     if average_aggregated_gradients is None:
         average_aggregated_gradients = how.op != mpi_ops.Adasum
     if not isinstance(average_aggregated_gradients, bool):

@@ -72,6 +72,29 @@ def _scale_attrs(prescale_factor, postscale_factor) -> dict:
     return {"prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor)}
 
 
+def _horovod_device(device, device_dense, device_sparse, ignore_name_scope, op: str,
+                    name: str) -> str:
+    """One device from ``device`` and Horovod's ``device_dense``/``device_sparse`` (a call's
+    dense and sparse reductions are placed together, so those given must agree); checks
+    ``ignore_name_scope``."""
+    if not device_dense and not device_sparse and isinstance(ignore_name_scope, bool):
+        return device  # the common case, kept cheap: this runs on every eager call
+    what = op_error_prefix(op, name)
+    if not isinstance(ignore_name_scope, bool):
+        raise TypeError(f"{what}: ignore_name_scope must be a bool, got {ignore_name_scope!r}")
+    given = (("device", device), ("device_dense", device_dense), ("device_sparse", device_sparse))
+    for label, value in given:
+        if not isinstance(value, str):
+            raise TypeError(f"{what}: {label} must be a str such as '' or '/cpu:0', got "
+                            f"{value!r}")
+    chosen = {label: value for label, value in given if value}
+    if len(set(chosen.values())) > 1:
+        raise ValueError(f"{what}: {', '.join(f'{k}={v!r}' for k, v in chosen.items())}: "
+                         "bluefog places a call's dense and sparse reductions on one device; "
+                         "pass one of them")
+    return next(iter(chosen.values()), "")
+
+
 def _reduce_op(op, average: bool, what: str):
     """(average, reduce_op attr) for `op` (None: `average` decides)."""
     if op is None:
@@ -88,7 +111,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
               name: Optional[str] = None, device: str = "",
               compression=Compression.none, op=None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0,
-              process_set=None) -> Union[tf.Tensor, tf.IndexedSlices]:
+              process_set=None, device_dense: str = "", device_sparse: str = "",
+              ignore_name_scope: bool = False) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
@@ -103,9 +127,14 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     in C++, after the sum. ``process_set`` (a registered ``bf.ProcessSet``; default every
     rank) runs it over that set's ranks only, averaging over the set's size. ``op=bf.Adasum``
     combines float tensors by adaptive summation (``adasum.py``; power-of-two rank counts only,
-    no compression, scale factors or process sets).
+    no compression, scale factors or process sets). Horovod's ``device_dense`` and
+    ``device_sparse`` are other names for ``device`` (those given must agree);
+    ``ignore_name_scope`` is accepted for its signature: request names never include the
+    TensorFlow name scope here.
     """
     name = request_name("allreduce", name)
+    device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope, "allreduce",
+                             name)
     if not isinstance(average, bool):
         raise TypeError(f"{op_error_prefix('allreduce', name)}: average must be a bool, got "
                         f"{average!r}")
@@ -154,7 +183,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
                       device: str = "", compression=Compression.none, op=None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set=None) -> list:
+                      process_set=None, device_dense: str = "", device_sparse: str = "",
+                      ignore_name_scope: bool = False) -> list:
     """Allreduce of every tensor in ``tensors``, as few TF ops and collectives as possible.
 
     Equivalent to ``[allreduce(t, average, compression=...) for t in tensors]`` but dense
@@ -165,6 +195,8 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     ``process_set`` as for ``allreduce``.
     """
     name = request_name("grouped_allreduce", name)
+    device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope,
+                             "grouped_allreduce", name)
     what = op_error_prefix("grouped_allreduce", name, of_tensor=False)
     if not isinstance(average, bool):
         raise TypeError(f"{what}: average must be a bool, got {average!r}")
@@ -273,13 +305,14 @@ def barrier(process_set=None) -> None:
 
 
 def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None,
-              process_set=None) -> tf.Tensor:
+              process_set=None, ignore_name_scope: bool = False) -> tf.Tensor:
     """Concatenation along dimension 0 of ``tensor`` from every rank, in rank order.
 
     Ranks may pass different sizes of dimension 0; rank and the other dimensions must match.
     ``process_set``: gather over that set's ranks only (in their order).
     """
     name = request_name("allgather", name)
+    _horovod_device("", "", "", ignore_name_scope, "allgather", name)
     tensor = to_tensor(tensor, "allgather", name)
     check_dtype(tensor, "allgather", name)
     if tensor.shape.rank == 0:
@@ -292,13 +325,15 @@ def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None,
 
 
 def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
-              name: Optional[str] = None, process_set=None) -> tf.Tensor:
+              name: Optional[str] = None, process_set=None,
+              ignore_name_scope: bool = False) -> tf.Tensor:
     """The value of ``tensor`` on ``root_rank``, returned on every rank.
 
     Every rank must pass the same name, ``root_rank``, dtype and shape. With ``process_set``,
     over that set's ranks only; ``root_rank`` is then a job-wide rank in the set.
     """
     name = request_name("broadcast", name)
+    _horovod_device("", "", "", ignore_name_scope, "broadcast", name)
     tensor = to_tensor(tensor, "broadcast", name)
     check_dtype(tensor, "broadcast", name)
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):

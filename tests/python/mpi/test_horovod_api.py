@@ -119,3 +119,50 @@ def test_barrier_waits_for_every_rank(rank, size):
     times = bf.allgather(tf.constant([[entered, left]], tf.float64), name="barrier.times").numpy()
     assert times[:, 1].min() >= times[:, 0].max() - 1e-3, times
     bf.barrier(process_set=bf.global_process_set)
+
+
+def test_horovod_device_and_name_scope_arguments(rank, size):
+    x = tf.constant([1.0, rank])
+    out = bf.allreduce(x, average=False, device_dense="/cpu:0", ignore_name_scope=True,
+                       name="hvd.args")
+    np.testing.assert_allclose(out.numpy(), [size, size * (size - 1) / 2])
+    g = bf.grouped_allreduce([x, x * 2], average=False, device_sparse="/cpu:0", name="hvd.g")
+    np.testing.assert_allclose(g[1].numpy(), [2 * size, size * (size - 1)])
+    assert bf.allgather(x, ignore_name_scope=True, name="hvd.ag").shape == (2 * size,)
+    assert bf.broadcast(x, 0, ignore_name_scope=False, name="hvd.b").numpy()[1] == 0
+    with pytest.raises(ValueError, match=r"rank \d+: bluefog allreduce of tensor 'hvd.bad': "
+                                         r"device_dense='/cpu:0', device_sparse='/gpu:0'"):
+        bf.allreduce(x, device_dense="/cpu:0", device_sparse="/gpu:0", name="hvd.bad")
+    with pytest.raises(TypeError, match="ignore_name_scope must be a bool"):
+        bf.allgather(x, ignore_name_scope="yes", name="hvd.bad2")
+
+
+@pytest.mark.parametrize("wrapper", ["tape", "optimizer"])
+def test_gradient_groups_give_the_same_average(wrapper, rank, size):
+    """Horovod's groups / num_groups split the gradients into that many grouped requests; the
+    averages are the same as with one."""
+    import keras
+
+    expected = [np.full([k + 1], (size - 1) / 2 + k + 1) for k in range(5)]
+    for i, kwargs in enumerate(({}, {"num_groups": 2}, {"groups": 3}, {"groups": 9})):
+        variables = [tf.Variable(tf.zeros([k + 1])) for k in range(5)]
+        if wrapper == "tape":
+            with tf.GradientTape() as tape:
+                loss = sum(tf.reduce_sum(v * float(rank + k + 1))
+                           for k, v in enumerate(variables))
+            got = bf.DistributedGradientTape(tape, **kwargs).gradient(loss, variables)
+            got = [g.numpy() for g in got]
+        else:
+            opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), name=f"hapi.groups.{i}",
+                                          **kwargs)
+            opt.apply_gradients([(tf.fill([k + 1], float(rank + k + 1)), v)
+                                 for k, v in enumerate(variables)])
+            got = [-v.numpy() for v in variables]
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(g, e, rtol=1e-6)
+    for bad in ({"groups": [["a variable"]]}, {"groups": 2, "num_groups": 2}, {"groups": -1}):
+        with pytest.raises(ValueError, match="groups"):
+            if wrapper == "tape":
+                bf.DistributedGradientTape(tf.GradientTape(), **bad)
+            else:
+                bf.DistributedOptimizer(keras.optimizers.SGD(0.0), **bad)
