@@ -13,22 +13,26 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import averaging, compat, mpi_ops
+from bluefog.tensorflow.op_library import process_set_attrs
 from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables"]
 
 
-def _broadcast_in_graph(tensors: Sequence, root_rank: int, prefix: str) -> List:
+def _broadcast_in_graph(tensors: Sequence, root_rank: int, prefix: str,
+                        process_set=None) -> List:
     k = averaging.next_graph_index(prefix)
-    return [mpi_ops.broadcast(t, root_rank, name=f"{prefix}.{k}.{j}")
+    return [mpi_ops.broadcast(t, root_rank, name=f"{prefix}.{k}.{j}", process_set=process_set)
             for j, t in enumerate(tensors)]
 
 
-def _eager_broadcast_fn(root_rank: int) -> Callable:
+def _eager_broadcast_fn(root_rank: int, process_set=None) -> Callable:
     def bcast(tensors):
-        return _broadcast_in_graph(tensors, root_rank, "broadcast_variables")
+        return _broadcast_in_graph(tensors, root_rank, "broadcast_variables", process_set)
 
-    return averaging.eager_function(("broadcast", "broadcast_variables", root_rank), bcast)
+    set_id = getattr(process_set, "process_set_id", 0) or 0
+    return averaging.eager_function(("broadcast", "broadcast_variables", root_rank, set_id),
+                                    bcast)
 
 
 def _is_variable(v) -> bool:
@@ -40,11 +44,15 @@ def _is_variable(v) -> bool:
         return False
 
 
-def broadcast_variables(variables, root_rank: int) -> Optional[tf.Operation]:
+def broadcast_variables(variables, root_rank: int, process_set=None,
+                        inplace: bool = False) -> Optional[tf.Operation]:
     """Sets every variable in ``variables`` to its value on ``root_rank``, on every rank.
 
     Accepts ``tf.Variable`` and Keras variables (e.g. ``model.variables`` or
     ``optimizer.variables``). Every rank must pass the same variables, in the same order.
+    ``process_set``: over that registered set's ranks only (``root_rank`` a job-wide rank in
+    it). ``inplace`` is accepted for Horovod's signature: the values are always assigned to the
+    variables.
 
     Eager mode: assigns at once and returns None. Graph mode (inside ``tf.function`` or a v1
     graph): returns an op grouping the assignments, to be run (in a Session) on every rank.
@@ -64,19 +72,28 @@ def broadcast_variables(variables, root_rank: int) -> Optional[tf.Operation]:
         if not _is_variable(v):
             raise TypeError(f"bluefog broadcast_variables: element {j} is a {type(v).__name__}, "
                             "not a tf.Variable or keras.Variable")
+    if not isinstance(inplace, bool):
+        raise TypeError(f"bluefog broadcast_variables: inplace must be a bool, got {inplace!r}")
     averaging.check_initialized("broadcast_variables")
     if not 0 <= root_rank < basics.size():
         raise ValueError(f"{op_error_prefix('broadcast_variables')}: root_rank {root_rank} is "
                          f"outside [0, {basics.size()})")
+    if process_set is not None and not process_set_attrs(
+            process_set, op_error_prefix("broadcast_variables")):
+        process_set = None  # the global set
+    if process_set is not None and root_rank not in process_set.ranks:
+        raise ValueError(f"{op_error_prefix('broadcast_variables')}: root_rank {root_rank} is "
+                         f"not in {process_set}")
     if tf.executing_eagerly():
         if not variables or basics.size() == 1:
             return None
-        values = _eager_broadcast_fn(root_rank)([tf.convert_to_tensor(v) for v in variables])
+        values = _eager_broadcast_fn(root_rank, process_set)(
+            [tf.convert_to_tensor(v) for v in variables])
         for v, value in zip(variables, values):
             v.assign(value)
         return None
     values = _broadcast_in_graph([tf.convert_to_tensor(v) for v in variables], root_rank,
-                                 "broadcast_variables")
+                                 "broadcast_variables", process_set)
     return tf.group(*[v.assign(value) for v, value in zip(variables, values)])
 
 

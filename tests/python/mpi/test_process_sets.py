@@ -30,6 +30,21 @@ def _mine(sets):
 
 
 @needs_ranks(2)
+def test_broadcast_variables_over_a_set(sets, rank, size):
+    """Horovod's broadcast_variables(process_set=..., inplace=...): the set's ranks take its
+    root's values; the other set does the same on its own at the same time."""
+    ps = _mine(sets)
+    root = ps.ranks[-1]
+    v = [tf.Variable([float(rank), 1.0]), tf.Variable(float(rank) * 2)]
+    bf.broadcast_variables(v, root, process_set=ps, inplace=True)
+    np.testing.assert_allclose(v[0].numpy(), [root, 1.0])
+    assert float(v[1].numpy()) == 2.0 * root
+    outside = sets[1 - rank % 2].ranks[0]
+    with pytest.raises(ValueError, match=f"root_rank {outside} is not in"):
+        bf.broadcast_variables(v, outside, process_set=ps)
+
+
+@needs_ranks(2)
 def test_layout(sets, rank, size):
     even, odd = sets
     assert even.process_set_id != odd.process_set_id
