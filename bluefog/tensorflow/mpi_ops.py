@@ -95,6 +95,13 @@ def _horovod_device(device, device_dense, device_sparse, ignore_name_scope, op: 
     return next(iter(chosen.values()), "")
 
 
+def _scale64(out, prescale_factor, postscale_factor):
+    """float64 results are scaled here, in float64: the op's scale attributes are float32
+    (TensorFlow's float attributes), which would round a factor such as 1/3 to about 3e-8."""
+    scale = float(prescale_factor) * float(postscale_factor)
+    return out if scale == 1.0 else out * tf.constant(scale, tf.float64)
+
+
 def _reduce_op(op, average: bool, what: str):
     """(average, reduce_op attr) for `op` (None: `average` decides)."""
     if op is None:
@@ -172,11 +179,13 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
         _check_scale(prescale_factor, postscale_factor, tensor.dtype, reduce_op,
                      op_error_prefix("allreduce", name))
     sent, context = compression.compress(tensor)
+    in_op = _scale_attrs(prescale_factor, postscale_factor) if sent.dtype != tf.float64 else {}
     with device_scope(device):
         out = ops.bluefog_allreduce(sent, tensor_name=name_input(name), average=average,
-                                    reduce_op=reduce_op,
-                                    **_scale_attrs(prescale_factor, postscale_factor),
-                                    **set_attrs, **eager_inline_attrs())
+                                    reduce_op=reduce_op, **in_op, **set_attrs,
+                                    **eager_inline_attrs())
+    if scaled and not in_op:
+        out = _scale64(out, prescale_factor, postscale_factor)
     return compression.decompress(out, context)
 
 
@@ -240,14 +249,13 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
         by_dtype.setdefault(dtype, []).append((i, t))
     with device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+            f64 = items[0][1].dtype == tf.float64
+            in_op = _scale_attrs(prescale_factor, postscale_factor) if not f64 else {}
             outs = ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
                                                  tensor_name=name_input(f"{name}.{dtype.name}"),
-                                                 reduce_op=reduce_op,
-                                                 **_scale_attrs(prescale_factor,
-                                                                postscale_factor),
-                                                 **set_attrs)
+                                                 reduce_op=reduce_op, **in_op, **set_attrs)
             for (i, _), out in zip(items, outs):
-                results[i] = out
+                results[i] = _scale64(out, prescale_factor, postscale_factor) if f64 else out
     if compression is not Compression.none:
         for i, _ in (item for items in by_dtype.values() for item in items):
             results[i] = compression.decompress(results[i], contexts[i])

@@ -219,6 +219,24 @@ def test_grouped_allreduce_scale_factors_and_gradient(rank, size, op_name):
     np.testing.assert_allclose(grads[0].numpy(), [3 * size] * 2)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_float64_scale_factors_are_exact(mode, rank, size, op_name):
+    """A factor such as 1/3 keeps float64 precision (the op's attributes are float32), for
+    allreduce, grouped_allreduce and their gradients."""
+    x = np.full([3], rank + 1.0, np.float64)
+    out = _run(mode, lambda t: bf.allreduce(t, average=False, name=op_name,
+                                            prescale_factor=1 / 3, postscale_factor=0.1), x)
+    np.testing.assert_allclose(out, [size * (size + 1) / 2 / 30] * 3, rtol=1e-14)
+    v = tf.Variable(x)
+    with tf.GradientTape() as tape:
+        outs = bf.grouped_allreduce([v, tf.constant(x, tf.float32)], average=True,
+                                    name=op_name + ".g", prescale_factor=1 / 3)
+        loss = tf.reduce_sum(outs[0])
+    np.testing.assert_allclose(outs[0].numpy(), [(size + 1) / 2 / 3] * 3, rtol=1e-14)
+    np.testing.assert_allclose(outs[1].numpy(), [(size + 1) / 2 / 3] * 3, rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(loss, v).numpy(), [1 / 3] * 3, rtol=1e-14)
+
+
 def test_scale_factors_refuse_integers(rank, size, op_name):
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="prescale_factor"):
         bf.allreduce(tf.ones([2], tf.int32), average=False, prescale_factor=2.0, name=op_name)
