@@ -24,6 +24,21 @@ def have_mpirun() -> bool:
     return shutil.which("mpirun") is not None
 
 
+def netns_skip_reason() -> Optional[str]:
+    """Why tests with network-namespace hosts cannot run here (None when they can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root to create network namespaces (ip netns); run the tests as root"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"the {tool} command is not installed"
+    if not have_mpirun():
+        return "mpirun not installed"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ip netns is not usable here: {probe.stderr.strip()}"
+    return None
+
+
 def bfrun_available() -> bool:
     return os.path.isfile(os.path.join(REPO, "bluefog", "run", "bfrun.py"))
 

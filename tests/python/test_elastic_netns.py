@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from mpi_jobs import PYTHON, REPO, have_mpirun, job_env, kill_tree
+from mpi_jobs import PYTHON, REPO, job_env, kill_tree, netns_skip_reason
 
 PREFIX = "bfel"
 NET = "10.78.0"
@@ -41,17 +41,7 @@ RESULT = re.compile(r"ranks=(\d+) epochs=\d+ commits=\d+ time=[\d.]+s test accur
 
 
 def _skip_reason():
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root to create network namespaces (ip netns); run the tests as root"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"the {tool} command is not installed"
-    if not have_mpirun():
-        return "mpirun not installed"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"ip netns is not usable here: {probe.stderr.strip()}"
-    return None
+    return netns_skip_reason()
 
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))

@@ -7,30 +7,18 @@ that the job ends with an error naming the lost host instead of hanging. Needs r
 """
 
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from mpi_jobs import REPO, have_mpirun, kill_tree
+from mpi_jobs import REPO, kill_tree, netns_skip_reason
 
 SCRIPT = os.path.join(REPO, "tests", "multihost", "run_netns.sh")
 TIMEOUT_S = 1500
 
 
 def _skip_reason():
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root to create network namespaces (ip netns); run the tests as root"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
-    if shutil.which("unshare") is None:
-        return "unshare (util-linux) is not installed"
-    if not have_mpirun():
-        return "mpirun not installed"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"ip netns is not usable here: {probe.stderr.strip()}"
-    return None
+    return netns_skip_reason()
 
 
 @pytest.mark.timeout(TIMEOUT_S + 120)
