@@ -24,6 +24,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import bluefog.tensorflow as bf  # noqa: E402
 from bluefog.tensorflow import op_library  # noqa: E402
+from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
 
 def sizes_up_to(max_bytes):
@@ -137,6 +138,12 @@ def main() -> None:
         batches = {
             "bf_eager": per_call(eager),
             "bf_eager_handoff": per_call(handed_off(eager)),
+            # How eager calls ran before 2026-12-01: the op's generated wrapper with its default
+            # (int) scale attributes, which TensorFlow's fast path refuses (slow fallback), and
+            # the request handed to the background thread.
+            "bf_eager_before": per_call(
+                lambda x=x, nb=nbytes: ops.bluefog_allreduce(
+                    x, tensor_name=name_input(f"o.{nb}"), average=False)),
             "bf_function": per_call(lambda x=x, fn=fn: fn(x)),
             "bf_function_temp": per_call(lambda x=x, fn=fn_temp: fn(x)),
             "tf_function_scale": per_call(lambda x=x, fn=fn_scale: fn(x)),

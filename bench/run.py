@@ -137,11 +137,14 @@ def main() -> None:
                        fused <= mpi100, f"{fused / mpi100:.2f}x MPI's time"))
         ident, lat4 = by[("tf_identity", 4)], by[("bf_eager", 4)]
         mpi4, handoff4 = by[("mpi_inproc", 4)], by[("bf_eager_handoff", 4)]
+        before4 = by[("bf_eager_before", 4)]
         over = lat4 - ident - mpi4
         print(f"\n4-byte eager latency, {n} ranks: bf {fmt_time(lat4)} (handed to the "
               f"background thread: {fmt_time(handoff4)}), tf.identity dispatch "
               f"{fmt_time(ident)}, raw MPI {fmt_time(mpi4)}; overhead above both "
-              f"{fmt_time(over)} (handed off: {fmt_time(handoff4 - ident - mpi4)})")
+              f"{fmt_time(over)} (handed off: {fmt_time(handoff4 - ident - mpi4)}; as before "
+              f"2026-12-01, slow path and handed off: {fmt_time(before4)}, overhead "
+              f"{fmt_time(before4 - ident - mpi4)})")
         latency = os.path.join(ROOT, "build", "cpp", "runtime_latency_bench")
         if os.path.exists(latency):  # the runtime alone, without TensorFlow
             rows = records(MPIRUN + ["-np", str(n), latency], 600)
