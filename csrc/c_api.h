@@ -13,6 +13,7 @@ int bluefog_rank(void);  // -1 when not initialized
 int bluefog_size(void);
 int bluefog_local_rank(void);
 int bluefog_local_size(void);
+int bluefog_is_homogeneous(void);
 int bluefog_mpi_threads_supported(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call
 // 1 when the op (OpType's value) accepts the dtype (DataType's value), 0 when not, -1 for values

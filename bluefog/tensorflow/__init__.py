@@ -3,6 +3,7 @@
 from bluefog.common.basics import (  # noqa: F401
     BluefogError,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
@@ -18,10 +19,15 @@ from bluefog.common.process_sets import (  # noqa: F401
     remove_process_set,
 )
 from bluefog.common.topology import (  # noqa: F401
+    in_neighbor_machine_ranks,
     in_neighbor_ranks,
+    is_machine_topo_weighted,
     is_topo_weighted,
     load_machine_topology,
     load_topology,
+    machine_rank,
+    machine_size,
+    out_neighbor_machine_ranks,
     out_neighbor_ranks,
     set_machine_topology,
     set_topology,

@@ -18,6 +18,9 @@ struct TransportInfo {
   int local_rank = 0;
   int local_size = 1;
   bool threads_multiple = false;  // MPI granted MPI_THREAD_MULTIPLE
+  // Every host runs the same number of ranks, and host h holds ranks h*L .. h*L+L-1 (mpirun's
+  // default --map-by slot): what machine-level (hierarchical) neighbour ops need.
+  bool homogeneous = false;
 };
 
 class MpiTransport {
