@@ -218,7 +218,15 @@ def hierarchical_exchange(tensor, name: str, local: int, local_rank: int, send_m
     """The three exchanges of ``hierarchical_neighbor_allreduce`` for ranks placed in blocks of
     ``local``: machine lists and weights may be Python lists or (dynamic) tensors."""
     first = basics.rank() - local_rank
-    to_rank = lambda machines: tf.cast(machines, tf.int32) * local + local_rank  # noqa: E731
+
+    def as_tensor(values, dtype):  # a Python list straight to dtype (no float32 detour)
+        if isinstance(values, (tf.Tensor, tf.Variable)):
+            return tf.cast(values, dtype)
+        return tf.constant(values, dtype)
+
+    def to_rank(machines):
+        return as_tensor(machines, tf.int32) * local + local_rank
+
     send, recv = to_rank(send_machines), to_rank(recv_machines)
     if local == 1:
         return neighbor_allreduce_op(tensor, name + ".machines", send, recv, self_weight,
@@ -244,7 +252,8 @@ def hierarchical_exchange(tensor, name: str, local: int, local_rank: int, send_m
     scale = 1.0 / local
     mixed = neighbor_allreduce_op(
         machine_sum, name + ".machines", send, recv,
-        tf.cast(self_weight, tf.float64) * scale, tf.cast(recv_weights, tf.float64) * scale, [])
+        as_tensor(self_weight, tf.float64) * scale, as_tensor(recv_weights, tf.float64) * scale,
+        [])
     gathered = ops.bluefog_neighbor_allgather(
         mixed, tensor_name=name_input(name + ".gather"), send_ranks=const_input(peers, tf.int32),
         recv_ranks=const_input(peers, tf.int32))
