@@ -441,3 +441,26 @@ def GetInnerOuterExpo2DynamicSendRecvRanks(
     """
     phases = _inner_outer_phases(*_check_world(world_size, local_size, self_rank))
     return _group_schedule(phases, expo2=True)
+
+
+def GetInnerOuterExp2DynamicSendRecvMachineRanks(
+    world_size: int, local_size: int, self_rank: int, local_rank: int, inner_steps: int = 1
+) -> Iterator[SendRecv]:
+    """Yield ``(send_machines, recv_machines)``: ``inner_steps`` steps without machines, then
+    one step of ``GetExp2DynamicSendRecvMachineRanks``, and so on.
+
+    With ``hierarchical_neighbor_allreduce`` a step without machines is the exact mean within
+    each machine and sends nothing between machines, so the link between machines carries one
+    machine mean per ``inner_steps + 1`` steps. Arguments and errors as for
+    ``GetExp2DynamicSendRecvMachineRanks``; ``inner_steps`` must be an integer >= 0.
+    """
+    inner = _check_int("inner_steps", inner_steps, 0)
+    outer = GetExp2DynamicSendRecvMachineRanks(world_size, local_size, self_rank, local_rank)
+
+    def schedule() -> Iterator[SendRecv]:
+        while True:
+            for _ in range(inner):
+                yield [], []
+            yield next(outer)
+
+    return schedule()
