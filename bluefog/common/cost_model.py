@@ -189,7 +189,11 @@ def recommend(c: Costs, size: int, local: int, nbytes: float,
     docs/training.md)."""
     times = predict(c, size, local, nbytes)
     allreduce = ("allreduce (hierarchical)" if size > local > 1 else "allreduce (flat ring)")
-    best = min(DECENTRALIZED_USE, key=lambda k: times[k])
+    candidates = list(DECENTRALIZED_USE)
+    if not size > local > 1:
+        # Without both levels an inner step averages nothing: it would only skip steps.
+        candidates.remove("hierarchical, one-peer machines every 2nd step")
+    best = min(candidates, key=lambda k: times[k])
     if times[best] * margin <= times[allreduce]:
         return best, DECENTRALIZED_USE[best], times
     return allreduce, "bf.DistributedOptimizer (exact averaging)", times
