@@ -8,13 +8,14 @@ Two link classes, each with a latency and a bandwidth measured by a short calibr
 * between hosts: ``inter``, seconds per message and bytes/s *per host and direction* (the
   host's link, shared by its ranks);
 
-plus ``combine_bps``, the bytes/s of a neighbour op's pass over its own tensor (the op without
-peers); the calibrated exchange with one peer includes combining what it received, so only
-receives beyond the first cost extra passes. Every method
-is a sequence of phases; a phase costs its latency plus the larger of its per-rank bytes within
-the host over ``intra`` and its per-host bytes across hosts over ``inter`` (the two overlap),
-plus its combine passes. Ranks fill hosts in blocks of ``local_size``. Pure Python: no MPI, no
-TensorFlow.
+plus what one bluefog op costs by itself (``op_latency_s`` and ``op_bps``: the op without
+peers, TensorFlow's dispatch, the negotiation, allocating and writing its output) and
+``combine_bps``, one pass over memory (a weighted sum or a copy). The calibrated exchange with
+one peer includes combining what it received, so only receives beyond the first cost extra
+passes. Every method is a sequence of ops and exchange rounds; a round costs its message
+latency plus the larger of its per-rank bytes within the host over ``intra`` and its per-host
+bytes across hosts over ``inter`` (the two overlap). Ranks fill hosts in blocks of
+``local_size``. Pure Python: no MPI, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from bluefog.common import topology_util as tu
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    latency_s: float
+    latency_s: float  # one message
     bandwidth_bps: float  # bytes per second
 
 
@@ -36,35 +37,42 @@ class Link:
 class Costs:
     intra: Link  # per rank, all local ranks busy
     inter: Link  # per host and direction
-    combine_bps: float  # one weighted-sum pass
+    op_latency_s: float  # one bluefog op on a tiny tensor, no peers (dispatch + negotiation)
+    op_bps: float  # bytes/s of one bluefog op's own work on its tensor (no peers)
+    combine_bps: float  # one pass of weighted sum or copy over memory
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @staticmethod
     def from_dict(d: dict) -> Costs:
-        return Costs(Link(**d["intra"]), Link(**d["inter"]), float(d["combine_bps"]))
+        return Costs(Link(**d["intra"]), Link(**d["inter"]), float(d["op_latency_s"]),
+                     float(d["op_bps"]), float(d["combine_bps"]))
 
 
-def _phase(c: Costs, intra_bytes: float, cross_bytes: float, combines: float = 0.0,
-           nbytes: float = 0.0) -> float:
+def _op(c: Costs, nbytes: float) -> float:
+    return c.op_latency_s + nbytes / c.op_bps
+
+
+def _transfer(c: Costs, intra_bytes: float, cross_bytes: float) -> float:
+    """One exchange round: within the host and across hosts at once (they overlap)."""
     latency = c.inter.latency_s if cross_bytes > 0 else c.intra.latency_s
-    transfer = max(intra_bytes / c.intra.bandwidth_bps, cross_bytes / c.inter.bandwidth_bps)
-    return latency + transfer + combines * nbytes / c.combine_bps
+    return latency + max(intra_bytes / c.intra.bandwidth_bps,
+                         cross_bytes / c.inter.bandwidth_bps)
 
 
 def ring_allreduce(c: Costs, size: int, local: int, nbytes: float) -> float:
-    """bluefog's flat ring (BLUEFOG_HIERARCHICAL_ALLREDUCE=0): 2 (N-1) steps of S/N; where the
-    ring crosses hosts one stream per host and direction uses the link."""
+    """bluefog's flat ring (BLUEFOG_HIERARCHICAL_ALLREDUCE=0): one op of 2 (N-1) steps of S/N;
+    where the ring crosses hosts one stream per host and direction uses the link."""
     if size == 1:
-        return 0.0
+        return _op(c, nbytes)
     cross = nbytes / size if size > local else 0.0
-    step = _phase(c, nbytes / size, cross, 1.0 / size, nbytes)
-    return 2 * (size - 1) * step
+    steps = 2 * (size - 1) * _transfer(c, nbytes / size, cross)
+    return _op(c, nbytes) + steps + (size - 1) / size * nbytes / c.combine_bps
 
 
 def hierarchical_allreduce(c: Costs, size: int, local: int, nbytes: float) -> float:
-    """bluefog's allreduce across hosts (the default with several ranks per host):
+    """bluefog's allreduce across hosts (the default with several ranks per host), one op:
     reduce-scatter within the host, a ring of each local rank's slice across the n hosts (the L
     slices at once: S / n per host per step), allgather within the host."""
     n = size // local
@@ -72,9 +80,8 @@ def hierarchical_allreduce(c: Costs, size: int, local: int, nbytes: float) -> fl
         return ring_allreduce(c, size, local, nbytes)
     share = (local - 1) / local * nbytes
     inner = 2 * ((local - 1) * c.intra.latency_s + share / c.intra.bandwidth_bps)
-    inner += share / c.combine_bps
-    cross = 2 * (n - 1) * _phase(c, 0.0, nbytes / n, 1.0 / (local * n), nbytes)
-    return inner + cross
+    cross = 2 * (n - 1) * _transfer(c, 0.0, nbytes / n)
+    return _op(c, nbytes) + inner + cross + share / c.combine_bps
 
 
 def neighbor_step(c: Costs, sends: list[list[int]], local: int, nbytes: float) -> float:
@@ -96,7 +103,11 @@ def neighbor_step(c: Costs, sends: list[list[int]], local: int, nbytes: float) -
                 host_in[v // local] += 1
     intra = max(max(a, b) for a, b in zip(intra_out, intra_in)) * nbytes
     cross = max(max(a, b) for a, b in zip(host_out, host_in)) * nbytes
-    return _phase(c, intra, cross, max(1, max(recv_count)), nbytes)
+    # The calibrated exchange includes combining one receive; each further one is a pass.
+    extra = max(0, max(recv_count) - 1) * nbytes / c.combine_bps
+    if intra == 0 and cross == 0:
+        return _op(c, nbytes)
+    return _op(c, nbytes) + _transfer(c, intra, cross) + extra
 
 
 def _graph_sends(graph) -> list[list[int]]:
@@ -119,15 +130,20 @@ def neighbor_schedule(c: Costs, make: Callable[[int], Iterator], size: int, loca
 
 def hierarchical_neighbor(c: Costs, size: int, local: int, nbytes: float,
                           machine_degree: float) -> float:
-    """hierarchical_neighbor_allreduce: reduce-scatter within the host, each local rank sends
-    its 1/L slice to ``machine_degree`` machines (d * S per host), allgather within the host."""
+    """hierarchical_neighbor_allreduce, three ops: reduce-scatter within the host, each local
+    rank sends its 1/L slice to ``machine_degree`` machines (d * S per host), allgather within
+    the host; around them TensorFlow copies the tensor about four times (padding, the blocks to
+    send, joining the slices)."""
+    if local == 1:
+        if machine_degree == 0 or size == 1:
+            return _op(c, nbytes)
+        return (_op(c, nbytes) + _transfer(c, 0.0, machine_degree * nbytes)
+                + max(0, machine_degree - 1) * nbytes / c.combine_bps)
     share = (local - 1) / local * nbytes
-    inner = 0.0
-    if local > 1:
-        inner = 2 * (c.intra.latency_s + share / c.intra.bandwidth_bps) + share / c.combine_bps
+    inner = 2 * (_op(c, share) + _transfer(c, share, 0.0)) + 4 * nbytes / c.combine_bps
     if machine_degree == 0 or size == local:
-        return inner
-    return inner + _phase(c, 0.0, machine_degree * nbytes, machine_degree / local, nbytes)
+        return inner + _op(c, nbytes / local)
+    return inner + _op(c, nbytes / local) + _transfer(c, 0.0, machine_degree * nbytes)
 
 
 def _exp_degree(n: int) -> int:

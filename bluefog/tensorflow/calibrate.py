@@ -6,8 +6,9 @@ Run it the way you run training, on the hosts you train on, e.g.::
     bfrun -np 8 -H a:4,b:4 python -m bluefog.tensorflow.calibrate --mib 16
 
 Each rank times bluefog's own neighbor exchanges (inside tf.function) with a partner on its
-host and with the same local rank on another host, every rank at once, at a small and a large
-size: latency is the small exchange, bandwidth the slope. Rank 0 prints the costs, the
+host and with the same local rank on another host, every rank at once, at 1 KiB and at
+--calibration-mib, next to the same op without a peer, interleaved: latency is the small
+exchange, bandwidth the large one's extra time over the op alone. Rank 0 prints the costs, the
 predicted step time of every method at this job's size and at 64-1024 ranks, and the
 recommendation. ``--save FILE`` keeps the costs as JSON; ``--load FILE`` predicts from saved
 costs without MPI. On one host the link between hosts cannot be measured: give it with
@@ -27,12 +28,11 @@ from bluefog.common import cost_model
 SMALL = 1024
 
 
-def _time_exchange(peer: Optional[int], nbytes: int, reps: int, name: str) -> float:
-    """Slowest rank's median seconds of one neighbor_allreduce with `peer` (both ways)."""
+def _exchange_steps(peer: Optional[int], nbytes: int, name: str):
+    """A warmed-up step: one neighbor_allreduce of `nbytes` with `peer` both ways (or alone)."""
     import numpy as np
     import tensorflow as tf
 
-    import bluefog.tensorflow as bf
     from bluefog.tensorflow import neighbor_ops
 
     x = tf.constant(np.ones(max(1, nbytes // 4), np.float32))
@@ -44,17 +44,29 @@ def _time_exchange(peer: Optional[int], nbytes: int, reps: int, name: str) -> fl
         return neighbor_ops.neighbor_allreduce_op(t, name, peers, peers, w, [w] * len(peers), [])
 
     step(x).numpy()
-    times = []
+    return lambda: step(x).numpy()
+
+
+def _timed(steps: dict, reps: int, tag: str) -> dict:
+    """Slowest rank's median seconds of each step; the steps interleaved within each repetition
+    so that outside load falls on all of them alike."""
+    import tensorflow as tf
+
+    import bluefog.tensorflow as bf
+
+    times = {k: [] for k in steps}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        step(x).numpy()
-        times.append(time.perf_counter() - t0)
-    mine = statistics.median(times)
-    return float(bf.allreduce(tf.constant([mine], tf.float64), op=bf.Max,
-                              name=f"{name}.max").numpy()[0])
+        for k, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    keys = sorted(steps)
+    mine = tf.constant([statistics.median(times[k]) for k in keys], tf.float64)
+    worst = bf.allreduce(mine, op=bf.Max, name=f"calib.{tag}.max").numpy()
+    return {k: float(v) for k, v in zip(keys, worst)}
 
 
-def calibrate(nbytes: int = 4 << 20, reps: int = 5, inter: Optional[cost_model.Link] = None
+def calibrate(nbytes: int = 16 << 20, reps: int = 7, inter: Optional[cost_model.Link] = None
               ) -> cost_model.Costs:
     """Measures the costs on the running job (every rank must call it). ``inter`` stands in
     for the link between hosts when the job has one host."""
@@ -62,39 +74,73 @@ def calibrate(nbytes: int = 4 << 20, reps: int = 5, inter: Optional[cost_model.L
 
     rank, local, local_rank = bf.rank(), bf.local_size(), bf.local_rank()
     machines = bf.machine_size() if bf.is_homogeneous() else 1
-    t_self = {s: _time_exchange(None, s, reps, f"calib.self.{s}") for s in (SMALL, nbytes)}
-    combine = nbytes / max(t_self[nbytes] - t_self[SMALL], 1e-9)
 
-    def link(peer_of, per_host: int) -> cost_model.Link:
-        t = {s: _time_exchange(peer_of(), s, reps, f"calib.{per_host}.{s}")
-             for s in (SMALL, nbytes)}
+    def link(tag: str, peer: Optional[int], per_host: int):
+        steps = {(kind, s): _exchange_steps(p, s, f"calib.{tag}.{kind}.{s}")
+                 for kind, p in (("self", None), ("pair", peer)) for s in (SMALL, nbytes)}
+        t = _timed({f"{k[0]}.{k[1]}": v for k, v in steps.items()}, reps, tag)
+        self_extra = t[f"self.{nbytes}"] - t[f"self.{SMALL}"]
+        pair_extra = t[f"pair.{nbytes}"] - t[f"pair.{SMALL}"]
         # The exchange's extra time over the same op without a peer: sending, receiving and
         # combining what was received (the model charges the first receive nothing more).
-        transfer = max(t[nbytes] - t[SMALL] - (t_self[nbytes] - t_self[SMALL]), 1e-9)
-        return cost_model.Link(t[SMALL], per_host * nbytes / transfer)
+        # Under heavy load the difference can vanish in the noise: never below a quarter.
+        transfer = max(pair_extra - self_extra, 0.25 * pair_extra, 1e-6)
+        latency = max(t[f"pair.{SMALL}"] - t[f"self.{SMALL}"], 20e-6)
+        op = (t[f"self.{SMALL}"], nbytes / max(self_extra, 1e-6))
+        return cost_model.Link(latency, per_host * nbytes / transfer), op
 
-    def local_peer():
+    op = None
+    intra = cost_model.Link(20e-6, 1e12)  # no peer on the host: never used
+    if local > 1:
         mate = local_rank ^ 1
-        return rank - local_rank + mate if mate < local else None
-
-    intra = link(local_peer, 1) if local > 1 else cost_model.Link(t_self[SMALL], 1e12)
+        intra, op = link("intra", rank - local_rank + mate if mate < local else None, 1)
     if machines > 1:
-        def remote_peer():
-            mate = bf.machine_rank() ^ 1
-            return mate * local + local_rank if mate < machines else None
-        inter = link(remote_peer, local)
+        mate = bf.machine_rank() ^ 1
+        inter, op_x = link("inter", mate * local + local_rank if mate < machines else None,
+                           local)
+        op = op or op_x
     elif inter is None:
         raise ValueError(f"rank {rank}: calibrate: this job runs on one host, so the link "
                          "between hosts cannot be measured; run it across two hosts or give "
                          "--inter-gbit and --inter-latency-ms")
-    return cost_model.Costs(intra, inter, combine)
+    if op is None:  # one rank
+        op = (t_small_op(), 1e12)
+    return cost_model.Costs(intra, inter, op[0], op[1], _combine_bps(nbytes, reps))
+
+
+def t_small_op() -> float:
+    fn = _exchange_steps(None, SMALL, "calib.single")
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _combine_bps(nbytes: int, reps: int) -> float:
+    """One weighted-sum pass (out += w * x) over `nbytes`, every rank at once; slowest rank."""
+    import numpy as np
+    import tensorflow as tf
+
+    import bluefog.tensorflow as bf
+
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    out, tmp = np.zeros_like(x), np.empty_like(x)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.multiply(x, 0.5, out=tmp)
+        np.add(out, tmp, out=out)
+        times.append(time.perf_counter() - t0)
+    worst = bf.allreduce(tf.constant([statistics.median(times)], tf.float64), op=bf.Max,
+                         name="calib.combine.max").numpy()[0]
+    return nbytes / max(float(worst), 1e-9)
 
 
 def describe(costs: cost_model.Costs) -> str:
     return (f"within a host: latency {costs.intra.latency_s * 1e3:.3f} ms, "
             f"{costs.intra.bandwidth_bps / 1e9:.2f} GB/s per rank; between hosts: latency "
             f"{costs.inter.latency_s * 1e3:.3f} ms, {costs.inter.bandwidth_bps / 1e9:.3f} GB/s "
-            f"per host and direction; combine {costs.combine_bps / 1e9:.2f} GB/s")
+            f"per host and direction; one op: {costs.op_latency_s * 1e3:.2f} ms + "
+            f"{costs.op_bps / 1e9:.2f} GB/s; a pass over memory {costs.combine_bps / 1e9:.2f} GB/s")
 
 
 def report(costs: cost_model.Costs, size: int, local: int, nbytes: int,
@@ -112,8 +158,8 @@ def report(costs: cost_model.Costs, size: int, local: int, nbytes: int,
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mib", type=float, default=16.0, help="tensor size to predict for")
-    p.add_argument("--calibration-mib", type=float, default=4.0)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--calibration-mib", type=float, default=16.0)
+    p.add_argument("--reps", type=int, default=7)
     p.add_argument("--size", type=int, help="ranks to recommend for (default: this job)")
     p.add_argument("--local-size", type=int, help="ranks per host (default: this job)")
     p.add_argument("--sizes", default="64,128,256,512,1024")
