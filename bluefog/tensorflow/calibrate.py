@@ -26,6 +26,7 @@ from typing import Optional
 from bluefog.common import cost_model
 
 SMALL = 1024
+BACK_TO_BACK = 3
 
 
 def _exchange_steps(peer: Optional[int], nbytes: int, name: str):
@@ -57,16 +58,19 @@ def _timed(steps: dict, reps: int, tag: str) -> dict:
     times = {k: [] for k in steps}
     for _ in range(reps):
         for k, fn in steps.items():
+            # Start together, and average a few steps back to back, as training runs them.
+            bf.allreduce(tf.constant([0.0]), name=f"calib.{tag}.barrier")
             t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
+            for _ in range(BACK_TO_BACK):
+                fn()
+            times[k].append((time.perf_counter() - t0) / BACK_TO_BACK)
     keys = sorted(steps)
     mine = tf.constant([statistics.median(times[k]) for k in keys], tf.float64)
     worst = bf.allreduce(mine, op=bf.Max, name=f"calib.{tag}.max").numpy()
     return {k: float(v) for k, v in zip(keys, worst)}
 
 
-def calibrate(nbytes: int = 16 << 20, reps: int = 7, inter: Optional[cost_model.Link] = None
+def calibrate(nbytes: int = 16 << 20, reps: int = 5, inter: Optional[cost_model.Link] = None
               ) -> cost_model.Costs:
     """Measures the costs on the running job (every rank must call it). ``inter`` stands in
     for the link between hosts when the job has one host."""
@@ -159,7 +163,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mib", type=float, default=16.0, help="tensor size to predict for")
     p.add_argument("--calibration-mib", type=float, default=16.0)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--size", type=int, help="ranks to recommend for (default: this job)")
     p.add_argument("--local-size", type=int, help="ranks per host (default: this job)")
     p.add_argument("--sizes", default="64,128,256,512,1024")
