@@ -53,6 +53,9 @@ int bluefog_local_rank(void) {
 int bluefog_local_size(void) {
   return IfRunning([](const auto& i) { return i.local_size; });
 }
+int bluefog_is_homogeneous(void) {
+  return IfRunning([](const auto& i) { return i.homogeneous ? 1 : 0; });
+}
 int bluefog_mpi_threads_supported(void) {
   return IfRunning([](const auto& i) { return i.threads_multiple ? 1 : 0; });
 }
@@ -61,9 +64,6 @@ int bluefog_cross_rank(void) {
 }
 int bluefog_cross_size(void) {
   return IfRunning([](const auto& i) { return i.cross_size; });
-}
-int bluefog_is_homogeneous(void) {
-  return IfRunning([](const auto& i) { return i.homogeneous ? 1 : 0; });
 }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
 int bluefog_start_timeline(const char* path) {

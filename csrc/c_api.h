@@ -13,10 +13,10 @@ int bluefog_rank(void);  // -1 when not initialized
 int bluefog_size(void);
 int bluefog_local_rank(void);
 int bluefog_local_size(void);
+int bluefog_is_homogeneous(void);
 int bluefog_mpi_threads_supported(void);
 int bluefog_cross_rank(void);  // among the ranks with this local rank (one per host)
 int bluefog_cross_size(void);
-int bluefog_is_homogeneous(void);  // every host runs the same number of ranks
 // Records this rank's timeline into `path` (Chrome trace), replacing any open one; stops it.
 int bluefog_start_timeline(const char* path);
 int bluefog_stop_timeline(void);

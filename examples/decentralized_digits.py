@@ -2,13 +2,19 @@
 
     bfrun -np 4 python examples/decentralized_digits.py                       # neighbour mixing
     bfrun -np 4 python examples/decentralized_digits.py --optimizer allreduce # baseline
+    bfrun -np 8 -H a:4,b:4 python examples/decentralized_digits.py \
+        --optimizer hierarchical --schedule inner_outer          # across hosts (docs/training.md)
 
 Each rank trains on its own shard of the training set. With the default
 ``--optimizer neighbor`` no rank ever sees the global average: after every local step a rank
 replaces its weights by the weighted mean of its own and its in-neighbours' weights over the
-virtual topology (``--topology``: the exponential graph by default, each rank talking to
-log2(N) others). ``--optimizer allreduce`` is the data-parallel baseline: gradients are
-averaged over all ranks (``bf.DistributedOptimizer``), so every rank holds the same model.
+virtual topology (``--topology``: bluefog's default, the exponential graph on one host, each
+rank talking to log2(N) others). ``--optimizer hierarchical`` averages within each host and
+then between hosts' means (``hierarchical_neighbor_allreduce``); ``--schedule`` makes either
+send to one peer (machine) per step: ``one_peer`` (the one-peer exponential graph), or
+``inner_outer`` (hierarchical only: a step within the hosts, then a step between them).
+``--optimizer allreduce`` is the data-parallel baseline: gradients are averaged over all ranks
+(``bf.DistributedOptimizer``), so every rank holds the same model.
 
 At the end rank 0 prints its own test accuracy, the mean and range of the ranks' test
 accuracies, and how far the ranks' weights are from each other (0 for the baseline).
@@ -39,6 +45,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras  # noqa: E402
 
 TOPOLOGIES = {
+    "default": lambda size: None,  # bf.set_topology()'s default (machine-aware across hosts)
     "exponential": topology_util.ExponentialGraph,
     "ring": topology_util.RingGraph,
     "symmetric_exponential": topology_util.SymmetricExponentialGraph,
@@ -50,10 +57,13 @@ TOPOLOGIES = {
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--optimizer", choices=["neighbor", "allreduce"], default="neighbor",
-                   help="neighbor: DistributedNeighborAllreduceOptimizer; allreduce: "
-                        "gradient averaging over all ranks (baseline)")
-    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="exponential")
+    p.add_argument("--optimizer", choices=["neighbor", "hierarchical", "allreduce"],
+                   default="neighbor",
+                   help="neighbor: DistributedNeighborAllreduceOptimizer; hierarchical: "
+                        "DistributedAdaptThenCombineOptimizer over hierarchical_neighbor_allreduce;"
+                        " allreduce: gradient averaging over all ranks (baseline)")
+    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="default")
+    p.add_argument("--schedule", choices=["static", "one_peer", "inner_outer"], default="static")
     p.add_argument("--num-steps-per-communication", type=int, default=1)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -68,11 +78,26 @@ def shard(x, y, rank, size):
     return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
 
 
+def make_schedule(args):
+    if args.schedule == "static":
+        return None
+    if args.optimizer == "neighbor":
+        if args.schedule != "one_peer":
+            raise SystemExit("--schedule inner_outer goes with --optimizer hierarchical")
+        return topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())
+    machines = (topology_util.GetExp2DynamicSendRecvMachineRanks if args.schedule == "one_peer"
+                else topology_util.GetInnerOuterExp2DynamicSendRecvMachineRanks)
+    return machines(bf.size(), bf.local_size(), bf.rank(), bf.local_rank())
+
+
 def make_optimizer(args):
     adam = keras.optimizers.Adam(args.lr)
-    if args.optimizer == "neighbor":
-        return bf.DistributedNeighborAllreduceOptimizer(
-            adam, num_steps_per_communication=args.num_steps_per_communication)
+    if args.optimizer in ("neighbor", "hierarchical"):
+        return bf.DistributedAdaptThenCombineOptimizer(
+            adam, communication_type=("neighbor_allreduce" if args.optimizer == "neighbor"
+                                      else "hierarchical_neighbor_allreduce"),
+            num_steps_per_communication=args.num_steps_per_communication,
+            schedule=make_schedule(args))
     if hasattr(bf, "DistributedOptimizer"):
         return bf.DistributedOptimizer(adam)
     # Without gradient averaging: average the weights after every local step instead.
@@ -89,7 +114,7 @@ def weight_spread(model) -> float:
 def main():
     args = parse_args()
     rank, size = bf.rank(), bf.size()
-    bf.set_topology(TOPOLOGIES[args.topology](size))
+    bf.set_topology(TOPOLOGIES[args.topology](size))  # None: the default
 
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
@@ -121,8 +146,9 @@ def main():
                               name="decentralized_digits.accuracy").numpy()
     spread = weight_spread(model)
     if rank == 0:
-        label = (f"neighbor ({args.topology}, every {args.num_steps_per_communication} step(s))"
-                 if args.optimizer == "neighbor" else "allreduce")
+        label = (f"{args.optimizer} ({args.topology}, schedule {args.schedule}, every "
+                 f"{args.num_steps_per_communication} step(s))"
+                 if args.optimizer != "allreduce" else "allreduce")
         print(f"optimizer={label} ranks={size} train samples/rank={len(x_train)} "
               f"epochs={args.epochs} time={elapsed:.1f}s")
         print(f"test accuracy rank 0: {accuracy:.4f}; over ranks: mean {accuracies.mean():.4f}, "

@@ -6,17 +6,20 @@
 #   bench/netns/hosts.sh up [N_HOSTS] [RATE]     # default: 2 hosts, 1gbit
 #   bench/netns/hosts.sh down [N_HOSTS]
 #
+# BF_NETNS_PREFIX (default bfnv) and BF_NETNS_NET (default 10.213.77) name the namespaces, the
+# bridge (PREFIXbr) and the /24, so that two sets can coexist; rsh.sh reads the same variables.
+#
 # Needs root (CAP_NET_ADMIN). Only private addresses on interfaces this script creates.
 set -euo pipefail
 cmd=${1:-up}; n=${2:-2}; rate=${3:-1gbit}
-br=bfnvbr; net=10.213.77
+prefix=${BF_NETNS_PREFIX:-bfnv}; net=${BF_NETNS_NET:-10.213.77}; br=${prefix}br
 case $cmd in
 up)
   ip link add $br type bridge
   ip addr add $net.254/24 dev $br
   ip link set $br up
   for i in $(seq 1 "$n"); do
-    ns=bfnv$i
+    ns=$prefix$i
     ip netns add $ns
     ip link add ${ns}h type veth peer name ${ns}n
     ip link set ${ns}n netns $ns
@@ -30,7 +33,7 @@ up)
   ;;
 down)
   for i in $(seq 1 "$n"); do
-    ip netns del bfnv$i 2>/dev/null || true
+    ip netns del $prefix$i 2>/dev/null || true
   done
   ip link del $br 2>/dev/null || true
   ;;

@@ -1,11 +1,12 @@
 #!/bin/sh
 # mpirun's remote-shell agent for the namespaces of hosts.sh: "rsh.sh 10.213.77.I CMD..." runs
-# CMD inside namespace bfnvI (mpirun --mca plm_rsh_agent bench/netns/rsh.sh).
+# CMD inside namespace bfnvI (mpirun --mca plm_rsh_agent bench/netns/rsh.sh); the prefix is
+# BF_NETNS_PREFIX when set (see hosts.sh).
 # The namespaces share the file system and the host name, so each gets its own TMPDIR: Open MPI's
 # daemons would otherwise race to create the same session directory.
 host=$1
 shift
-ns="bfnv${host##*.}"
+ns="${BF_NETNS_PREFIX:-bfnv}${host##*.}"
 TMPDIR="/tmp/$ns"
 mkdir -p "$TMPDIR"
 export TMPDIR

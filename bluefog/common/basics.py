@@ -124,6 +124,17 @@ def local_rank() -> int:
     return _query("bluefog_local_rank")
 
 
+def is_homogeneous() -> bool:
+    """Whether every machine runs the same number of ranks, in contiguous blocks.
+
+    True when machine ``m`` holds exactly the ranks ``m * local_size() .. (m + 1) *
+    local_size() - 1`` (mpirun's default placement, ``--map-by slot``, with equal slots per
+    host). Machine-level operations (``machine_rank()``, ``hierarchical_neighbor_allreduce``)
+    need it. Agreed by all ranks at ``init()``, so it is the same on every rank.
+    """
+    return bool(_query("bluefog_is_homogeneous"))
+
+
 def mpi_threads_supported() -> bool:
     """Whether MPI granted MPI_THREAD_MULTIPLE, so other threads may also call MPI directly."""
     return bool(_query("bluefog_mpi_threads_supported"))

@@ -1,4 +1,5 @@
-"""Horovod's view of the hosts: ``cross_rank``, ``cross_size``, ``is_homogeneous``.
+"""Horovod's view of the hosts: ``cross_rank``, ``cross_size`` (``is_homogeneous`` is in
+``basics``).
 
 A host is the set of ranks that share memory (``local_rank``/``local_size`` within it). The
 ranks with the same local rank, one per host, form a "cross" group, ordered by rank:
@@ -20,7 +21,3 @@ def cross_size() -> int:
     """The number of ranks with this rank's local rank: one per host that has one."""
     return _query("bluefog_cross_size")
 
-
-def is_homogeneous() -> bool:
-    """Whether every host runs the same number of ranks."""
-    return bool(_query("bluefog_is_homogeneous"))

@@ -2,7 +2,9 @@
 
 A ``networkx.DiGraph`` on ranks 0..size-1 whose edge u -> v means "u sends to v"; edge weights
 (when the topology is weighted) are the weights the receiver applies. Every rank must set the
-same topology. After ``init()`` it is ``ExponentialGraph(size)``.
+same topology. After ``init()`` it is ``default_topology()``: ``ExponentialGraph(size)``, or a
+machine-aware graph when the job spans machines with several ranks on each. The machines have a
+topology of their own (``set_machine_topology``), used by ``hierarchical_neighbor_allreduce``.
 """
 
 from __future__ import annotations
@@ -28,17 +30,37 @@ def register_change_guard(guard) -> None:
     _change_guards.append(guard)
 
 
-def _current() -> nx.DiGraph:
+def default_topology() -> nx.DiGraph:
+    """The topology ``init()`` and ``set_topology()`` give: ``ExponentialGraph(size())``, or,
+    when the job spans machines with several ranks on each (``spans_machines()``),
+    ``HierarchicalExponentialGraph(size(), local_size())``, whose cut between machines is
+    smaller (docs/training.md, "Which topology")."""
     size = basics.size()  # raises the "call bf.init()" error when not initialized
+    if spans_machines():
+        return topology_util.HierarchicalExponentialGraph(size, basics.local_size())
+    return topology_util.ExponentialGraph(size)
+
+
+def default_is_weighted() -> bool:
+    """Whether the default topology's edge weights are used (the machine-aware one's are)."""
+    return spans_machines()
+
+
+def _current() -> nx.DiGraph:
+    size = basics.size()
+    with _lock:
+        if _state["topology"] is not None and _state["for_size"] == size:
+            return _state["topology"]
+    default, weighted = default_topology(), default_is_weighted()
     with _lock:
         if _state["topology"] is None or _state["for_size"] != size:
-            _state.update(topology=topology_util.ExponentialGraph(size), weighted=False,
-                          for_size=size)
+            _state.update(topology=default, weighted=weighted, for_size=size)
         return _state["topology"]
 
 
 def set_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = False) -> bool:
-    """Makes ``topology`` (default: ``ExponentialGraph(size())``) the virtual topology.
+    """Makes ``topology`` (default: ``default_topology()``, weighted when it is the
+    machine-aware graph) the virtual topology.
 
     Every rank must pass an equivalent graph. With ``is_weighted`` the edge weights are used by
     ``neighbor_allreduce``; otherwise each rank averages uniformly over itself and its
@@ -46,7 +68,7 @@ def set_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = Fals
     """
     size = basics.size()
     if topology is None:
-        topology = topology_util.ExponentialGraph(size)
+        topology, is_weighted = default_topology(), default_is_weighted() or is_weighted
     if not isinstance(topology, nx.DiGraph):
         raise TypeError(f"rank {basics.rank()}: set_topology: topology must be a "
                         f"networkx.DiGraph, got {type(topology).__name__}")
@@ -103,19 +125,41 @@ def recv_weights() -> tuple:
 
 
 def num_machines() -> int:
-    """Number of machines, assuming ranks fill machines in blocks of ``local_size()``."""
+    """Number of machines; raises unless the job is homogeneous (``basics.is_homogeneous``)."""
     size, local = basics.size(), basics.local_size()
-    if size % local or basics.local_rank() != basics.rank() % local:
+    if not basics.is_homogeneous():
         raise ValueError(
-            f"rank {basics.rank()}: machine-level operations need ranks placed on machines in "
-            f"contiguous blocks of local_size()={local} (mpirun's default --map-by slot); this job "
-            f"has size {size}, local rank {basics.local_rank()}")
+            f"rank {basics.rank()}: machine-level operations need every machine to run the same "
+            f"number of ranks, placed in contiguous blocks (mpirun's default --map-by slot, the "
+            f"same number of slots per host, e.g. -H a:4,b:4); this job has size {size} and "
+            f"{local} rank(s) on this rank's machine (local rank {basics.local_rank()})")
     return size // local
+
+
+def machine_size() -> int:
+    """Number of machines in the job (``size() // local_size()``).
+
+    Raises ValueError unless every machine runs ``local_size()`` ranks in a contiguous block.
+    """
+    return num_machines()
+
+
+def machine_rank() -> int:
+    """This rank's machine, in ``[0, machine_size())``: ``rank() // local_size()``."""
+    num_machines()
+    return basics.rank() // basics.local_size()
 
 
 def machine_of(rank: int) -> int:
     num_machines()
     return rank // basics.local_size()
+
+
+def spans_machines() -> bool:
+    """Whether the job is homogeneous with more than one machine and more than one rank on each:
+    the jobs whose default topology is machine-aware (``HierarchicalExponentialGraph``)."""
+    local = basics.local_size()
+    return basics.is_homogeneous() and 1 < local < basics.size()
 
 
 def _current_machine() -> nx.DiGraph:
@@ -128,38 +172,64 @@ def _current_machine() -> nx.DiGraph:
 
 
 def set_machine_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = False) -> bool:
-    """Sets the topology between machines used by ``hierarchical_neighbor_allreduce``."""
+    """Makes ``topology`` (default: ``ExponentialGraph(machine_size())``) the graph between
+    machines that ``hierarchical_neighbor_allreduce`` uses: node ``m`` is machine ``m`` (ranks
+    ``m * local_size()`` and up), an edge ``m -> k`` means machine ``m`` sends its mean to ``k``.
+
+    Every rank must pass an equivalent graph. With ``is_weighted`` its edge weights are the
+    receivers' weights; otherwise each machine averages uniformly over itself and its
+    in-neighbour machines. Returns whether the machine topology (or its weighting) changed.
+    """
     n = num_machines()
     if topology is None:
         topology = topology_util.ExponentialGraph(n)
-    if not isinstance(topology, nx.DiGraph) or sorted(topology.nodes) != list(range(n)):
-        raise ValueError(f"rank {basics.rank()}: set_machine_topology: expected a "
-                         f"networkx.DiGraph on machines 0..{n - 1}")
+    if not isinstance(topology, nx.DiGraph):
+        raise TypeError(f"rank {basics.rank()}: set_machine_topology: topology must be a "
+                        f"networkx.DiGraph, got {type(topology).__name__}")
+    if sorted(topology.nodes) != list(range(n)):
+        raise ValueError(f"rank {basics.rank()}: set_machine_topology: the topology's nodes must "
+                         f"be exactly the machines 0..{n - 1} (machine_size() is {n}), got "
+                         f"{sorted(topology.nodes)[:10]}")
+    if not isinstance(is_weighted, bool):
+        raise TypeError(f"rank {basics.rank()}: set_machine_topology: is_weighted must be a bool")
     current = _current_machine()
     with _lock:
         changed = (not topology_util.IsTopologyEquivalent(topology, current)
                    or is_weighted != _state["machine_weighted"])
-        _state.update(machine_topology=topology, machine_weighted=bool(is_weighted),
-                      for_machines=n)
+        _state.update(machine_topology=topology, machine_weighted=is_weighted, for_machines=n)
     return changed
 
 
 def load_machine_topology() -> nx.DiGraph:
+    """The current topology between machines."""
     return _current_machine()
 
 
-def out_neighbor_machines() -> list:
-    m = machine_of(basics.rank())
+def is_machine_topo_weighted() -> bool:
+    """Whether ``hierarchical_neighbor_allreduce`` uses the machine topology's edge weights."""
+    _current_machine()
+    return bool(_state["machine_weighted"])
+
+
+def in_neighbor_machine_ranks() -> list:
+    """The machines this rank's machine receives from, ascending (its own excluded)."""
+    m = machine_rank()
+    return sorted(x for x in _current_machine().predecessors(m) if x != m)
+
+
+def out_neighbor_machine_ranks() -> list:
+    """The machines this rank's machine sends to, ascending (its own excluded)."""
+    m = machine_rank()
     return sorted(x for x in _current_machine().successors(m) if x != m)
 
 
 def machine_recv_weights() -> tuple:
     """(self_weight, {in-neighbour machine: weight}) for this rank's machine."""
-    m = machine_of(basics.rank())
+    m = machine_rank()
     topo = _current_machine()
     if _state["machine_weighted"]:
         return topology_util.GetRecvWeights(topo, m)
-    sources = sorted(x for x in topo.predecessors(m) if x != m)
+    sources = in_neighbor_machine_ranks()
     w = 1.0 / (len(sources) + 1)
     return w, {x: w for x in sources}
 

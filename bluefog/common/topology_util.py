@@ -101,6 +101,49 @@ def ExponentialGraph(size: int, base: int = 2) -> nx.DiGraph:
     return _uniform_graph(size, lambda r: {(r + p) % size for p in powers})
 
 
+def HierarchicalExponentialGraph(size: int, local_size: int) -> nx.DiGraph:
+    """Machine-aware graph: complete within each machine, one exponential graph between
+    machines, each of whose edges is carried by one rank.
+
+    Machines hold ``local_size`` consecutive ranks: rank ``r`` is local rank
+    ``l = r % local_size`` of machine ``m = r // local_size`` of ``n = size // local_size``.
+    Rank ``r`` sends to every other rank of machine ``m`` and, for every ``k >= 0`` with
+    ``2**k < n`` and ``k % local_size == l``, to local rank ``l`` of machine
+    ``(m + 2**k) % n``. So each machine sends ``ceil(log2 n)`` tensors to other machines per
+    ``neighbor_allreduce``, as many as ``hierarchical_neighbor_allreduce`` sends means, where
+    ``ExponentialGraph(size)`` sends ``local_size - 1 + local_size * log2(n)`` (``n`` a power
+    of two).
+
+    Weights are doubly stochastic (every rank's in- and out-weights sum to one, so repeated
+    averaging converges to the exact mean): every edge between two ranks weighs
+    ``1 / (local_size + c)``, ``c = ceil(ceil(log2 n) / local_size)`` the most machine edges
+    one rank carries, and each self loop takes the rest. Use it with
+    ``set_topology(..., is_weighted=True)``. ``local_size == 1`` gives ``ExponentialGraph(size)``
+    and ``local_size == size`` the complete graph. Raises ValueError unless ``size >= 1``,
+    ``local_size >= 1`` and ``local_size`` divides ``size``.
+    """
+    size = _check_int("size", size, 1)
+    local = _check_int("local_size", local_size, 1)
+    if size % local:
+        raise ValueError(f"local_size must divide size ({size}), got {local}")
+    n = size // local
+    powers = _powers_below(2, n)
+    most = -(-len(powers) // local)  # machine edges of the busiest local rank
+    w = 1.0 / (local + most)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(size))
+    for r in range(size):
+        m, lr = divmod(r, local)
+        targets = [m * local + i for i in range(local) if i != lr]
+        targets += [((m + p) % n) * local + lr for k, p in enumerate(powers) if k % local == lr]
+        # In-degree equals out-degree for every rank (machines are alike), so the self loop
+        # that completes the out-weights also completes the in-weights.
+        graph.add_edge(r, r, weight=1.0 - w * len(targets))
+        for v in sorted(targets):
+            graph.add_edge(r, v, weight=w)
+    return graph
+
+
 def ExponentialTwoGraph(size: int) -> nx.DiGraph:
     """Same as ``ExponentialGraph(size, 2)``.  Raises ValueError unless size >= 1."""
     return ExponentialGraph(size, 2)
@@ -398,3 +441,26 @@ def GetInnerOuterExpo2DynamicSendRecvRanks(
     """
     phases = _inner_outer_phases(*_check_world(world_size, local_size, self_rank))
     return _group_schedule(phases, expo2=True)
+
+
+def GetInnerOuterExp2DynamicSendRecvMachineRanks(
+    world_size: int, local_size: int, self_rank: int, local_rank: int, inner_steps: int = 1
+) -> Iterator[SendRecv]:
+    """Yield ``(send_machines, recv_machines)``: ``inner_steps`` steps without machines, then
+    one step of ``GetExp2DynamicSendRecvMachineRanks``, and so on.
+
+    With ``hierarchical_neighbor_allreduce`` a step without machines is the exact mean within
+    each machine and sends nothing between machines, so the link between machines carries one
+    machine mean per ``inner_steps + 1`` steps. Arguments and errors as for
+    ``GetExp2DynamicSendRecvMachineRanks``; ``inner_steps`` must be an integer >= 0.
+    """
+    inner = _check_int("inner_steps", inner_steps, 0)
+    outer = GetExp2DynamicSendRecvMachineRanks(world_size, local_size, self_rank, local_rank)
+
+    def schedule() -> Iterator[SendRecv]:
+        while True:
+            for _ in range(inner):
+                yield [], []
+            yield next(outer)
+
+    return schedule()

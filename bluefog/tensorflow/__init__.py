@@ -3,6 +3,7 @@
 from bluefog.common.basics import (  # noqa: F401
     BluefogError,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
@@ -22,7 +23,7 @@ from bluefog.common.capabilities import (  # noqa: F401
     nccl_built,
     rocm_built,
 )
-from bluefog.common.hosts import cross_rank, cross_size, is_homogeneous  # noqa: F401
+from bluefog.common.hosts import cross_rank, cross_size  # noqa: F401
 from bluefog.common.process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,
@@ -37,10 +38,15 @@ from bluefog.common.timeline import (  # noqa: F401
     timeline_start_activity,
 )
 from bluefog.common.topology import (  # noqa: F401
+    in_neighbor_machine_ranks,
     in_neighbor_ranks,
+    is_machine_topo_weighted,
     is_topo_weighted,
     load_machine_topology,
     load_topology,
+    machine_rank,
+    machine_size,
+    out_neighbor_machine_ranks,
     out_neighbor_ranks,
     set_machine_topology,
     set_topology,

@@ -21,6 +21,13 @@ Keras 3 optimizer (usable in ``model.compile``/``model.fit`` and in custom loops
 * ``"allreduce"``: the mean over all ranks (every rank ends with the same model);
 * ``"empty"``: no communication (independent local training; useful as a baseline).
 
+A dynamic ``schedule`` (an iterator of ``(send, recv)`` pairs, one per communication, such as
+``topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())``, or machine ids
+from ``GetExp2DynamicSendRecvMachineRanks`` for ``"hierarchical_neighbor_allreduce"``) replaces
+the static topology: each communication sends to that step's ``send`` ranks (machines) only and
+averages uniformly over itself and that step's ``recv``. The iterator is advanced in Python
+once per communication, also inside a traced train step (through ``tf.py_function``).
+
 Communication happens on every ``num_steps_per_communication``-th call of ``apply`` (the
 ``n``-th, ``2n``-th, ... call; a ``tf.Variable`` counts the calls, so the schedule also holds
 inside a traced train step). On the other steps the optimizer is just the local optimizer.
@@ -39,10 +46,13 @@ must therefore build their optimizers in the same order (or pass the same explic
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Dict, List, Optional
 
+import numpy as np
 import tensorflow as tf
 
+from bluefog.common import basics, topology
 from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, wrapping
 
 __all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
@@ -60,15 +70,79 @@ def _next_graph_index(prefix: str) -> int:
     return averaging.next_graph_index(prefix)
 
 
-def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str) -> List[tf.Tensor]:
+def _schedule_step(schedule: Iterator, communication_type: str, what: str) -> tuple:
+    """The next ``(send, recv, self_weight, recv_weights)`` of ``schedule``, checked; uniform
+    weights over this rank (machine) and its receive list."""
+    machines = communication_type == "hierarchical_neighbor_allreduce"
+    unit = "machine" if machines else "rank"
+    me, count = ((topology.machine_rank(), topology.machine_size()) if machines
+                 else (basics.rank(), basics.size()))
+    try:
+        step = next(schedule)
+    except StopIteration:
+        raise ValueError(f"rank {basics.rank()}: bluefog {what}: the schedule is exhausted; pass "
+                         "an endless iterator (topology_util's Get*SendRecv* generators are)") \
+            from None
+    try:
+        send, recv = (list(x) for x in step)
+    except (TypeError, ValueError):
+        raise ValueError(f"rank {basics.rank()}: bluefog {what}: the schedule must yield "
+                         f"(send_{unit}s, recv_{unit}s) pairs of lists, got {step!r}") from None
+    for label, values in (("send", send), ("recv", recv)):
+        for x in values:
+            if (isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                    or not 0 <= x < count or x == me):
+                raise ValueError(
+                    f"rank {basics.rank()}: bluefog {what}: the schedule's {label} list holds "
+                    f"{x!r}, which is not another {unit} in [0, {count}) (this {unit} is {me}); "
+                    + ("machine-level schedules such as GetExp2DynamicSendRecvMachineRanks "
+                       "yield machines" if machines else "it must yield ranks"))
+        if len(set(values)) != len(values):
+            raise ValueError(f"rank {basics.rank()}: bluefog {what}: the schedule's {label} "
+                             f"list names a {unit} twice: {values}")
+    w = 1.0 / (len(recv) + 1)
+    return sorted(int(x) for x in send), sorted(int(x) for x in recv), w, [w] * len(recv)
+
+
+def _scheduled_peers(schedule: Iterator, communication_type: str, what: str) -> tuple:
+    """This communication's peers and weights: Python values in eager mode, tensors fed by a
+    py_function (advanced once per run of the traced step) in a graph."""
+    if tf.executing_eagerly():
+        return _schedule_step(schedule, communication_type, what)
+
+    def fetch():
+        send, recv, w, ws = _schedule_step(schedule, communication_type, what)
+        return (np.array(send, np.int32), np.array(recv, np.int32), np.float64(w),
+                np.array(ws, np.float64))
+
+    send, recv, w, ws = tf.py_function(fetch, [], [tf.int32, tf.int32, tf.float64, tf.float64])
+    for t in (send, recv, ws):
+        t.set_shape([None])
+    w.set_shape([])
+    return send, recv, w, ws
+
+
+def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str,
+             schedule: Optional[Iterator] = None, what: str = "") -> List[tf.Tensor]:
     """The combination over ranks of every tensor in `tensors` (same structure back)."""
     if communication_type == "empty" or not tensors:
         return list(tensors)
     k = _next_graph_index(prefix)
     if communication_type == "allreduce":
         return mpi_ops.grouped_allreduce(tensors, average=True, name=f"{prefix}.{k}")
-    op = (neighbor_ops.neighbor_allreduce if communication_type == "neighbor_allreduce"
-          else neighbor_ops.hierarchical_neighbor_allreduce)
+    if schedule is None:
+        op = (neighbor_ops.neighbor_allreduce if communication_type == "neighbor_allreduce"
+              else neighbor_ops.hierarchical_neighbor_allreduce)
+    else:
+        # One step of the schedule for every dtype's exchange of this communication.
+        send, recv, w, ws = _scheduled_peers(schedule, communication_type, what)
+        if communication_type == "neighbor_allreduce":
+            def op(t, name):
+                return neighbor_ops.neighbor_allreduce_op(t, name, send, recv, w, ws, [])
+        else:
+            def op(t, name):
+                return neighbor_ops.hierarchical_exchange(
+                    t, name, basics.local_size(), basics.local_rank(), send, recv, w, ws)
     out: List[Optional[tf.Tensor]] = list(tensors)
     by_dtype: Dict[tf.DType, List[int]] = {}
     for i, t in enumerate(tensors):
@@ -102,6 +176,8 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     _bluefog_communication: str = "neighbor_allreduce"
     _bluefog_every: int = 1
     _bluefog_prefix: str = ""
+    _bluefog_schedule = None
+    _bluefog_what: str = ""
 
     @property
     def communication_type(self) -> str:
@@ -110,6 +186,11 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     @property
     def num_steps_per_communication(self) -> int:
         return self._bluefog_every
+
+    @property
+    def schedule(self):
+        """The dynamic schedule (an iterator), or None for the static topology."""
+        return self._bluefog_schedule
 
     def _bluefog_variables(self, grads, trainable_variables):
         if trainable_variables is not None:
@@ -130,14 +211,15 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
 
     def _bluefog_combine(self, values: List[tf.Tensor], communicate) -> List[tf.Tensor]:
         """combine(values) when `communicate`, else `values`; `communicate` may be a tensor."""
+        def combine():
+            return _combine(values, self._bluefog_communication, self._bluefog_prefix,
+                            self._bluefog_schedule, self._bluefog_what)
+
         if communicate is True:
-            return _combine(values, self._bluefog_communication, self._bluefog_prefix)
+            return combine()
         if communicate is False:
             return values
-        return tf.cond(communicate,
-                       lambda: _combine(values, self._bluefog_communication,
-                                        self._bluefog_prefix),
-                       lambda: [tf.identity(v) for v in values])
+        return tf.cond(communicate, combine, lambda: [tf.identity(v) for v in values])
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
@@ -167,7 +249,7 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
 
 
 def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communication: int,
-         name: Optional[str], what: str, mixin: Optional[type] = None):
+         name: Optional[str], what: str, mixin: Optional[type] = None, schedule=None):
     """The wrapped copy of ``optimizer``: a subclass with ``mixin`` (default: the neighbour
     combination of this module) in front, after checking every argument."""
     keras = wrapping.import_keras()
@@ -182,6 +264,15 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
         raise ValueError(f"bluefog {what}: num_steps_per_communication must be an int >= 1, got "
                          f"{num_steps_per_communication!r}")
     averaging.check_name(name, what)
+    if schedule is not None:
+        if communication_type not in ("neighbor_allreduce", "hierarchical_neighbor_allreduce"):
+            raise ValueError(f"bluefog {what}: a schedule needs communication_type "
+                             "'neighbor_allreduce' or 'hierarchical_neighbor_allreduce', got "
+                             f"{communication_type!r}")
+        if not isinstance(schedule, Iterator):
+            raise ValueError(f"bluefog {what}: schedule must be an iterator of (send, recv) "
+                             "pairs, such as topology_util.GetDynamicOnePeerSendRecvRanks("
+                             f"bf.load_topology(), bf.rank()), got {type(schedule).__name__}")
     if isinstance(optimizer, type):
         raise ValueError(f"bluefog {what}: pass an optimizer instance such as "
                          f"keras.optimizers.SGD(0.1), not the class {optimizer.__name__}")
@@ -199,6 +290,9 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     new._bluefog_communication = communication_type
     new._bluefog_every = num_steps_per_communication
     new._bluefog_prefix = name or f"{what}.{new.name}"
+    new._bluefog_what = what
+    # Plain attributes, not tracked by Keras: an iterator is no optimizer state.
+    object.__setattr__(new, "_bluefog_schedule", schedule)
     with tf.init_scope():
         counter = tf.Variable(0, dtype=tf.int64, trainable=False,
                               name=f"{new.name}_bluefog_steps")
@@ -209,7 +303,7 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
 
 def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "neighbor_allreduce",
                                          num_steps_per_communication: int = 1,
-                                         name: Optional[str] = None):
+                                         name: Optional[str] = None, schedule=None):
     """Local step, then replace the variables by their combination over neighbours.
 
     ``x_new = combine(step(x, g))``. Returns a new optimizer of a subclass of ``optimizer``'s
@@ -221,18 +315,24 @@ def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "n
             ``"hierarchical_neighbor_allreduce"``, ``"allreduce"`` or ``"empty"``.
         num_steps_per_communication: communicate on every n-th step only (n >= 1).
         name: prefix of the collective requests' names; must be equal on every rank.
+        schedule: None (the static topology) or an endless iterator yielding, per
+            communication, ``(send, recv)``: ranks for ``"neighbor_allreduce"``, machines for
+            ``"hierarchical_neighbor_allreduce"``, e.g.
+            ``topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())``.
+            Each communication averages uniformly over this rank (machine) and ``recv``.
 
     Raises:
         ValueError: for an unknown communication type, n < 1, something that is not a Keras
-            optimizer instance, or an optimizer already wrapped by bluefog.
+            optimizer instance, an optimizer already wrapped by bluefog, or a schedule that is
+            not an iterator or goes with another communication type.
     """
     return wrap(optimizer, "atc", communication_type, num_steps_per_communication, name,
-                 "DistributedAdaptThenCombineOptimizer")
+                "DistributedAdaptThenCombineOptimizer", schedule=schedule)
 
 
 def DistributedAdaptWithCombineOptimizer(optimizer, communication_type: str = "neighbor_allreduce",
                                          num_steps_per_communication: int = 1,
-                                         name: Optional[str] = None):
+                                         name: Optional[str] = None, schedule=None):
     """Combination of the pre-step variables plus the local update.
 
     ``x_new = combine(x) + (step(x, g) - x)``: the exchange uses the values from before the step,
@@ -240,11 +340,11 @@ def DistributedAdaptWithCombineOptimizer(optimizer, communication_type: str = "n
     ``DistributedAdaptThenCombineOptimizer``.
     """
     return wrap(optimizer, "awc", communication_type, num_steps_per_communication, name,
-                 "DistributedAdaptWithCombineOptimizer")
+                "DistributedAdaptWithCombineOptimizer", schedule=schedule)
 
 
 def DistributedNeighborAllreduceOptimizer(optimizer, num_steps_per_communication: int = 1,
-                                          name: Optional[str] = None):
+                                          name: Optional[str] = None, schedule=None):
     """``DistributedAdaptThenCombineOptimizer(optimizer, "neighbor_allreduce", ...)``."""
     return wrap(optimizer, "atc", "neighbor_allreduce", num_steps_per_communication, name,
-                 "DistributedNeighborAllreduceOptimizer")
+                "DistributedNeighborAllreduceOptimizer", schedule=schedule)

@@ -91,19 +91,28 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
         send = _weights(dst_weights, "dst_weights", name)
         self_weight = _weight(self_weight, "self_weight", name)
         send_weights = ([send[r] for r in sorted(send)] if isinstance(dst_weights, dict) else [])
-    return _neighbor_allreduce_op(tensor, name, sorted(send), sorted(recv),
+    return neighbor_allreduce_op(tensor, name, sorted(send), sorted(recv),
                                   self_weight, [recv[r] for r in sorted(recv)], send_weights)
 
 
-def _neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, recv_weights,
+def _input(values, dtype):
+    """A constant for Python values (cached in eager mode), the tensor itself otherwise."""
+    if isinstance(values, (tf.Tensor, tf.Variable)):
+        return tf.cast(values, dtype)
+    return const_input(float(values) if dtype == tf.float64 and not isinstance(values, list)
+                       else values, dtype)
+
+
+def neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, recv_weights,
                            send_weights):
+    """The op; ranks and weights are Python values or tensors (dynamic schedules)."""
     return ops.bluefog_neighbor_allreduce(
         tensor, tensor_name=name_input(name),
-        send_ranks=const_input(send_ranks, tf.int32),
-        recv_ranks=const_input(recv_ranks, tf.int32),
-        self_weight=const_input(float(self_weight), tf.float64),
-        recv_weights=const_input(recv_weights, tf.float64),
-        send_weights=const_input(send_weights, tf.float64))
+        send_ranks=_input(send_ranks, tf.int32),
+        recv_ranks=_input(recv_ranks, tf.int32),
+        self_weight=_input(self_weight, tf.float64),
+        recv_weights=_input(recv_weights, tf.float64),
+        send_weights=_input(send_weights, tf.float64))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -134,6 +143,19 @@ def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optiona
         recv_ranks=const_input(recv, tf.int32))
 
 
+def _machine_list(values, what: str, name: str, machine: int, machines: int) -> list:
+    prefix = op_error_prefix("hierarchical_neighbor_allreduce", name)
+    out = []
+    for m in values:
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < machines or m == machine:
+            raise ValueError(f"{prefix}: {what} holds machine {m!r}, which is not another "
+                             f"machine in [0, {machines}) (this rank is on machine {machine})")
+        out.append(m)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{prefix}: {what} lists a machine twice: {out}")
+    return sorted(out)
+
+
 @tf.autograph.experimental.do_not_convert
 def hierarchical_neighbor_allreduce(
         tensor: Union[tf.Tensor, tf.Variable], self_weight: Optional[float] = None,
@@ -142,43 +164,101 @@ def hierarchical_neighbor_allreduce(
         name: Optional[str] = None) -> tf.Tensor:
     """Machine-level neighbour averaging for multi-host jobs.
 
-    First the ranks of each machine average their tensors, then each machine combines that mean
-    with its in-neighbour machines' means, following the machine topology
-    (``set_machine_topology``; default ``ExponentialGraph(number of machines)``) or, when given,
-    ``self_weight`` / ``neighbor_machine_weights`` (machine -> weight) and
-    ``send_neighbor_machines`` for this call. Every rank of a machine gets the same result.
-    Ranks must be placed on machines in contiguous blocks of ``local_size()`` (mpirun's default).
+    Returns, on every rank of machine ``m``, ``self_weight * mean_m + sum(w_k * mean_k)`` over
+    its in-neighbour machines ``k``, where ``mean_k`` is the mean of machine ``k``'s ranks'
+    tensors. The weights and neighbours come from the machine topology
+    (``set_machine_topology``; default ``ExponentialGraph(machine_size())``) or, for this call,
+    from ``self_weight``, ``neighbor_machine_weights`` ({machine: weight}) and
+    ``send_neighbor_machines`` (the machines to send to), given together; an empty pair means
+    only the mean within the machine. Every rank of a machine must pass the same machines and
+    weights, and machines' lists must mirror each other.
+
+    Each machine's mean crosses to each neighbour machine once, split over its local ranks: a
+    reduce-scatter within the machine leaves local rank ``l`` with slice ``l`` of the mean, local
+    rank ``l`` exchanges that slice with local rank ``l`` of the neighbour machines, and an
+    allgather within the machine joins the slices. Needs a homogeneous job (``is_homogeneous``).
     """
     name = request_name("hierarchical_neighbor_allreduce", name)
     tensor = to_tensor(tensor, "hierarchical_neighbor_allreduce", name)
     check_dtype(tensor, "hierarchical_neighbor_allreduce", name)
-    me, local, local_rank = basics.rank(), basics.local_size(), basics.local_rank()
-    machine, first = topology.machine_of(me), me - local_rank
-    local_peers = [r for r in range(first, first + local) if r != me]
     what = op_error_prefix("hierarchical_neighbor_allreduce", name)
-    mean = _neighbor_allreduce_op(tensor, name + ".local", local_peers, local_peers,
-                                  1.0 / local, [1.0 / local] * len(local_peers), [])
+    try:
+        machines, machine = topology.machine_size(), topology.machine_rank()
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
     if (neighbor_machine_weights is None) != (send_neighbor_machines is None):
         raise ValueError(f"{what}: neighbor_machine_weights and send_neighbor_machines must be "
-                         "given together")
+                         "given together (a dynamic machine topology needs both the sources and "
+                         "the destinations of this call)")
     if neighbor_machine_weights is None:
-        self_w, machine_weights = topology.machine_recv_weights()
-        send_machines = topology.out_neighbor_machines()
+        default_self, machine_weights = topology.machine_recv_weights()
+        send_machines = topology.out_neighbor_machine_ranks()
+        self_w = (default_self if self_weight is None
+                  else _weight(self_weight, "self_weight", name))
     else:
         if self_weight is None:
             raise ValueError(f"{what}: self_weight must be given with neighbor_machine_weights")
-        self_w, machine_weights = float(self_weight), dict(neighbor_machine_weights)
-        send_machines = list(send_neighbor_machines)
-    for m in list(machine_weights) + list(send_machines):
-        if not isinstance(m, int) or not 0 <= m < topology.num_machines() or m == machine:
-            raise ValueError(f"{what}: machine {m!r} is not another machine in "
-                             f"[0, {topology.num_machines()})")
-    # The same local rank on each neighbour machine carries that machine's mean.
+        if not isinstance(neighbor_machine_weights, dict):
+            raise TypeError(f"{what}: neighbor_machine_weights must be a dict {{machine: "
+                            f"weight}}, got {type(neighbor_machine_weights).__name__}")
+        self_w = _weight(self_weight, "self_weight", name)
+        recv = _machine_list(neighbor_machine_weights, "neighbor_machine_weights", name,
+                             machine, machines)
+        machine_weights = {m: _weight(neighbor_machine_weights[m],
+                                      f"neighbor_machine_weights[{m}]", name) for m in recv}
+        send_machines = _machine_list(send_neighbor_machines, "send_neighbor_machines", name,
+                                      machine, machines)
     recv = sorted(machine_weights)
-    return _neighbor_allreduce_op(mean, name + ".machines",
-                                  sorted(m * local + local_rank for m in send_machines),
-                                  [m * local + local_rank for m in recv], self_w,
-                                  [float(machine_weights[m]) for m in recv], [])
+    return hierarchical_exchange(tensor, name, basics.local_size(), basics.local_rank(),
+                                 send_machines, recv, self_w, [machine_weights[m] for m in recv])
+
+
+def hierarchical_exchange(tensor, name: str, local: int, local_rank: int, send_machines,
+                          recv_machines, self_weight, recv_weights) -> tf.Tensor:
+    """The three exchanges of ``hierarchical_neighbor_allreduce`` for ranks placed in blocks of
+    ``local``: machine lists and weights may be Python lists or (dynamic) tensors."""
+    first = basics.rank() - local_rank
+
+    def as_tensor(values, dtype):  # a Python list straight to dtype (no float32 detour)
+        if isinstance(values, (tf.Tensor, tf.Variable)):
+            return tf.cast(values, dtype)
+        return tf.constant(values, dtype)
+
+    def to_rank(machines):
+        return as_tensor(machines, tf.int32) * local + local_rank
+
+    send, recv = to_rank(send_machines), to_rank(recv_machines)
+    if local == 1:
+        return neighbor_allreduce_op(tensor, name + ".machines", send, recv, self_weight,
+                                      recv_weights, [])
+    shape = tf.shape(tensor)
+    flat = tf.reshape(tensor, [-1])
+    count = tf.size(flat, out_type=tf.int64)
+    # Equal slices on every rank (the exchange between machines is one request, whose shape
+    # every rank must share): pad to a multiple of `local` with zeros, cut them off at the end.
+    part = (count + local - 1) // local
+    flat = tf.concat([flat, tf.zeros([part * local - count], flat.dtype)], axis=0)
+    lo, hi = part * local_rank, part * (local_rank + 1)
+    peers = [first + j for j in range(local) if j != local_rank]
+    # Reduce-scatter within the machine: local rank j receives slice j from every peer (the
+    # blocks of `others` are the peers' slices, in the peers' ascending order).
+    others = tf.concat([flat[:lo], flat[hi:]], axis=0)
+    summed = ops.bluefog_neighbor_allgather_grad(
+        others, tensor_name=name_input(name + ".local"), send_ranks=const_input(peers, tf.int32),
+        recv_ranks=const_input(peers, tf.int32), first_dim=hi - lo)
+    machine_sum = summed + flat[lo:hi]
+    # The machine mean is the sum / local: folded into the weights of the exchange between
+    # machines (every received slice is a machine's sum too).
+    scale = 1.0 / local
+    mixed = neighbor_allreduce_op(
+        machine_sum, name + ".machines", send, recv,
+        as_tensor(self_weight, tf.float64) * scale, as_tensor(recv_weights, tf.float64) * scale,
+        [])
+    gathered = ops.bluefog_neighbor_allgather(
+        mixed, tensor_name=name_input(name + ".gather"), send_ranks=const_input(peers, tf.int32),
+        recv_ranks=const_input(peers, tf.int32))
+    joined = tf.concat([gathered[:lo], mixed, gathered[lo:]], axis=0)
+    return tf.reshape(joined[:count], shape)
 
 
 @tf.RegisterGradient("BluefogNeighborAllreduce")
@@ -194,6 +274,18 @@ def _neighbor_allreduce_grad(op, grad):
         recv_weights=tf.cond(tf.size(send_weights) > 0, lambda: send_weights,
                              lambda: tf.ones(tf.shape(send_ranks), tf.float64)))
     return [back, None, None, None, None, None, None]
+
+
+@tf.RegisterGradient("BluefogNeighborAllgatherGrad")
+def _neighbor_allgather_grad_grad(op, grad):
+    """Block k of the input went to send_ranks[k]: its gradient is that rank's upstream gradient,
+    fetched by a neighbor_allgather over the transposed edges (in send_ranks' order)."""
+    _, _, send_ranks, recv_ranks, _ = op.inputs
+    base = forward_name(op, index=1)
+    back = ops.bluefog_neighbor_allgather(
+        tf.convert_to_tensor(grad), tensor_name=base or request_name("neighbor_allgather", None),
+        send_ranks=recv_ranks, recv_ranks=send_ranks)
+    return [back, None, None, None, None]
 
 
 @tf.RegisterGradient("BluefogNeighborAllgather")

@@ -137,14 +137,20 @@ TransportInfo MpiTransport::Init() {
   local_size_ = info.local_size;
   // The hierarchical allreduce needs more than one host, more than one rank per host and the
   // same number of ranks on every host (each local rank owns one slice).
-  int sizes[2] = {-info.local_size, info.local_size};  // min and max through one MPI_MAX
-  Check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, AsComm(comm_)), "MPI_Allreduce");
-  info.homogeneous = -sizes[0] == sizes[1];
+  // Contiguous blocks: local rank 0's rank is this rank minus its local rank, on every host.
+  int first = rank_;
+  Check(MPI_Bcast(&first, 1, MPI_INT, 0, AsComm(local_comm_)), "MPI_Bcast");
+  const bool block = first == rank_ - info.local_rank && first % info.local_size == 0;
+  // min and max of the local sizes, and whether some rank is outside its block, in one MPI_MAX
+  int sizes[3] = {-info.local_size, info.local_size, block ? 0 : 1};
+  Check(MPI_Allreduce(MPI_IN_PLACE, sizes, 3, MPI_INT, MPI_MAX, AsComm(comm_)), "MPI_Allreduce");
+  info.homogeneous = -sizes[0] == sizes[1] && sizes[2] == 0;
+  // The ranks with this local rank, one per host (Horovod's cross rank and size).
   void* cross = nullptr;
   Check(MPI_Comm_split(AsComm(comm_), info.local_rank, rank_, &AsComm(cross)), "MPI_Comm_split");
   Check(MPI_Comm_rank(AsComm(cross), &info.cross_rank), "MPI_Comm_rank");
   Check(MPI_Comm_size(AsComm(cross), &info.cross_size), "MPI_Comm_size");
-  if (info.homogeneous && info.local_size > 1 && info.local_size < size_) {
+  if (-sizes[0] == sizes[1] && info.local_size > 1 && info.local_size < size_) {
     cross_ = Adopt(cross);
   } else {
     Check(MPI_Comm_free(&AsComm(cross)), "MPI_Comm_free");

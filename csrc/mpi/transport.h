@@ -20,8 +20,10 @@ struct TransportInfo {
   // Among the ranks with this local rank (one per host): this one's index and their number.
   int cross_rank = 0;
   int cross_size = 1;
-  bool homogeneous = true;        // every host runs the same number of ranks
   bool threads_multiple = false;  // MPI granted MPI_THREAD_MULTIPLE
+  // Every host runs the same number of ranks, and host h holds ranks h*L .. h*L+L-1 (mpirun's
+  // default --map-by slot): what machine-level (hierarchical) neighbour ops need.
+  bool homogeneous = false;
 };
 
 class MpiTransport {

@@ -48,8 +48,9 @@ def test_digits_examples_learn_and_stay_in_agreement(script):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_decentralized_example_learns():
-    out = run_example(["examples/decentralized_digits.py", "--epochs", "5"])
+@pytest.mark.parametrize("flags", [[], ["--schedule", "one_peer", "--topology", "exponential"]])
+def test_decentralized_example_learns(flags):
+    out = run_example(["examples/decentralized_digits.py", "--epochs", "5"] + flags)
     assert accuracy(out, r"test accuracy rank 0: ([\d.]+)") > 0.85
 
 

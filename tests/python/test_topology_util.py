@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import pathlib
 import sys
 
@@ -401,3 +402,30 @@ def test_numpy_integers_accepted():
     assert tu.IsTopologyEquivalent(tu.ExponentialGraph(np.int64(6)), expected)
     i4, i2, i1 = (np.int32(x) for x in (4, 2, 1))
     assert next(tu.GetInnerOuterRingDynamicSendRecvRanks(i4, i2, i1)) == ([0], [0])
+
+
+@pytest.mark.parametrize("size,local", [(8, 4), (8, 2), (16, 4), (12, 3), (24, 2), (6, 6), (5, 1)])
+def test_hierarchical_exponential_graph(size, local):
+    graph = tu.HierarchicalExponentialGraph(size, local)
+    w = nx.to_numpy_array(graph, nodelist=range(size))
+    np.testing.assert_allclose(w.sum(axis=0), 1.0)  # receive weights
+    np.testing.assert_allclose(w.sum(axis=1), 1.0)  # doubly stochastic
+    assert w.min() >= 0
+    n = size // local
+    machine_edges = math.ceil(math.log2(n)) if n > 1 else 0
+    for m in range(n):
+        cut = [(u, v) for u, v in graph.edges if u // local == m and v // local != m]
+        assert len(cut) == machine_edges  # one edge per exponential offset
+    for r in range(size):  # complete within the machine
+        mates = {r // local * local + i for i in range(local)}
+        assert mates <= set(graph.successors(r))
+    # Connected and aperiodic: repeated averaging reaches the mean.
+    assert np.allclose(np.linalg.matrix_power(w, 400), 1.0 / size)
+
+
+def test_hierarchical_exponential_graph_edge_cases():
+    assert tu.IsTopologyEquivalent(tu.HierarchicalExponentialGraph(8, 1), tu.ExponentialGraph(8))
+    assert tu.IsTopologyEquivalent(tu.HierarchicalExponentialGraph(4, 4),
+                                   tu.FullyConnectedGraph(4))
+    with pytest.raises(ValueError, match="local_size must divide size"):
+        tu.HierarchicalExponentialGraph(6, 4)

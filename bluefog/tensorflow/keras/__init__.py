@@ -11,6 +11,7 @@ from __future__ import annotations
 from bluefog.common.basics import (  # noqa: F401
     BluefogError,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
@@ -30,7 +31,7 @@ from bluefog.common.capabilities import (  # noqa: F401
     nccl_built,
     rocm_built,
 )
-from bluefog.common.hosts import cross_rank, cross_size, is_homogeneous  # noqa: F401
+from bluefog.common.hosts import cross_rank, cross_size  # noqa: F401
 from bluefog.common.timeline import (  # noqa: F401
     start_timeline,
     stop_timeline,
