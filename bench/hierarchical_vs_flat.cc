@@ -4,9 +4,10 @@
 // of ranks on each (bench/netns/ makes pretend hosts with a rate-limited link):
 //
 //   bench/netns/hosts.sh up 2 1gbit
-//   mpirun -np 4 -H 10.213.77.1:2,10.213.77.2:2 --mca plm_rsh_agent bench/netns/rsh.sh \
-//     --mca btl self,vader,tcp --mca btl_tcp_if_include 10.213.77.0/24 \
+//   mpirun -np 4 -H 10.213.77.1:2,10.213.77.2:2 --mca plm_rsh_agent bench/netns/rsh.sh
+//     --mca btl self,vader,tcp --mca btl_tcp_if_include 10.213.77.0/24
 //     --mca oob_tcp_if_include 10.213.77.0/24 build/cpp/hierarchical_bench
+//   (one command line)
 //
 // Rank 0 prints one JSON line per size: median seconds per call of each, and the ratios.
 #include <mpi.h>
