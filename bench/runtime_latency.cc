@@ -1,6 +1,7 @@
 // The runtime's own cost per allreduce, without TensorFlow: Runtime::Enqueue of one tensor and
 // a wait for its completion (as an eager kernel waits), run by the calling thread ("drive",
-// Channel::Enqueue's eager path) or handed to the background thread ("handoff"), against raw
+// Channel::Enqueue's eager path) or handed to the background thread ("handoff"), also in place
+// ("drive_inplace": output = input, as when TensorFlow forwards a temporary), against raw
 // MPI_Allreduce on buffers allocated once, in place and out of place. Batches interleaved
 // repetition by repetition; rank 0 prints one JSON line per size with the median seconds per
 // call of each (the slowest rank's batch time) and bytes touched by bluefog's algorithm.
@@ -38,6 +39,8 @@ struct Waiter {
 };
 
 void BluefogAllreduce(const float* in, float* out, long long count, bool drive, Waiter* w) {
+  // In place, the values are overwritten by their sum: keep them from growing (the check below
+  // reads the out-of-place results only).
   Request r;
   r.meta.op = bluefog::OpType::kAllreduce;
   r.meta.name = "bench." + std::to_string(count);
@@ -69,21 +72,25 @@ int main(int argc, char** argv) {
   Runtime::Get().Init();
   const int rank = Runtime::Get().info().rank, size = Runtime::Get().info().size;
   const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
-  const char* names[] = {"bf_drive", "bf_handoff", "mpi_inplace", "mpi_out_of_place"};
+  const char* names[] = {"bf_drive", "bf_handoff", "mpi_inplace", "mpi_out_of_place",
+                         "bf_drive_inplace"};
+  constexpr int kVariants = 5;
   Waiter waiter;
   for (long long bytes : {4LL, 1024LL, 1LL << 20, 4LL << 20, 16LL << 20, 64LL << 20}) {
     const long long count = bytes / 4;
     std::vector<float> in(count, static_cast<float>(rank + 1)), out(count, 0.0f);
-    std::vector<float> mpi_buf(count, 1.0f), mpi_out(count, 0.0f);
+    std::vector<float> mpi_buf(count, 1.0f), mpi_out(count, 0.0f), bf_buf(count, 1.0f);
     const int iters = static_cast<int>(std::clamp(256e6 / (bytes + 65536), 3.0, 2000.0));
-    std::vector<double> times[4];
+    std::vector<double> times[kVariants];
     for (int rep = 0; rep < reps + 1; ++rep) {  // rep 0 warms up
-      for (int which = 0; which < 4; ++which) {
+      for (int which = 0; which < kVariants; ++which) {
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
         for (int i = 0; i < iters; ++i) {
           if (which < 2) {
             BluefogAllreduce(in.data(), out.data(), count, which == 0, &waiter);
+          } else if (which == 4) {
+            BluefogAllreduce(bf_buf.data(), bf_buf.data(), count, true, &waiter);
           } else {
             MPI_Allreduce(which == 2 ? MPI_IN_PLACE : mpi_buf.data(),
                           which == 2 ? mpi_buf.data() : mpi_out.data(), static_cast<int>(count),
@@ -102,7 +109,7 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
       std::printf("{\"ranks\": %d, \"bytes\": %lld", size, bytes);
-      for (int which = 0; which < 4; ++which) {
+      for (int which = 0; which < kVariants; ++which) {
         std::sort(times[which].begin(), times[which].end());
         std::printf(", \"%s\": %.3e", names[which], times[which][times[which].size() / 2]);
       }
