@@ -38,9 +38,8 @@ struct Waiter {
   }
 };
 
+// In place (in == out) the values grow each call; only the out-of-place results are checked.
 void BluefogAllreduce(const float* in, float* out, long long count, bool drive, Waiter* w) {
-  // In place, the values are overwritten by their sum: keep them from growing (the check below
-  // reads the out-of-place results only).
   Request r;
   r.meta.op = bluefog::OpType::kAllreduce;
   r.meta.name = "bench." + std::to_string(count);

@@ -36,7 +36,7 @@ from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow import mpi_ops
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
-from bluefog.tensorflow.op_library import process_set_attrs, set_size
+from bluefog.tensorflow.op_library import one_device, process_set_attrs, set_size
 from bluefog.tensorflow.op_rules import op_error_prefix
 
 __all__ = ["Averaging", "average_gradients", "averaging_options", "check_initialized",
@@ -122,20 +122,8 @@ def _check_device(device, what: str) -> str:
 
 
 def resolve_device(device, device_dense, device_sparse, what: str) -> str:
-    """One device from bluefog's ``device`` and Horovod's ``device_dense``/``device_sparse``.
-
-    bluefog places the dense and the sparse reductions of a call together, so the ones given
-    must agree. Raises ValueError when they do not, TypeError for a non-str.
-    """
-    given = {label: _check_device(value, what) for label, value in
-             (("device", device), ("device_dense", device_dense),
-              ("device_sparse", device_sparse))}
-    chosen = {label: value for label, value in given.items() if value}
-    if len(set(chosen.values())) > 1:
-        raise ValueError(f"bluefog {what}: {', '.join(f'{k}={v!r}' for k, v in chosen.items())}:"
-                         " bluefog places a call's dense and sparse reductions on one device; "
-                         "pass one of them")
-    return next(iter(chosen.values()), "")
+    """``op_library.one_device`` for a tape or an optimizer (``what``)."""
+    return one_device(device, device_dense, device_sparse, f"bluefog {what}")
 
 
 def resolve_groups(groups, num_groups, what: str) -> int:

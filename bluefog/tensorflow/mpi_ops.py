@@ -20,6 +20,7 @@ from bluefog.tensorflow.op_library import (
     eager_inline_attrs,
     forward_name,
     name_input,
+    one_device,
     ops,
     process_set_attrs,
     request_name,
@@ -80,25 +81,13 @@ def _scale_attrs(prescale_factor, postscale_factor) -> dict:
 
 def _horovod_device(device, device_dense, device_sparse, ignore_name_scope, op: str,
                     name: str) -> str:
-    """One device from ``device`` and Horovod's ``device_dense``/``device_sparse`` (a call's
-    dense and sparse reductions are placed together, so those given must agree); checks
-    ``ignore_name_scope``."""
+    """``op_library.one_device`` for a collective; also checks ``ignore_name_scope``."""
     if not device_dense and not device_sparse and isinstance(ignore_name_scope, bool):
         return device  # the common case, kept cheap: this runs on every eager call
     what = op_error_prefix(op, name)
     if not isinstance(ignore_name_scope, bool):
         raise TypeError(f"{what}: ignore_name_scope must be a bool, got {ignore_name_scope!r}")
-    given = (("device", device), ("device_dense", device_dense), ("device_sparse", device_sparse))
-    for label, value in given:
-        if not isinstance(value, str):
-            raise TypeError(f"{what}: {label} must be a str such as '' or '/cpu:0', got "
-                            f"{value!r}")
-    chosen = {label: value for label, value in given if value}
-    if len(set(chosen.values())) > 1:
-        raise ValueError(f"{what}: {', '.join(f'{k}={v!r}' for k, v in chosen.items())}: "
-                         "bluefog places a call's dense and sparse reductions on one device; "
-                         "pass one of them")
-    return next(iter(chosen.values()), "")
+    return one_device(device, device_dense, device_sparse, what)
 
 
 def _scale64(out, prescale_factor, postscale_factor):

@@ -109,6 +109,24 @@ def eager_inline_attrs() -> dict:
     return _INLINE_ATTRS if EAGER_INLINE["on"] and tf.executing_eagerly() else _NO_ATTRS
 
 
+def one_device(device, device_dense, device_sparse, prefix: str) -> str:
+    """One device from bluefog's ``device`` and Horovod's ``device_dense``/``device_sparse``
+    (None counts as ''). bluefog places a call's dense and sparse reductions together, so those
+    given must agree: ValueError when they do not, TypeError for a non-str. ``prefix`` starts the
+    messages."""
+    given = (("device", device), ("device_dense", device_dense), ("device_sparse", device_sparse))
+    for label, value in given:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{prefix}: {label} must be a str such as '' or '/cpu:0', got "
+                            f"{value!r}")
+    chosen = {label: value for label, value in given if value}
+    if len(set(chosen.values())) > 1:
+        raise ValueError(f"{prefix}: {', '.join(f'{k}={v!r}' for k, v in chosen.items())}: "
+                         "bluefog places a call's dense and sparse reductions on one device; "
+                         "pass one of them")
+    return next(iter(chosen.values()), "")
+
+
 def const_input(values, dtype: tf.DType):
     """A small constant op input: a float scalar or a 1-D list (ranks, weights).
 

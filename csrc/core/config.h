@@ -28,6 +28,12 @@ struct Config {
   // With a value > 0, such a request fails after this long instead of waiting forever.
   double stall_shutdown_seconds = 0.0;
   LogLevel log_level = LogLevel::kWarning;
+  // Read from Open MPI's variables, not bluefog's: the ranks mpirun started on this host
+  // (OMPI_COMM_WORLD_LOCAL_SIZE; 0 when unknown), and whether the user chose how waiting ranks
+  // poll (OMPI_MCA_mpi_yield_when_idle is set). The runtime makes them yield when the host is
+  // oversubscribed and the user has not chosen.
+  int launcher_local_size = 0;
+  bool mpi_yield_chosen = false;
   std::string timeline_prefix;  // empty: no timeline
 
   // Reads the variables through `lookup` (getenv in production, a map in tests).

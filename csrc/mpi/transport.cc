@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -15,21 +14,6 @@
 
 namespace bluefog {
 namespace {
-
-// Open MPI busy-polls while a rank waits inside MPI. With more ranks on a host than cores, a
-// waiting rank then keeps a core from the rank it waits for until the scheduler preempts it
-// (milliseconds): measured at 4 ranks on 2 cores, a 4-byte eager allreduce took 10-25 ms that
-// way against 0.5-1.7 ms with Open MPI yielding the core while it polls. So when Open MPI
-// says this host has more ranks than this process may use cores, and the user has not chosen,
-// polling yields (mpi_yield_when_idle, read by MPI_Init from the environment).
-void YieldWhenOversubscribed() {
-  if (std::getenv("OMPI_MCA_mpi_yield_when_idle") != nullptr) return;
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (local == nullptr) return;
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
-  if (std::atoi(local) > CPU_COUNT(&cpus)) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-}
 
 // Fixed per-rank slot of the first exchange step: small messages need one collective only.
 constexpr int kSlotBytes = 1024;
@@ -107,7 +91,6 @@ TransportInfo MpiTransport::Init() {
   MPI_Initialized(&already);
   int provided = MPI_THREAD_SINGLE;
   if (!already) {
-    YieldWhenOversubscribed();
     int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     BF_ENFORCE(code == MPI_SUCCESS, StatusCode::kInternal, "MPI_Init_thread failed (code ", code,
                "); is this process started by mpirun or bfrun with Open MPI?");

@@ -29,6 +29,13 @@ TEST(Config, Defaults) {
   EXPECT_TRUE(c.eager_inline);
 }
 
+TEST(Config, OpenMpiLaunchVariables) {
+  EXPECT_EQ(FromMap({}).launcher_local_size, 0);
+  EXPECT_FALSE(FromMap({}).mpi_yield_chosen);
+  EXPECT_EQ(FromMap({{"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}).launcher_local_size, 4);
+  EXPECT_TRUE(FromMap({{"OMPI_MCA_mpi_yield_when_idle", "0"}}).mpi_yield_chosen);
+}
+
 TEST(Config, EagerInlineSwitch) {
   EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_INLINE", "0"}}).eager_inline);
   EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_INLINE", "sometimes"}}), BluefogError);
