@@ -15,19 +15,27 @@ int main() {
   bluefog::MpiTransport transport;
   const bluefog::TransportInfo info = transport.Init();
   constexpr int kReps = 7;
+  const bool direct_possible = transport.direct();
   for (long long bytes : {1LL << 20, 4LL << 20, 16LL << 20, 64LL << 20}) {
     const long long count = bytes / 4;
     std::vector<float> in(count, static_cast<float>(info.rank + 1)), out(count, 0.0f);
-    std::vector<float> mpi_buf(count, 0.0f);
+    std::vector<float> mpi_buf(count, 0.0f), direct_out(count, 0.0f), in_place(count, 0.0f);
     const int iters = static_cast<int>(std::clamp(200e6 / bytes, 3.0, 200.0));
-    std::vector<double> ring, mpi;
-    for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up both
-      for (int which = 0; which < 2; ++which) {
+    std::vector<double> ring, mpi, direct, direct_in_place;
+    for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up all
+      for (int which = 0; which < 4; ++which) {
         MPI_Barrier(MPI_COMM_WORLD);
+        transport.set_direct(which == 1 || which == 2);
         const double t0 = MPI_Wtime();
         for (int i = 0; i < iters; ++i) {
           if (which == 0) {
             transport.AllreduceSum(in.data(), out.data(), count, bluefog::DataType::kFloat32);
+          } else if (which == 1) {
+            transport.AllreduceSum(in.data(), direct_out.data(), count,
+                                   bluefog::DataType::kFloat32);
+          } else if (which == 2) {
+            transport.AllreduceSum(in_place.data(), in_place.data(), count,
+                                   bluefog::DataType::kFloat32);
           } else {
             MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                           MPI_COMM_WORLD);
@@ -35,21 +43,26 @@ int main() {
         }
         double t = (MPI_Wtime() - t0) / iters;
         MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (rep > 0) (which == 0 ? ring : mpi).push_back(t);
+        if (rep > 0) (which == 0 ? ring : which == 1 ? direct : which == 2 ? direct_in_place : mpi)
+            .push_back(t);
       }
     }
     const float want = info.size * (info.size + 1) / 2.0f;
-    if (out[count / 3] != want || out[count - 1] != want) {
+    if (out[count / 3] != want || out[count - 1] != want || direct_out[count / 3] != want ||
+        direct_out[count - 1] != want || direct_out[0] != want) {
       std::fprintf(stderr, "rank %d: wrong sum at %lld bytes\n", info.rank, bytes);
       return 1;
     }
     std::sort(ring.begin(), ring.end());
     std::sort(mpi.begin(), mpi.end());
+    std::sort(direct.begin(), direct.end());
+    std::sort(direct_in_place.begin(), direct_in_place.end());
     if (info.rank == 0)
       std::printf(
           "{\"impl\":\"transport\",\"ranks\":%d,\"bytes\":%lld,\"ring_s\":%.9g,"
-          "\"mpi_s\":%.9g}\n",
-          info.size, bytes, ring[kReps / 2], mpi[kReps / 2]);
+          "\"direct_s\":%.9g,\"direct_in_place_s\":%.9g,\"mpi_s\":%.9g,\"direct\":%s}\n",
+          info.size, bytes, ring[kReps / 2], direct[kReps / 2], direct_in_place[kReps / 2],
+          mpi[kReps / 2], direct_possible ? "true" : "false");
   }
   transport.Shutdown();
   return 0;

@@ -57,6 +57,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.ring_threshold_bytes = ParseBytes("BLUEFOG_RING_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_HIERARCHICAL_ALLREDUCE"))
     config.hierarchical_allreduce = ParseBool("BLUEFOG_HIERARCHICAL_ALLREDUCE", v);
+  if (const char* v = lookup("BLUEFOG_DIRECT_ALLREDUCE"))
+    config.direct_allreduce = ParseBool("BLUEFOG_DIRECT_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
   if (const char* v = lookup("BLUEFOG_CACHE_CAPACITY"))

@@ -16,6 +16,9 @@ struct Config {
   int64_t ring_threshold_bytes = 1024 * 1024;
   // Large allreduces across hosts go hierarchically (within hosts, then across) when possible.
   bool hierarchical_allreduce = true;
+  // Large allreduces among ranks of one host read the peers' buffers directly (cross-memory
+  // attach) when the kernel lets every rank do so; false: the ring over MPI messages.
+  bool direct_allreduce = true;
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;

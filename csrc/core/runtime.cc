@@ -81,6 +81,7 @@ void Runtime::Main(std::promise<void>* started) {
     info_ = transport_.Init();
     transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
     transport_.set_hierarchical(config_.hierarchical_allreduce);
+    transport_.set_direct(config_.direct_allreduce);
   } catch (...) {
     started->set_exception(std::current_exception());
     return;
@@ -101,7 +102,8 @@ void Runtime::Main(std::promise<void>* started) {
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
   BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size,
-         ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off");
+         ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off",
+         ", direct allreduce ", transport_.direct() ? "on" : "off");
 
   bool clean = world_->Run();
   // Every rank stops its process sets after the same final round of the global channel.

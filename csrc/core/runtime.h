@@ -36,6 +36,8 @@ class Runtime {
   const TransportInfo& info() const { return info_; }
   // Whether large allreduces over every rank run hierarchically (several hosts).
   bool hierarchical_allreduce() const { return transport_.hierarchical(); }
+  // Whether large allreduces over every rank read the peers' buffers directly (one host).
+  bool direct_allreduce() const { return transport_.direct(); }
 
   // Validates locally and queues on the request's process set. A non-ok status means the
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the

@@ -67,6 +67,11 @@ class MpiTransport {
   // one rank on each and the same number on every host; `enabled` false keeps the flat ring.
   void set_hierarchical(bool enabled) { hierarchical_enabled_ = enabled; }
   bool hierarchical() const { return hierarchical_enabled_ && cross_ != nullptr; }
+  // Large allreduces among ranks that all share one host read their peers' buffers directly
+  // (cross-memory attach) instead of passing messages, when every rank could read every other
+  // at Init (the same size threshold as the ring); `enabled` false keeps the ring.
+  void set_direct(bool enabled) { direct_enabled_ = enabled; }
+  bool direct() const { return direct_enabled_ && direct_ok_; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
   // rank receives its counts_per_rank[rank] elements into `out`, divided by `divisor` (kSum
   // only, as for Allreduce).
@@ -94,6 +99,10 @@ class MpiTransport {
                      int64_t divisor);
   void HierarchicalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                              int64_t divisor);
+  void DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                       int64_t divisor);
+  // Whether every rank of this (single-host) communicator can read every other's memory.
+  void ProbeDirect();
 
   bool initialized_ = false;
   bool owns_mpi_ = false;
@@ -117,6 +126,12 @@ class MpiTransport {
   std::vector<char> requests_;      // MPI_Request storage, reused
   std::vector<char> ring_scratch_;  // one incoming chunk; allocated once, so no per-call faults
   int64_t ring_threshold_bytes_ = int64_t{1} << 20;
+  // Direct reads (see set_direct): each rank's process id, and the buffers of the current call.
+  bool direct_enabled_ = true;
+  bool direct_ok_ = false;
+  std::vector<int> peer_pids_;
+  std::vector<uint64_t> peer_buffers_;  // per rank: input address, output address
+  std::vector<char> direct_scratch_;    // one chunk read from a peer; allocated once
 };
 
 }  // namespace bluefog

@@ -26,6 +26,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.log_level, LogLevel::kWarning);
   EXPECT_TRUE(c.timeline_prefix.empty());
   EXPECT_TRUE(c.hierarchical_allreduce);
+  EXPECT_TRUE(c.direct_allreduce);
   EXPECT_TRUE(c.eager_inline);
 }
 
@@ -45,6 +46,8 @@ TEST(Config, HierarchicalAllreduceSwitch) {
   EXPECT_FALSE(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "0"}}).hierarchical_allreduce);
   EXPECT_TRUE(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "on"}}).hierarchical_allreduce);
   EXPECT_THROW(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "maybe"}}), BluefogError);
+  EXPECT_FALSE(FromMap({{"BLUEFOG_DIRECT_ALLREDUCE", "0"}}).direct_allreduce);
+  EXPECT_THROW(FromMap({{"BLUEFOG_DIRECT_ALLREDUCE", "sometimes"}}), BluefogError);
 }
 
 TEST(Config, ParsesValues) {

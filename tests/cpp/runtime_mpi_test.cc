@@ -8,6 +8,7 @@
 #include <future>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/reduce_kernels.h"
@@ -29,6 +30,55 @@ TEST(RuntimeMpi, HierarchicalAllreduceWhereExpected) {
   EXPECT_TRUE(info.homogeneous);
   EXPECT_EQ(info.cross_size, expected ? 2 : 1);
   EXPECT_EQ(info.cross_rank, expected ? Rank() / 2 : 0);
+}
+
+TEST(RuntimeMpi, DirectAllreduceWhereExpected) {
+  // On one host (every test here but the two pretend hosts) the ranks can read each other's
+  // memory on the machines this runs on, unless BLUEFOG_DIRECT_ALLREDUCE=0 turns it off.
+  const char* off = std::getenv("BLUEFOG_DIRECT_ALLREDUCE");
+  const bool expected = Size() > 1 && std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") == nullptr &&
+                        !(off != nullptr && std::string(off) == "0");
+  EXPECT_EQ(Runtime::Get().direct_allreduce(), expected);
+}
+
+// Large allreduces in place (output = input, what TensorFlow's forwarded temporaries get) and
+// out of place, over several scratch chunks and uneven segments: exact, and the same bits on
+// every rank (each segment is reduced by one rank only).
+TEST(RuntimeMpi, LargeAllreduceInPlaceAndOutOfPlaceAgree) {
+  const int64_t count = (int64_t{1} << 19) * 3 + 2 * Size() + 1;
+  std::vector<float> buf(count), in(count);
+  for (int64_t i = 0; i < count; ++i)
+    buf[i] = in[i] = static_cast<float>((i % 7) + 0.25 * Rank()) / 3.0f;
+  Request req;
+  req.meta.name = "inplace.large";
+  req.meta.op = OpType::kAllreduce;
+  req.meta.dtype = DataType::kFloat32;
+  req.meta.shape = {count};
+  req.meta.average = true;
+  req.input = buf.data();
+  req.output = buf.data();
+  std::promise<Status> done;
+  req.done = [&done](const Status& s) { done.set_value(s); };
+  std::future<Status> f = done.get_future();
+  ASSERT_TRUE(Runtime::Get().Enqueue(std::move(req)).ok());
+  Status s = f.get();
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto oop = Submit(OpType::kAllreduce, "outofplace.large", DataType::kFloat32, {count}, in.data(),
+                    true);
+  ASSERT_TRUE(Wait(*oop).ok());
+  const float* o = reinterpret_cast<const float*>(oop->output.data());
+  ASSERT_EQ(std::memcmp(o, buf.data(), count * sizeof(float)), 0);
+  const int n = Size();
+  for (int64_t i = 0; i < count; i += 4099) {
+    double want = 0;
+    for (int r = 0; r < n; ++r) want += static_cast<float>((i % 7) + 0.25 * r) / 3.0f;
+    ASSERT_NEAR(buf[i], want / n, 1e-5) << i;
+  }
+  // The same bits everywhere: compare with rank 0's result.
+  auto root = Submit(OpType::kBroadcast, "inplace.large.root", DataType::kFloat32, {count},
+                     buf.data(), false, 0);
+  ASSERT_TRUE(Wait(*root).ok());
+  ASSERT_EQ(std::memcmp(root->output.data(), buf.data(), count * sizeof(float)), 0);
 }
 
 TEST(RuntimeMpi, AllreduceSumAndAverageFloat) {
@@ -340,7 +390,7 @@ TEST(RuntimeMpi, FusedNeighborAllreducesWithTheirOwnWeights) {
 
 TEST(RuntimeMpi, MinMaxProductOnBothPaths) {
   // Element e of rank r: ((e + r) % 5) - 2. 7 elements go through MPI_Allreduce with bluefog's
-  // own MPI op, 2^19 floats (2 MiB) through the ring.
+  // own MPI op, 2^19 floats (2 MiB) through the ring or the direct path.
   for (int64_t n : {int64_t{7}, int64_t{1} << 19}) {
     std::vector<float> in(n);
     for (int64_t e = 0; e < n; ++e) in[e] = static_cast<float>((e + Rank()) % 5 - 2);

@@ -102,6 +102,21 @@ def test_set_collectives_in_graphs(sets, rank, mode):
 
 
 @needs_ranks(2)
+def test_large_allreduce_over_a_set(sets, rank):
+    """Over the ring threshold: a set whose ranks share a host reads its peers' buffers
+    directly (the odd set has one rank at 2 and 3 ranks: nothing to exchange)."""
+    ps = _mine(sets)
+    n = (1 << 20) // 4 + 3 * 257
+    x = tf.range(n, dtype=tf.float32) % 11.0 + float(rank)
+    got = bf.allreduce(x, average=True, name="ps.large", process_set=ps).numpy()
+    want = np.arange(n, dtype=np.float32) % 11.0 + float(np.mean(ps.ranks))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    doubled = tf.function(lambda t: bf.allreduce(t * 2.0, average=False, name="ps.large.temp",
+                                                 process_set=ps))(x).numpy()
+    np.testing.assert_allclose(doubled, 2.0 * want * len(ps.ranks), rtol=1e-6)
+
+
+@needs_ranks(2)
 def test_gradients_and_tape_average_over_the_set(sets, rank):
     ps = _mine(sets)
     w = tf.Variable([1.0, 1.0])
