@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import json
 import os
+import random
 import resource
 import time
 
@@ -62,8 +63,14 @@ def timed(batches: dict, budget: float, reps: int) -> dict:
         run(3)
         iters[name] = max(1, min(10000, int(budget / reps / max(slowest(run(2) / 2), 1e-7))))
     samples = {name: [] for name in batches}
-    for _ in range(reps):
-        for name, run in batches.items():
+    for rep in range(reps):
+        # A fresh order each repetition (the same on every rank): a batch runs slower after
+        # some others (their buffers in cache instead of its own), so none always follows the
+        # same one.
+        order = list(batches)
+        random.Random(rep).shuffle(order)
+        for name in order:
+            run = batches[name]
             bf.allreduce(tf.constant(0.0), name="bench.barrier")
             samples[name].append(slowest(run(iters[name]) / iters[name]))
     return {name: float(np.median(v)) for name, v in samples.items()}

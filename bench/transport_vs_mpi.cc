@@ -6,6 +6,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <numeric>
+#include <random>
 #include <cstdio>
 #include <vector>
 
@@ -14,16 +16,23 @@
 int main() {
   bluefog::MpiTransport transport;
   const bluefog::TransportInfo info = transport.Init();
-  constexpr int kReps = 7;
+  constexpr int kReps = 9;
   const bool direct_possible = transport.direct();
   for (long long bytes : {1LL << 20, 4LL << 20, 16LL << 20, 64LL << 20}) {
     const long long count = bytes / 4;
+    // Every variant has buffers of its own: a batch runs slower on buffers another variant
+    // touched last, so sharing would favour some pairs.
     std::vector<float> in(count, static_cast<float>(info.rank + 1)), out(count, 0.0f);
-    std::vector<float> mpi_buf(count, 0.0f), direct_out(count, 0.0f), in_place(count, 0.0f);
+    std::vector<float> direct_in(in), direct_out(count, 0.0f);
+    std::vector<float> mpi_buf(count, 0.0f), in_place(count, 0.0f);
     const int iters = static_cast<int>(std::clamp(200e6 / bytes, 3.0, 200.0));
     std::vector<double> ring, mpi, direct, direct_in_place;
     for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up all
-      for (int which = 0; which < 4; ++which) {
+      // A fresh order each repetition (the same on every rank): a batch runs slower after
+      // some others (their dirty buffers in cache), so no variant always follows the same one.
+      std::vector<int> order = {0, 1, 2, 3};
+      std::shuffle(order.begin(), order.end(), std::mt19937(rep));
+      for (int which : order) {
         MPI_Barrier(MPI_COMM_WORLD);
         transport.set_direct(which == 1 || which == 2);
         const double t0 = MPI_Wtime();
@@ -31,7 +40,7 @@ int main() {
           if (which == 0) {
             transport.AllreduceSum(in.data(), out.data(), count, bluefog::DataType::kFloat32);
           } else if (which == 1) {
-            transport.AllreduceSum(in.data(), direct_out.data(), count,
+            transport.AllreduceSum(direct_in.data(), direct_out.data(), count,
                                    bluefog::DataType::kFloat32);
           } else if (which == 2) {
             transport.AllreduceSum(in_place.data(), in_place.data(), count,
