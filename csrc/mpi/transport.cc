@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <random>
 #include <cstring>
 #include <thread>
 
@@ -34,8 +35,6 @@ constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
 // The direct allreduce reads a peer's part this much at a time into a scratch chunk that stays
 // in cache while it is summed.
 constexpr int64_t kDirectChunkBytes = int64_t{256} << 10;
-// What ProbeDirect reads from every peer: a value each process holds at a known address.
-const uint64_t kDirectProbe = 0x626c7565666f6721ULL;
 
 // Copies `bytes` at `remote` in process `pid` into `local` (cross-memory attach: one copy by
 // the kernel, no message). Short reads continue where they stopped.
@@ -427,11 +426,20 @@ void MpiTransport::HierarchicalAllreduce(const void* in, void* out, int64_t coun
 // Every rank tries to read a known value from every other; the direct path is on only if all
 // of them could (a kernel may forbid it: Yama's ptrace scope, containers without
 // CAP_SYS_PTRACE across users), so no rank ever takes it alone.
+//
+// The value is a random token of this transport, so a process id that means another process
+// here (ranks in different PID namespaces of one host) cannot pass: not even this process
+// reading itself, which would otherwise sum its own buffer twice.
 void MpiTransport::ProbeDirect() {
+  std::random_device entropy;
+  direct_token_ = (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^
+                  (static_cast<uint64_t>(rank_) << 48);
   struct Who {
     uint64_t pid;
-    uint64_t probe;
-  } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&kDirectProbe)};
+    uint64_t address;
+    uint64_t token;
+  } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&direct_token_),
+         direct_token_};
   std::vector<Who> all(size_);
   Check(MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE,
                       AsComm(comm_)),
@@ -443,9 +451,9 @@ void MpiTransport::ProbeDirect() {
     if (r == rank_) continue;
     uint64_t value = 0;
     iovec to{&value, sizeof(value)};
-    iovec from{reinterpret_cast<void*>(all[r].probe), sizeof(value)};
+    iovec from{reinterpret_cast<void*>(all[r].address), sizeof(value)};
     if (process_vm_readv(peer_pids_[r], &to, 1, &from, 1, 0) != sizeof(value) ||
-        value != kDirectProbe)
+        value != all[r].token || all[r].token == direct_token_)
       ok = 0;
   }
   Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
