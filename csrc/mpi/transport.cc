@@ -10,8 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <random>
 #include <cstring>
+#include <random>
+#include <string>
 #include <thread>
 
 #include "core/reduce_kernels.h"
@@ -37,20 +38,20 @@ constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
 constexpr int64_t kDirectChunkBytes = int64_t{256} << 10;
 
 // Copies `bytes` at `remote` in process `pid` into `local` (cross-memory attach: one copy by
-// the kernel, no message). Short reads continue where they stopped.
-void ReadPeer(int pid, uint64_t remote, char* local, int64_t bytes) {
+// the kernel, no message). Short reads continue where they stopped. Returns what went wrong,
+// or an empty string.
+std::string ReadPeer(int pid, uint64_t remote, char* local, int64_t bytes) {
   while (bytes > 0) {
     iovec to{local, static_cast<size_t>(bytes)};
     iovec from{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
     const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
     if (got < 0 && errno == EINTR) continue;
-    BF_ENFORCE(got > 0, StatusCode::kInternal, "reading a peer's buffer (process ", pid,
-               ") failed: ", got < 0 ? std::strerror(errno) : "no progress",
-               "; set BLUEFOG_DIRECT_ALLREDUCE=0 to pass messages instead");
+    if (got <= 0) return got < 0 ? std::strerror(errno) : "no progress";
     local += got;
     remote += static_cast<uint64_t>(got);
     bytes -= got;
   }
+  return "";
 }
 
 MPI_Comm& AsComm(void*& p) { return *reinterpret_cast<MPI_Comm*>(&p); }
@@ -484,13 +485,20 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const int64_t end = begin(rank_ + 1);
-  for (int64_t lo = begin(rank_); lo < end; lo += chunk) {
+  std::string failure;
+  int failed_peer = -1;
+  auto read = [&](int peer, uint64_t remote, char* local, int64_t bytes) {
+    if (peer == direct_fault_rank_for_testing_ && rank_ != peer) remote = 0;
+    failure = ReadPeer(peer_pids_[peer], remote, local, bytes);
+    if (!failure.empty()) failed_peer = peer;
+    return failure.empty();
+  };
+  for (int64_t lo = begin(rank_); lo < end && failure.empty(); lo += chunk) {
     const int64_t m = std::min(chunk, end - lo);
     const int64_t offset = lo * elem;
     for (int k = 1; k < n; ++k) {
       const int peer = (rank_ + k) % n;
-      ReadPeer(peer_pids_[peer], peer_buffers_[2 * peer] + offset, direct_scratch_.data(),
-               m * elem);
+      if (!read(peer, peer_buffers_[2 * peer] + offset, direct_scratch_.data(), m * elem)) break;
       const char* acc = k == 1 ? src + offset : dst + offset;
       if (op == ReduceOp::kSum) {
         SumOf(dst + offset, acc, direct_scratch_.data(), m, dtype, k == n - 1 ? divisor : 1);
@@ -499,14 +507,34 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
       }
     }
   }
-  Check(MPI_Barrier(AsComm(comm_)), "MPI_Barrier");
+  // Each sync is also the agreement that every read so far succeeded: no rank copies a
+  // segment that was not reduced, and every rank reports a failure instead of waiting.
+  AgreeDirect(failure, failed_peer);
   for (int k = 1; k < n; ++k) {
     const int peer = (rank_ + k) % n;
     const int64_t offset = begin(peer) * elem;
-    ReadPeer(peer_pids_[peer], peer_buffers_[2 * peer + 1] + offset, dst + offset,
-             (begin(peer + 1) - begin(peer)) * elem);
+    if (!read(peer, peer_buffers_[2 * peer + 1] + offset, dst + offset,
+              (begin(peer + 1) - begin(peer)) * elem))
+      break;
   }
-  Check(MPI_Barrier(AsComm(comm_)), "MPI_Barrier");
+  AgreeDirect(failure, failed_peer);
+}
+
+// A barrier that also finds the lowest rank whose reads failed, if any; then every rank turns
+// the direct path off (later allreduces take the ring) and fails this allreduce.
+void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
+  int first = failure.empty() ? INT_MAX : rank_;
+  Check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
+  if (first == INT_MAX) return;
+  direct_ok_ = false;
+  const std::string what =
+      first == rank_ ? Concat("rank ", rank_, " could not read the buffer of rank ", failed_peer,
+                              " (process ", peer_pids_[failed_peer], "): ", failure)
+                     : Concat("rank ", first, " could not read a peer's buffer (its error says why)");
+  throw BluefogError(StatusCode::kInternal,
+                     Concat("direct allreduce failed: ", what,
+                            "; later allreduces pass messages instead (set "
+                            "BLUEFOG_DIRECT_ALLREDUCE=0 to do so from the start)"));
 }
 
 void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype,

@@ -72,6 +72,8 @@ class MpiTransport {
   // at Init (the same size threshold as the ring); `enabled` false keeps the ring.
   void set_direct(bool enabled) { direct_enabled_ = enabled; }
   bool direct() const { return direct_enabled_ && direct_ok_; }
+  // Tests only: reads from `rank` fail (a bad address), as a kernel refusing them would.
+  void set_direct_fault_for_testing(int rank) { direct_fault_rank_for_testing_ = rank; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
   // rank receives its counts_per_rank[rank] elements into `out`, divided by `divisor` (kSum
   // only, as for Allreduce).
@@ -103,6 +105,7 @@ class MpiTransport {
                        int64_t divisor);
   // Whether every rank of this (single-host) communicator can read every other's memory.
   void ProbeDirect();
+  void AgreeDirect(const std::string& failure, int failed_peer);
 
   bool initialized_ = false;
   bool owns_mpi_ = false;
@@ -130,6 +133,7 @@ class MpiTransport {
   bool direct_enabled_ = true;
   bool direct_ok_ = false;
   std::vector<int> peer_pids_;
+  int direct_fault_rank_for_testing_ = -1;
   uint64_t direct_token_ = 0;  // what peers read from this process to check they reach it
   std::vector<uint64_t> peer_buffers_;  // per rank: input address, output address
   std::vector<char> direct_scratch_;    // one chunk read from a peer; allocated once
