@@ -10,12 +10,12 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <numeric>
-#include <random>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 

@@ -6,9 +6,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <random>
-#include <cstdio>
 #include <vector>
 
 #include "mpi/transport.h"
@@ -52,8 +52,12 @@ int main() {
         }
         double t = (MPI_Wtime() - t0) / iters;
         MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (rep > 0) (which == 0 ? ring : which == 1 ? direct : which == 2 ? direct_in_place : mpi)
-            .push_back(t);
+        if (rep > 0)
+          (which == 0   ? ring
+           : which == 1 ? direct
+           : which == 2 ? direct_in_place
+                        : mpi)
+              .push_back(t);
       }
     }
     const float want = info.size * (info.size + 1) / 2.0f;

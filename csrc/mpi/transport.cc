@@ -433,8 +433,8 @@ void MpiTransport::HierarchicalAllreduce(const void* in, void* out, int64_t coun
 // reading itself, which would otherwise sum its own buffer twice.
 void MpiTransport::ProbeDirect() {
   std::random_device entropy;
-  direct_token_ = (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^
-                  (static_cast<uint64_t>(rank_) << 48);
+  direct_token_ =
+      (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ (static_cast<uint64_t>(rank_) << 48);
   struct Who {
     uint64_t pid;
     uint64_t address;
@@ -442,9 +442,9 @@ void MpiTransport::ProbeDirect() {
   } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&direct_token_),
          direct_token_};
   std::vector<Who> all(size_);
-  Check(MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE,
-                      AsComm(comm_)),
-        "MPI_Allgather");
+  Check(
+      MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE, AsComm(comm_)),
+      "MPI_Allgather");
   int ok = 1;
   peer_pids_.resize(size_);
   for (int r = 0; r < size_; ++r) {
@@ -475,8 +475,7 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
   const uint64_t mine[2] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out)};
-  Check(MPI_Allgather(mine, 2, MPI_UINT64_T, peer_buffers_.data(), 2, MPI_UINT64_T,
-                      AsComm(comm_)),
+  Check(MPI_Allgather(mine, 2, MPI_UINT64_T, peer_buffers_.data(), 2, MPI_UINT64_T, AsComm(comm_)),
         "MPI_Allgather");
   auto begin = [&](int k) { return count * k / n; };
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
@@ -528,9 +527,10 @@ void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
   if (first == INT_MAX) return;
   direct_ok_ = false;
   const std::string what =
-      first == rank_ ? Concat("rank ", rank_, " could not read the buffer of rank ", failed_peer,
-                              " (process ", peer_pids_[failed_peer], "): ", failure)
-                     : Concat("rank ", first, " could not read a peer's buffer (its error says why)");
+      first == rank_
+          ? Concat("rank ", rank_, " could not read the buffer of rank ", failed_peer, " (process ",
+                   peer_pids_[failed_peer], "): ", failure)
+          : Concat("rank ", first, " could not read a peer's buffer (its error says why)");
   throw BluefogError(StatusCode::kInternal,
                      Concat("direct allreduce failed: ", what,
                             "; later allreduces pass messages instead (set "

@@ -134,7 +134,7 @@ class MpiTransport {
   bool direct_ok_ = false;
   std::vector<int> peer_pids_;
   int direct_fault_rank_for_testing_ = -1;
-  uint64_t direct_token_ = 0;  // what peers read from this process to check they reach it
+  uint64_t direct_token_ = 0;           // what peers read from this process to check they reach it
   std::vector<uint64_t> peer_buffers_;  // per rank: input address, output address
   std::vector<char> direct_scratch_;    // one chunk read from a peer; allocated once
 };

@@ -67,8 +67,8 @@ TEST(RuntimeMpi, LargeAllreduceInPlaceAndOutOfPlaceAgree) {
   ASSERT_TRUE(Runtime::Get().Enqueue(std::move(req)).ok());
   Status s = f.get();
   ASSERT_TRUE(s.ok()) << s.message();
-  auto oop = Submit(OpType::kAllreduce, "outofplace.large", DataType::kFloat32, {count}, in.data(),
-                    true);
+  auto oop =
+      Submit(OpType::kAllreduce, "outofplace.large", DataType::kFloat32, {count}, in.data(), true);
   ASSERT_TRUE(Wait(*oop).ok());
   const float* o = reinterpret_cast<const float*>(oop->output.data());
   ASSERT_EQ(std::memcmp(o, buf.data(), count * sizeof(float)), 0);
