@@ -38,14 +38,15 @@ int main(int argc, char** argv) {
     std::vector<float> in(count, static_cast<float>(info.rank + 1)), out(count, 0.0f);
     std::vector<float> mpi_buf(count, 1.0f);
     const int iters = static_cast<int>(std::clamp(64e6 / bytes, 2.0, 20.0));
-    std::vector<double> times[3];
+    std::vector<double> times[4];
     for (int rep = 0; rep < reps + 1; ++rep) {  // rep 0 warms up
-      for (int which = 0; which < 3; ++which) {
-        transport.set_hierarchical(which == 0);
+      for (int which : {0, 1, 2, 3}) {
+        transport.set_hierarchical(which == 0 || which == 3);
+        transport.set_two_host_split(which == 0);
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
         for (int i = 0; i < iters; ++i) {
-          if (which < 2) {
+          if (which != 2) {
             transport.AllreduceSum(in.data(), out.data(), count, bluefog::DataType::kFloat32);
           } else {
             MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
@@ -62,17 +63,19 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    double med[3];
-    for (int k = 0; k < 3; ++k) {
+    double med[4];
+    for (int k = 0; k < 4; ++k) {
       std::sort(times[k].begin(), times[k].end());
       med[k] = times[k][times[k].size() / 2];
     }
     if (info.rank == 0)
       std::printf(
           "{\"ranks\":%d,\"local_size\":%d,\"bytes\":%lld,\"hierarchical_s\":%.6g,"
-          "\"flat_ring_s\":%.6g,\"mpi_s\":%.6g,\"vs_flat\":%.3f,\"vs_mpi\":%.3f}\n",
+          "\"flat_ring_s\":%.6g,\"mpi_s\":%.6g,\"vs_flat\":%.3f,\"vs_mpi\":%.3f,\"ring_across_s\":%"
+          ".6g,"
+          "\"vs_ring_across\":%.3f}\n",
           info.size, info.local_size, bytes, med[0], med[1], med[2], med[1] / med[0],
-          med[2] / med[0]);
+          med[2] / med[0], med[3], med[3] / med[0]);
     std::fflush(stdout);
   }
   transport.Shutdown();

@@ -67,6 +67,8 @@ class MpiTransport {
   // one rank on each and the same number on every host; `enabled` false keeps the flat ring.
   void set_hierarchical(bool enabled) { hierarchical_enabled_ = enabled; }
   bool hierarchical() const { return hierarchical_enabled_ && cross_ != nullptr; }
+  // Two hosts: each slice reduced on alternate hosts (false: the ring across, for benchmarks).
+  void set_two_host_split(bool on) { two_host_split_ = on; }
   // Large allreduces among ranks that all share one host read their peers' buffers directly
   // (cross-memory attach) instead of passing messages, when every rank could read every other
   // at Init (the same size threshold as the ring); `enabled` false keeps the ring.
@@ -101,6 +103,8 @@ class MpiTransport {
                      int64_t divisor);
   void HierarchicalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                              int64_t divisor);
+  void TwoHostSliceAllreduce(char* slice, int64_t count, DataType dtype, ReduceOp op,
+                             int64_t divisor);
   void DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                        int64_t divisor);
   // Whether every rank of this (single-host) communicator can read every other's memory.
@@ -117,6 +121,8 @@ class MpiTransport {
   // Over the ranks with this rank's local rank, one per host (hierarchical allreduce only).
   std::unique_ptr<MpiTransport> cross_;
   bool hierarchical_enabled_ = true;
+  bool two_host_split_ = true;
+  std::vector<char> two_host_scratch_;  // two chunks received across hosts; allocated once
   int local_rank_ = 0;
   int local_size_ = 1;
   std::vector<int> local_counts_;
