@@ -1,5 +1,6 @@
 // The hierarchical allreduce (MpiTransport with set_hierarchical(true)) against the flat ring
-// over all ranks (set_hierarchical(false)) and against MPI_Allreduce, in one process, batches
+// over all ranks (set_hierarchical(false)), against MPI_Allreduce and against its first version
+// (set_two_host_split(false): a two-rank ring across the hosts), in one process, batches
 // interleaved repetition by repetition. Meant for jobs over several hosts with the same number
 // of ranks on each (bench/netns/ makes pretend hosts with a rate-limited link):
 //
