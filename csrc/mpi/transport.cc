@@ -2,21 +2,16 @@
 
 #include <mpi.h>
 #include <sched.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <random>
-#include <string>
 #include <thread>
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
+#include "mpi/comm_handle.h"
 
 namespace bluefog {
 namespace {
@@ -33,28 +28,6 @@ constexpr auto kYieldWindow = std::chrono::milliseconds(5);
 // when it is summed. Measured here (2 MiB L2 per core) against whole segments and 512 KiB: up
 // to 1.2x faster at 16-64 MiB, equal below.
 constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
-// The direct allreduce reads a peer's part this much at a time into a scratch chunk that stays
-// in cache while it is summed.
-constexpr int64_t kDirectChunkBytes = int64_t{256} << 10;
-
-// Copies `bytes` at `remote` in process `pid` into `local` (cross-memory attach: one copy by
-// the kernel, no message). Short reads continue where they stopped. Returns what went wrong,
-// or an empty string.
-std::string ReadPeer(int pid, uint64_t remote, char* local, int64_t bytes) {
-  while (bytes > 0) {
-    iovec to{local, static_cast<size_t>(bytes)};
-    iovec from{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
-    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return got < 0 ? std::strerror(errno) : "no progress";
-    local += got;
-    remote += static_cast<uint64_t>(got);
-    bytes -= got;
-  }
-  return "";
-}
-
-MPI_Comm& AsComm(void*& p) { return *reinterpret_cast<MPI_Comm*>(&p); }
 MPI_Op& AsOp(void*& p) { return *reinterpret_cast<MPI_Op*>(&p); }
 
 // What MPI has no operation for (sums of the 16-bit floats; min, max and product, whose NaN
@@ -109,6 +82,11 @@ void MpiTransport::Check(int code, const char* call) const {
   int len = 0;
   MPI_Error_string(code, text, &len);
   throw BluefogError(StatusCode::kInternal, Concat(call, " failed: ", std::string(text, len)));
+}
+
+char* MpiTransport::Scratch(int64_t bytes) {
+  if (static_cast<int64_t>(scratch_.size()) < bytes) scratch_.resize(static_cast<size_t>(bytes));
+  return scratch_.data();
 }
 
 TransportInfo MpiTransport::Init() {
@@ -337,7 +315,7 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
   // pairs with chunk c of that segment on the receiver (the last chunk may be empty on one).
   const int64_t chunk = std::max<int64_t>(1, kRingChunkBytes / elem);
   const int64_t chunks = (max_seg + chunk - 1) / chunk;
-  if (static_cast<int64_t>(ring_scratch_.size()) < chunk * elem) ring_scratch_.resize(chunk * elem);
+  char* scratch = Scratch(chunk * elem);
   const int right = (rank_ + 1) % n;
   const int left = (rank_ - 1 + n) % n;
   auto mod = [n](int k) { return ((k % n) + n) % n; };
@@ -359,15 +337,13 @@ void MpiTransport::RingAllreduce(const void* in, void* out, int64_t count, DataT
       const int64_t send_n = piece(c, seg_count(send_seg), &send_lo);
       const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
       Check(MPI_Sendrecv(send_base + send_lo * elem, static_cast<int>(send_n * elem), MPI_BYTE,
-                         right, kTag, ring_scratch_.data(), static_cast<int>(recv_n * elem),
-                         MPI_BYTE, left, kTag, AsComm(comm_), MPI_STATUS_IGNORE),
+                         right, kTag, scratch, static_cast<int>(recv_n * elem), MPI_BYTE, left,
+                         kTag, AsComm(comm_), MPI_STATUS_IGNORE),
             "MPI_Sendrecv");
       if (op == ReduceOp::kSum) {
-        SumOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n, dtype,
-              last_divisor);
+        SumOf(target + recv_lo * elem, own + recv_lo * elem, scratch, recv_n, dtype, last_divisor);
       } else {
-        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, ring_scratch_.data(), recv_n, dtype,
-                 op);
+        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, scratch, recv_n, dtype, op);
       }
     }
   }
@@ -452,16 +428,16 @@ void MpiTransport::TwoHostSliceAllreduce(char* slice, int64_t count, DataType dt
     *lo = c * chunk;
     return static_cast<int>(std::min(chunk, count - *lo) * elem);
   };
-  requests_.resize(std::max<size_t>(requests_.size(), sizeof(MPI_Request) * 2));
+  const size_t slots = static_cast<size_t>(std::max<int64_t>(2, chunks));
+  if (requests_.size() < slots * sizeof(MPI_Request)) requests_.resize(slots * sizeof(MPI_Request));
   MPI_Request* pending = reinterpret_cast<MPI_Request*>(requests_.data());
   if (root) {
-    if (static_cast<int64_t>(two_host_scratch_.size()) < 2 * chunk * elem)
-      two_host_scratch_.resize(2 * chunk * elem);
+    char* scratch = Scratch(2 * chunk * elem);
     auto post = [&](int64_t c) {
       int64_t lo;
       const int bytes = piece(c, &lo);
-      Check(MPI_Irecv(two_host_scratch_.data() + (c % 2) * chunk * elem, bytes, MPI_BYTE, peer,
-                      kPartialTag, comm, &pending[c % 2]),
+      Check(MPI_Irecv(scratch + (c % 2) * chunk * elem, bytes, MPI_BYTE, peer, kPartialTag, comm,
+                      &pending[c % 2]),
             "MPI_Irecv");
     };
     for (int64_t c = 0; c < std::min<int64_t>(2, chunks); ++c) post(c);
@@ -469,7 +445,7 @@ void MpiTransport::TwoHostSliceAllreduce(char* slice, int64_t count, DataType dt
       Check(MPI_Wait(&pending[c % 2], MPI_STATUS_IGNORE), "MPI_Wait");
       int64_t lo;
       const int64_t n = piece(c, &lo) / elem;
-      const char* got = two_host_scratch_.data() + (c % 2) * chunk * elem;
+      const char* got = scratch + (c % 2) * chunk * elem;
       char* target = slice + lo * elem;
       if (op == ReduceOp::kSum) {
         SumOf(target, target, got, n, dtype, divisor);
@@ -481,131 +457,17 @@ void MpiTransport::TwoHostSliceAllreduce(char* slice, int64_t count, DataType dt
     Check(MPI_Send(slice, static_cast<int>(count), ToMpi(dtype), peer, kResultTag, comm),
           "MPI_Send");
   } else {
-    std::vector<MPI_Request> sends(chunks);
     for (int64_t c = 0; c < chunks; ++c) {
       int64_t lo;
       const int bytes = piece(c, &lo);
-      Check(MPI_Isend(slice + lo * elem, bytes, MPI_BYTE, peer, kPartialTag, comm, &sends[c]),
+      Check(MPI_Isend(slice + lo * elem, bytes, MPI_BYTE, peer, kPartialTag, comm, &pending[c]),
             "MPI_Isend");
     }
-    Check(MPI_Waitall(static_cast<int>(chunks), sends.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    Check(MPI_Waitall(static_cast<int>(chunks), pending, MPI_STATUSES_IGNORE), "MPI_Waitall");
     Check(MPI_Recv(slice, static_cast<int>(count), ToMpi(dtype), peer, kResultTag, comm,
                    MPI_STATUS_IGNORE),
           "MPI_Recv");
   }
-}
-
-// Every rank tries to read a known value from every other; the direct path is on only if all
-// of them could (a kernel may forbid it: Yama's ptrace scope, containers without
-// CAP_SYS_PTRACE across users), so no rank ever takes it alone.
-//
-// The value is a random token of this transport, so a process id that means another process
-// here (ranks in different PID namespaces of one host) cannot pass: not even this process
-// reading itself, which would otherwise sum its own buffer twice.
-void MpiTransport::ProbeDirect() {
-  std::random_device entropy;
-  direct_token_ =
-      (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ (static_cast<uint64_t>(rank_) << 48);
-  struct Who {
-    uint64_t pid;
-    uint64_t address;
-    uint64_t token;
-  } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&direct_token_),
-         direct_token_};
-  std::vector<Who> all(size_);
-  Check(
-      MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE, AsComm(comm_)),
-      "MPI_Allgather");
-  int ok = 1;
-  peer_pids_.resize(size_);
-  for (int r = 0; r < size_; ++r) {
-    peer_pids_[r] = static_cast<int>(all[r].pid);
-    if (r == rank_) continue;
-    uint64_t value = 0;
-    iovec to{&value, sizeof(value)};
-    iovec from{reinterpret_cast<void*>(all[r].address), sizeof(value)};
-    if (process_vm_readv(peer_pids_[r], &to, 1, &from, 1, 0) != sizeof(value) ||
-        value != all[r].token || all[r].token == direct_token_)
-      ok = 0;
-  }
-  Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
-  direct_ok_ = ok == 1;
-  peer_buffers_.assign(2 * static_cast<size_t>(size_), 0);
-}
-
-// All ranks on one host. Rank r owns segment r: it reads segment r of every peer's input
-// straight from the peer's memory (a scratch chunk at a time, summed while in cache) and
-// writes the reduced segment into its output once; after a barrier it copies every other
-// segment from the peer that owns it straight into its output; a last barrier keeps each
-// buffer alive until no peer reads it. Per rank that reads S + (n-1)S/n bytes and writes S,
-// the minimum, where the ring forwards partial sums (S + (2n-3)S/n reads). Each segment is
-// reduced by one rank only, so every rank gets the same bits. In place is safe: in the first
-// phase a rank writes only its own segment, which no peer reads until after the barrier.
-void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype,
-                                   ReduceOp op, int64_t divisor) {
-  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
-  const int n = size_;
-  const uint64_t mine[2] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out)};
-  Check(MPI_Allgather(mine, 2, MPI_UINT64_T, peer_buffers_.data(), 2, MPI_UINT64_T, AsComm(comm_)),
-        "MPI_Allgather");
-  auto begin = [&](int k) { return count * k / n; };
-  const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
-  if (static_cast<int64_t>(direct_scratch_.size()) < chunk * elem)
-    direct_scratch_.resize(chunk * elem);
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(out);
-  const int64_t end = begin(rank_ + 1);
-  std::string failure;
-  int failed_peer = -1;
-  auto read = [&](int peer, uint64_t remote, char* local, int64_t bytes) {
-    if (peer == direct_fault_rank_for_testing_ && rank_ != peer) remote = 0;
-    failure = ReadPeer(peer_pids_[peer], remote, local, bytes);
-    if (!failure.empty()) failed_peer = peer;
-    return failure.empty();
-  };
-  for (int64_t lo = begin(rank_); lo < end && failure.empty(); lo += chunk) {
-    const int64_t m = std::min(chunk, end - lo);
-    const int64_t offset = lo * elem;
-    for (int k = 1; k < n; ++k) {
-      const int peer = (rank_ + k) % n;
-      if (!read(peer, peer_buffers_[2 * peer] + offset, direct_scratch_.data(), m * elem)) break;
-      const char* acc = k == 1 ? src + offset : dst + offset;
-      if (op == ReduceOp::kSum) {
-        SumOf(dst + offset, acc, direct_scratch_.data(), m, dtype, k == n - 1 ? divisor : 1);
-      } else {
-        ReduceOf(dst + offset, acc, direct_scratch_.data(), m, dtype, op);
-      }
-    }
-  }
-  // Each sync is also the agreement that every read so far succeeded: no rank copies a
-  // segment that was not reduced, and every rank reports a failure instead of waiting.
-  AgreeDirect(failure, failed_peer);
-  for (int k = 1; k < n; ++k) {
-    const int peer = (rank_ + k) % n;
-    const int64_t offset = begin(peer) * elem;
-    if (!read(peer, peer_buffers_[2 * peer + 1] + offset, dst + offset,
-              (begin(peer + 1) - begin(peer)) * elem))
-      break;
-  }
-  AgreeDirect(failure, failed_peer);
-}
-
-// A barrier that also finds the lowest rank whose reads failed, if any; then every rank turns
-// the direct path off (later allreduces take the ring) and fails this allreduce.
-void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
-  int first = failure.empty() ? INT_MAX : rank_;
-  Check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
-  if (first == INT_MAX) return;
-  direct_ok_ = false;
-  const std::string what =
-      first == rank_
-          ? Concat("rank ", rank_, " could not read the buffer of rank ", failed_peer, " (process ",
-                   peer_pids_[failed_peer], "): ", failure)
-          : Concat("rank ", first, " could not read a peer's buffer (its error says why)");
-  throw BluefogError(StatusCode::kInternal,
-                     Concat("direct allreduce failed: ", what,
-                            "; later allreduces pass messages instead (set "
-                            "BLUEFOG_DIRECT_ALLREDUCE=0 to do so from the start)"));
 }
 
 void MpiTransport::MpiAllreduce(const void* in, void* out, int64_t count, DataType dtype,

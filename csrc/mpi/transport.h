@@ -122,7 +122,6 @@ class MpiTransport {
   std::unique_ptr<MpiTransport> cross_;
   bool hierarchical_enabled_ = true;
   bool two_host_split_ = true;
-  std::vector<char> two_host_scratch_;  // two chunks received across hosts; allocated once
   int local_rank_ = 0;
   int local_size_ = 1;
   std::vector<int> local_counts_;
@@ -132,8 +131,11 @@ class MpiTransport {
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;
   std::vector<int> displs_;
-  std::vector<char> requests_;      // MPI_Request storage, reused
-  std::vector<char> ring_scratch_;  // one incoming chunk; allocated once, so no per-call faults
+  std::vector<char> requests_;  // MPI_Request storage, reused
+  // Chunks received or read from peers by the ring, the direct and the two-host algorithms
+  // (one runs at a time); grown once, so no per-call faults.
+  std::vector<char> scratch_;
+  char* Scratch(int64_t bytes);
   int64_t ring_threshold_bytes_ = int64_t{1} << 20;
   // Direct reads (see set_direct): each rank's process id, and the buffers of the current call.
   bool direct_enabled_ = true;
@@ -142,7 +144,6 @@ class MpiTransport {
   int direct_fault_rank_for_testing_ = -1;
   uint64_t direct_token_ = 0;           // what peers read from this process to check they reach it
   std::vector<uint64_t> peer_buffers_;  // per rank: input address, output address
-  std::vector<char> direct_scratch_;    // one chunk read from a peer; allocated once
 };
 
 }  // namespace bluefog

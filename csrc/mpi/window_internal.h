@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi/comm_handle.h"
 #include "mpi/window_service.h"
 
 namespace bluefog {
@@ -47,7 +48,7 @@ struct Header {
   int32_t pad;
 };
 
-inline MPI_Comm& AsComm(void*& p) { return *reinterpret_cast<MPI_Comm*>(&p); }
+using ::bluefog::AsComm;
 
 inline void CheckMpi(int code, const char* call) {
   if (code == MPI_SUCCESS) return;

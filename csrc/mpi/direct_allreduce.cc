@@ -1,0 +1,158 @@
+// The direct allreduce among ranks of one host: each rank reads its peers' buffers with Linux
+// cross-memory attach (process_vm_readv) instead of passing messages. MpiTransport's methods
+// ProbeDirect, DirectAllreduce and AgreeDirect; see docs/design.md.
+#include <mpi.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/reduce_kernels.h"
+#include "core/status.h"
+#include "mpi/comm_handle.h"
+#include "mpi/transport.h"
+
+namespace bluefog {
+namespace {
+
+// A peer's part is read this much at a time into a scratch chunk that stays in cache while it
+// is summed.
+constexpr int64_t kDirectChunkBytes = int64_t{256} << 10;
+
+// Copies `bytes` at `remote` in process `pid` into `local` (one copy by the kernel, no
+// message). Short reads continue where they stopped. Returns what went wrong, or an empty
+// string.
+std::string ReadPeer(int pid, uint64_t remote, void* local, int64_t bytes) {
+  char* to_bytes = static_cast<char*>(local);
+  while (bytes > 0) {
+    iovec to{to_bytes, static_cast<size_t>(bytes)};
+    iovec from{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
+    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got < 0 ? std::strerror(errno) : "no progress";
+    to_bytes += got;
+    remote += static_cast<uint64_t>(got);
+    bytes -= got;
+  }
+  return "";
+}
+
+}  // namespace
+
+// Every rank tries to read a known value from every other; the direct path is on only if all
+// of them could (a kernel may forbid it: Yama's ptrace scope, containers without
+// CAP_SYS_PTRACE across users), so no rank ever takes it alone.
+//
+// The value is a random token of this transport, so a process id that means another process
+// here (ranks in different PID namespaces of one host) cannot pass: not even this process
+// reading itself, which would otherwise sum its own buffer twice.
+void MpiTransport::ProbeDirect() {
+  std::random_device entropy;
+  direct_token_ =
+      (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ (static_cast<uint64_t>(rank_) << 48);
+  struct Who {
+    uint64_t pid;
+    uint64_t address;
+    uint64_t token;
+  } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&direct_token_),
+         direct_token_};
+  std::vector<Who> all(size_);
+  Check(
+      MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE, AsComm(comm_)),
+      "MPI_Allgather");
+  int ok = 1;
+  peer_pids_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    peer_pids_[r] = static_cast<int>(all[r].pid);
+    if (r == rank_) continue;
+    uint64_t value = 0;
+    if (!ReadPeer(peer_pids_[r], all[r].address, &value, sizeof(value)).empty() ||
+        value != all[r].token || all[r].token == direct_token_)
+      ok = 0;
+  }
+  Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
+  direct_ok_ = ok == 1;
+  peer_buffers_.assign(2 * static_cast<size_t>(size_), 0);
+}
+
+// All ranks on one host. Rank r owns segment r: it reads segment r of every peer's input
+// straight from the peer's memory (a scratch chunk at a time, summed while in cache) and
+// writes the reduced segment into its output once; after a barrier it copies every other
+// segment from the peer that owns it straight into its output; a last barrier keeps each
+// buffer alive until no peer reads it. Per rank that reads S + (n-1)S/n bytes and writes S,
+// the minimum, where the ring forwards partial sums (S + (2n-3)S/n reads). Each segment is
+// reduced by one rank only, so every rank gets the same bits. In place is safe: in the first
+// phase a rank writes only its own segment, which no peer reads until after the barrier.
+void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                   ReduceOp op, int64_t divisor) {
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  const int n = size_;
+  const uint64_t mine[2] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out)};
+  Check(MPI_Allgather(mine, 2, MPI_UINT64_T, peer_buffers_.data(), 2, MPI_UINT64_T, AsComm(comm_)),
+        "MPI_Allgather");
+  auto begin = [&](int k) { return count * k / n; };
+  const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
+  char* scratch = Scratch(chunk * elem);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  const int64_t end = begin(rank_ + 1);
+  std::string failure;
+  int failed_peer = -1;
+  auto read = [&](int peer, uint64_t remote, char* local, int64_t bytes) {
+    if (peer == direct_fault_rank_for_testing_ && rank_ != peer) remote = 0;
+    failure = ReadPeer(peer_pids_[peer], remote, local, bytes);
+    if (!failure.empty()) failed_peer = peer;
+    return failure.empty();
+  };
+  for (int64_t lo = begin(rank_); lo < end && failure.empty(); lo += chunk) {
+    const int64_t m = std::min(chunk, end - lo);
+    const int64_t offset = lo * elem;
+    for (int k = 1; k < n; ++k) {
+      const int peer = (rank_ + k) % n;
+      if (!read(peer, peer_buffers_[2 * peer] + offset, scratch, m * elem)) break;
+      const char* acc = k == 1 ? src + offset : dst + offset;
+      if (op == ReduceOp::kSum) {
+        SumOf(dst + offset, acc, scratch, m, dtype, k == n - 1 ? divisor : 1);
+      } else {
+        ReduceOf(dst + offset, acc, scratch, m, dtype, op);
+      }
+    }
+  }
+  // Each sync is also the agreement that every read so far succeeded: no rank copies a
+  // segment that was not reduced, and every rank reports a failure instead of waiting.
+  AgreeDirect(failure, failed_peer);
+  for (int k = 1; k < n; ++k) {
+    const int peer = (rank_ + k) % n;
+    const int64_t offset = begin(peer) * elem;
+    if (!read(peer, peer_buffers_[2 * peer + 1] + offset, dst + offset,
+              (begin(peer + 1) - begin(peer)) * elem))
+      break;
+  }
+  AgreeDirect(failure, failed_peer);
+}
+
+// A barrier that also finds the lowest rank whose reads failed, if any; then every rank turns
+// the direct path off (later allreduces take the ring) and fails this allreduce.
+void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
+  int first = failure.empty() ? INT_MAX : rank_;
+  Check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
+  if (first == INT_MAX) return;
+  direct_ok_ = false;
+  const std::string what =
+      first == rank_
+          ? Concat("rank ", rank_, " could not read the buffer of rank ", failed_peer, " (process ",
+                   peer_pids_[failed_peer], "): ", failure)
+          : Concat("rank ", first, " could not read a peer's buffer (its error says why)");
+  throw BluefogError(StatusCode::kInternal,
+                     Concat("direct allreduce failed: ", what,
+                            "; later allreduces pass messages instead (set "
+                            "BLUEFOG_DIRECT_ALLREDUCE=0 to do so from the start)"));
+}
+
+}  // namespace bluefog
