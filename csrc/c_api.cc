@@ -77,6 +77,12 @@ int bluefog_timeline_enabled(void) {
   bluefog::Runtime& rt = bluefog::Runtime::Get();
   return rt.running() ? (rt.timeline_enabled() ? 1 : 0) : -1;
 }
+int bluefog_set_inline_threshold(long long bytes) {
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  if (!rt.running() || bytes < 0) return -1;
+  rt.SetInlineThreshold(bytes);
+  return 0;
+}
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end) {
   bluefog::Runtime& rt = bluefog::Runtime::Get();
   if (!rt.running()) return -1;

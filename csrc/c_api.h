@@ -22,6 +22,8 @@ int bluefog_start_timeline(const char* path);
 int bluefog_stop_timeline(void);
 // 1 when a timeline is recording, 0 when not, -1 when bluefog is not running.
 int bluefog_timeline_enabled(void);
+// BLUEFOG_INLINE_THRESHOLD from now on, on this rank (for benchmarks); -1 when not initialized.
+int bluefog_set_inline_threshold(long long bytes);
 // Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns
 // like bluefog_timeline_enabled.
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end);

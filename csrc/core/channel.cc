@@ -32,6 +32,7 @@ Channel::Channel(int id, const Config& config, MpiTransport* transport, const Tr
                  std::vector<int> world_ranks, Timeline* timeline)
     : id_(id),
       config_(config),
+      inline_threshold_(config.inline_threshold_bytes),
       transport_(transport),
       info_(info),
       world_ranks_(std::move(world_ranks)),
@@ -182,7 +183,8 @@ bool Channel::Run() {
   BF_LOG(LogLevel::kDebug, "channel ", id_, " stopping after ", stats_.rounds,
          " negotiation rounds (", stats_.rounds_driven, " run by eager callers) for ",
          stats_.announced, " requests (", stats_.announced_cached, " announced as cache bits); ",
-         stats_.collectives, " collectives ran");
+         stats_.collectives, " collectives ran; ", executor_.completed_inline(),
+         " requests completed from the rounds' data alone");
   bool abandoned;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -225,22 +227,36 @@ bool Channel::DriveRound(bool* anyone_spoke) {
 bool Channel::RunRound(bool* anyone_spoke) {
   RoundMessage mine;
   std::vector<TensorMeta> fresh;
+  std::vector<std::string> fresh_data;  // the bytes of the small ones that may ride along
   {
     std::lock_guard<std::mutex> lock(mutex_);
     fresh.assign(unannounced_.begin(), unannounced_.end());
     unannounced_.clear();
     mine.shutdown = stop_requested_;
-  }
-  // A request agreed before with this exact metadata goes out as its cache slot's bit.
-  for (TensorMeta& m : fresh) {
-    const int64_t slot = cache_.Find(m, info_.rank);
-    if (slot >= 0) {
-      mine.cached.push_back(static_cast<uint32_t>(slot));
-    } else {
-      mine.announcements.push_back(std::move(m));
+    fresh_data.resize(fresh.size());
+    for (size_t k = 0; k < fresh.size(); ++k) {
+      if (!MayRideInRound(fresh[k])) continue;
+      const char* input = static_cast<const char*>(in_flight_.at(fresh[k].name).input);
+      fresh_data[k].assign(input, fresh[k].NumBytes());
     }
   }
-  std::sort(mine.cached.begin(), mine.cached.end());
+  // A request agreed before with this exact metadata goes out as its cache slot's bit.
+  std::vector<std::pair<uint32_t, std::string>> cached;
+  for (size_t k = 0; k < fresh.size(); ++k) {
+    const int64_t slot = cache_.Find(fresh[k], info_.rank);
+    if (slot >= 0) {
+      cached.emplace_back(static_cast<uint32_t>(slot), std::move(fresh_data[k]));
+    } else {
+      mine.announcements.push_back(std::move(fresh[k]));
+      mine.announcement_data.push_back(std::move(fresh_data[k]));
+    }
+  }
+  std::sort(cached.begin(), cached.end());
+  for (auto& [slot, data] : cached) {
+    mine.cached.push_back(slot);
+    mine.cached_data.push_back(std::move(data));
+  }
+  KeepDataThatFits(&mine);
   const double round_start = NowSeconds();
   if (timeline_->enabled()) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -263,8 +279,13 @@ bool Channel::RunRound(bool* anyone_spoke) {
     RoundMessage theirs = DecodeRound(all[r].data(), all[r].size());
     if (theirs.shutdown && shutdown_rank < 0) shutdown_rank = r;
     *anyone_spoke |= !theirs.announcements.empty() || !theirs.cached.empty();
-    for (uint32_t slot : theirs.cached) coordinator_.Announce(r, cache_.Get(slot, r));
-    for (const TensorMeta& meta : theirs.announcements) coordinator_.Announce(r, meta);
+    auto data = [](std::vector<std::string>& list, size_t k) {
+      return k < list.size() ? std::move(list[k]) : std::string();
+    };
+    for (size_t k = 0; k < theirs.cached.size(); ++k)
+      coordinator_.Announce(r, cache_.Get(theirs.cached[k], r), data(theirs.cached_data, k));
+    for (size_t k = 0; k < theirs.announcements.size(); ++k)
+      coordinator_.Announce(r, theirs.announcements[k], data(theirs.announcement_data, k));
   }
   std::vector<Response> ready = coordinator_.TakeReady();
   // Every rank records the same ready list, so the caches stay identical.
@@ -294,6 +315,42 @@ bool Channel::RunRound(bool* anyone_spoke) {
     stop_reason_ = Concat("rank ", WorldRank(shutdown_rank),
                           " shut down: bf.shutdown() was called or its process exited");
   return false;
+}
+
+// Small allreduces and allgathers, and small broadcasts from this rank, send their bytes with
+// their announcement: when every rank's (the root's) arrive, the request completes from them
+// without a collective (Executor::CompleteInline).
+bool Channel::MayRideInRound(const TensorMeta& meta) const {
+  const bool op_ok = meta.op == OpType::kAllreduce || meta.op == OpType::kAllgather ||
+                     (meta.op == OpType::kBroadcast && meta.root_rank == info_.rank);
+  const size_t bytes = meta.NumBytes();
+  return op_ok && bytes > 0 && static_cast<int64_t>(bytes) <= inline_threshold_.load();
+}
+
+// Drops the data that would push this rank's message past its slot of the round: a longer
+// message costs every rank a second collective, more than the data saves.
+void Channel::KeepDataThatFits(RoundMessage* message) {
+  std::vector<std::string*> data;
+  size_t data_cost = 0;
+  for (auto* list : {&message->announcement_data, &message->cached_data})
+    for (std::string& d : *list)
+      if (!d.empty()) {
+        data.push_back(&d);
+        data_cost += DataCost(d.size());
+      }
+  if (data.empty()) return;
+  const size_t total = EncodeRound(*message).size();
+  if (total <= MpiTransport::kExchangeSlotBytes) return;
+  const size_t base = total - data_cost;
+  size_t room =
+      base < MpiTransport::kExchangeSlotBytes ? MpiTransport::kExchangeSlotBytes - base : 0;
+  for (std::string* d : data) {
+    if (DataCost(d->size()) <= room) {
+      room -= DataCost(d->size());
+    } else {
+      d->clear();
+    }
+  }
 }
 
 // Process sets and windows (created, freed) leave the ready list here, in order, before the

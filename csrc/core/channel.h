@@ -22,6 +22,7 @@
 #include "core/response_cache.h"
 #include "core/stall_report.h"
 #include "core/timeline.h"
+#include "core/wire.h"
 #include "mpi/transport.h"
 
 namespace bluefog {
@@ -68,12 +69,21 @@ class Channel : private RequestTable {
   int id() const { return id_; }
   const TransportInfo& info() const { return info_; }
   bool running() const { return running_.load(); }
+  // Requests completed without a collective, from the round's bytes (read after the rounds).
+  size_t completed_inline() const { return executor_.completed_inline(); }
+  // BLUEFOG_INLINE_THRESHOLD from now on (any thread, any time: whether a rank sends its data
+  // is its own choice; a request uses the data only when every rank sent it).
+  void set_inline_threshold(int64_t bytes) { inline_threshold_.store(bytes); }
   // Why the channel stopped (empty while running).
   std::string stop_reason();
 
  private:
   // One negotiation round and the collectives it made ready; false once every rank stops.
   bool RunRound(bool* anyone_spoke);
+  // Whether this rank sends `meta`'s bytes with its announcement (see RunRound).
+  bool MayRideInRound(const TensorMeta& meta) const;
+  // Clears the data entries that would make `message` longer than one exchange slot.
+  static void KeepDataThatFits(RoundMessage* message);
   // RunRound for whichever thread holds round_mutex_: an error abandons the channel. False
   // once the channel has ended (every rank stopped, or this rank abandoned it).
   bool DriveRound(bool* anyone_spoke);
@@ -91,6 +101,7 @@ class Channel : private RequestTable {
 
   const int id_;
   const Config config_;
+  std::atomic<int64_t> inline_threshold_;
   MpiTransport* transport_;
   const TransportInfo info_;
   const std::vector<int> world_ranks_;

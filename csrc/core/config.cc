@@ -61,6 +61,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.direct_allreduce = ParseBool("BLUEFOG_DIRECT_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
+  if (const char* v = lookup("BLUEFOG_INLINE_THRESHOLD"))
+    config.inline_threshold_bytes = ParseBytes("BLUEFOG_INLINE_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_CACHE_CAPACITY"))
     config.cache_capacity = ParseBytes("BLUEFOG_CACHE_CAPACITY", v);
   if (const char* v = lookup("BLUEFOG_CYCLE_TIME"))

@@ -22,6 +22,10 @@ struct Config {
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;
+  // Allreduces, allgathers and broadcasts of at most this many bytes send their data with their
+  // announcement in the negotiation round, as far as a rank's slot of the round has room, and
+  // complete without a collective of their own (0: never).
+  int64_t inline_threshold_bytes = 1024;
   // Extra time the background thread waits after the first new request, to batch more of them.
   double cycle_time_ms = 0.0;
   // Agreed requests remembered so that repeating one costs a bit per round (0: no cache).

@@ -193,7 +193,7 @@ void Coordinator::CompleteForJoined() {
   }
 }
 
-void Coordinator::Announce(int rank, const TensorMeta& meta) {
+void Coordinator::Announce(int rank, const TensorMeta& meta, std::string data) {
   BF_ENFORCE(rank >= 0 && rank < size_, StatusCode::kInternal, "announcement from rank ", rank,
              " outside [0, ", size_, ")");
   Entry& entry = table_[meta.name];
@@ -201,6 +201,11 @@ void Coordinator::Announce(int rank, const TensorMeta& meta) {
   BF_ENFORCE(!entry.metas[rank].has_value(), StatusCode::kInternal, "rank ", rank,
              " announced tensor '", meta.name, "' twice");
   entry.metas[rank] = meta;
+  if (!data.empty()) {
+    if (entry.data.empty()) entry.data.resize(size_);
+    entry.data[rank] = std::move(data);
+    ++entry.data_count;
+  }
   if (meta.op == OpType::kJoin && !joined_[rank]) {
     joined_[rank] = true;
     ++num_joined_;
@@ -271,6 +276,19 @@ Response Coordinator::Complete(Entry& entry) const {
     response.all_splits.reserve(static_cast<size_t>(size_) * size_);
     for (const auto& m : entry.metas)
       response.all_splits.insert(response.all_splits.end(), m->splits.begin(), m->splits.end());
+  }
+  if (response.status.ok() && response.joined.empty() && entry.data_count > 0) {
+    const TensorMeta& m0 = response.meta;
+    const bool complete =
+        m0.op == OpType::kBroadcast
+            ? m0.root_rank >= 0 && m0.root_rank < size_ && !entry.data[m0.root_rank].empty()
+            : (m0.op == OpType::kAllreduce || m0.op == OpType::kAllgather) &&
+                  entry.data_count == size_;
+    // Each rank's bytes must be what its own metadata says, or they are not used.
+    bool sized = complete;
+    for (int r = 0; r < size_ && sized; ++r)
+      if (!entry.data[r].empty()) sized = entry.data[r].size() == entry.metas[r]->NumBytes();
+    if (sized) response.inline_data = std::move(entry.data);
   }
   if (response.status.ok()) {
     response.rank_metas.reserve(size_);

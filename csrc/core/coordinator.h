@@ -26,6 +26,10 @@ struct Response {
   Status status;
   // Every rank's announcement, in rank order (status ok only): what the response cache keeps.
   std::vector<TensorMeta> rank_metas;
+  // Small allreduces, allgathers and broadcasts whose data came with the announcements (every
+  // rank's, in rank order; a broadcast's root's only): the executor completes them from these
+  // bytes without a collective. Empty otherwise, and always when a rank had joined.
+  std::vector<std::string> inline_data;
   // Ranks that had joined (bf.join()) instead of announcing: the coordinator stood in for them
   // (allreduce: their meta, to be run with zeros; allgather: zero rows). Ascending.
   std::vector<int> joined;
@@ -43,9 +47,10 @@ class Coordinator {
  public:
   explicit Coordinator(int size);
 
-  // Records that `rank` submitted `meta`. Throws kInternal if that rank already has the name
-  // pending (the runtime rejects such duplicates before they are announced).
-  void Announce(int rank, const TensorMeta& meta);
+  // Records that `rank` submitted `meta`, with its data when the rank sent it in the round
+  // (empty: none). Throws kInternal if that rank already has the name pending (the runtime
+  // rejects such duplicates before they are announced).
+  void Announce(int rank, const TensorMeta& meta, std::string data = {});
   // Requests completed by announcements since the last call, in completion order.
   std::vector<Response> TakeReady();
   // Names announced by some ranks and not yet by all, sorted by name.
@@ -56,6 +61,8 @@ class Coordinator {
   struct Entry {
     std::vector<std::optional<TensorMeta>> metas;
     int count = 0;
+    std::vector<std::string> data;  // per rank, empty: none (sized when the first arrives)
+    int data_count = 0;
   };
   Response Complete(Entry& entry) const;
   // Whether every rank that has not announced `entry` has joined.

@@ -15,6 +15,12 @@ double NowSeconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+// After the sum: the division of an average done after the collective, then the scale factor.
+void FinishReduced(void* data, int64_t count, DataType dtype, int64_t divisor, double scale) {
+  if (divisor > 1) DivideBy(data, count, dtype, divisor);
+  if (scale != 1.0) ScaleAdd(data, data, count, dtype, scale, false);
+}
+
 }  // namespace
 
 int64_t RowBytes(const TensorMeta& meta) {
@@ -47,6 +53,22 @@ Request* Executor::RequestFor(const Response& response) {
 size_t Executor::Execute(std::vector<Response>& ready) {
   size_t collectives = 0;
   stand_ins_.clear();
+  auto carries_data = [](const Response& r) { return r.status.ok() && !r.inline_data.empty(); };
+  if (std::any_of(ready.begin(), ready.end(), carries_data)) {
+    for (const Response& r : ready) {
+      if (!carries_data(r)) continue;
+      const double start = timeline_->enabled() ? NowSeconds() : 0;
+      ++completed_inline_;
+      try {
+        CompleteInline(r);
+      } catch (const BluefogError& e) {
+        requests_->Finish(r.meta.name, OpError(e.code(), r.meta.op, r.meta.name, e.what()));
+      }
+      if (timeline_->enabled())
+        timeline_->Phase(r.meta.name, OpTypeName(r.meta.op), start, NowSeconds());
+    }
+    ready.erase(std::remove_if(ready.begin(), ready.end(), carries_data), ready.end());
+  }
   for (const Group& g : PlanGroups(ready, limits_)) {
     const Response* group = ready.data() + g.begin;
     const size_t n = g.end - g.begin;
@@ -89,6 +111,57 @@ size_t Executor::Execute(std::vector<Response>& ready) {
   return collectives;
 }
 
+void Executor::CompleteInline(const Response& response) {
+  Request* req = requests_->Lookup(response.meta.name);
+  const TensorMeta& meta = req->meta;
+  const std::vector<std::string>& data = response.inline_data;
+  switch (meta.op) {
+    case OpType::kAllreduce: {
+      const int64_t count = meta.NumElements();
+      const AveragePlan plan =
+          PlanAverage({meta.average}, meta.reduce_op, info_.size, {meta.scale});
+      void* out = req->output;
+      // Rank 0's bytes, then every other rank's in rank order: one order for every rank.
+      if (info_.size == 1) std::memcpy(out, data[0].data(), data[0].size());
+      for (int r = 1; r < info_.size; ++r) {
+        const void* acc = r == 1 ? static_cast<const void*>(data[0].data()) : out;
+        if (meta.reduce_op == ReduceOp::kSum) {
+          SumOf(out, acc, data[r].data(), count, meta.dtype, 1);
+        } else {
+          ReduceOf(out, acc, data[r].data(), count, meta.dtype, meta.reduce_op);
+        }
+      }
+      FinishReduced(out, count, meta.dtype, plan.collective_divisor * plan.after[0], plan.scale[0]);
+      break;
+    }
+    case OpType::kAllgather: {
+      std::vector<int64_t> shape = meta.shape;
+      shape[0] = 0;
+      for (int64_t rows : response.first_dims) shape[0] += rows;
+      int64_t bytes = 0;
+      for (const std::string& d : data) bytes += static_cast<int64_t>(d.size());
+      Status status;
+      std::vector<char> scratch;
+      char* out = static_cast<char*>(AllocateOutput(req, shape, bytes, &scratch, &status));
+      for (const std::string& d : data) {
+        std::memcpy(out, d.data(), d.size());
+        out += d.size();
+      }
+      requests_->Finish(meta.name, status);
+      return;
+    }
+    case OpType::kBroadcast: {
+      const std::string& root = data[response.meta.root_rank];
+      std::memcpy(req->output, root.data(), root.size());
+      break;
+    }
+    default:
+      throw BluefogError(StatusCode::kInternal,
+                         Concat(OpTypeName(meta.op), " cannot complete from the round's data"));
+  }
+  requests_->Finish(meta.name, Status::Ok());
+}
+
 void Executor::Allreduces(const Response* group, size_t n) {
   const DataType dtype = group[0].meta.dtype;
   const ReduceOp op = group[0].meta.reduce_op;
@@ -105,9 +178,7 @@ void Executor::Allreduces(const Response* group, size_t n) {
   const AveragePlan plan = PlanAverage(average, op, info_.size, scale);
   const size_t elem = ElementSize(dtype);
   auto finish_slice = [&](size_t k, void* data) {
-    const int64_t count = reqs[k]->meta.NumElements();
-    if (plan.after[k] > 1) DivideBy(data, count, dtype, plan.after[k]);
-    if (plan.scale[k] != 1.0) ScaleAdd(data, data, count, dtype, plan.scale[k], false);
+    FinishReduced(data, reqs[k]->meta.NumElements(), dtype, plan.after[k], plan.scale[k]);
   };
   if (n == 1) {  // out of place, from the input straight into the output: no copy
     if (total > 0) {

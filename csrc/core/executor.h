@@ -2,6 +2,7 @@
 // op moves the data through the transport. Runs on the runtime's background thread only.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <string>
@@ -37,7 +38,11 @@ class Executor {
   }
   // Runs every response of `ready` (reordered by PlanGroups); returns the number of
   // collectives run after fusion. A BluefogError fails that group's requests and goes on.
+  // Responses that carry their data (Response::inline_data) complete first, without one.
   size_t Execute(std::vector<Response>& ready);
+  // How many requests completed from the round's bytes alone, since the start (counted before
+  // they complete; any thread may read it).
+  size_t completed_inline() const { return completed_inline_.load(); }
 
  private:
   // Group executors: `n` responses from `group`, all of the group's op.
@@ -50,6 +55,9 @@ class Executor {
   void Alltoall(const Response& response);
   void Reducescatter(const Response& response);
   void Join(const Response& response);
+  // A small allreduce, allgather or broadcast from the bytes every rank (a broadcast's root)
+  // sent in the round: the same arithmetic in the same order on every rank, so the same bits.
+  void CompleteInline(const Response& response);
   // This rank's request for `response`: its own or, when it has joined (bf.join()), a stand-in
   // that contributes zeros (allreduce) or no rows (allgather) and whose result is dropped.
   Request* RequestFor(const Response& response);
@@ -69,6 +77,7 @@ class Executor {
   std::deque<Request> stand_ins_;      // this round's stand-ins for a joined rank
   std::vector<char> zeros_;            // their input: only ever read, so it stays zero
   std::vector<char> dropped_;          // their output
+  std::atomic<size_t> completed_inline_{0};
 };
 
 // Bytes of one slice along dimension 0.

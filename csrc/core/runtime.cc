@@ -297,4 +297,11 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
   return id;
 }
 
+void Runtime::SetInlineThreshold(int64_t bytes) {
+  if (world_) world_->set_inline_threshold(bytes);
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  for (auto& [id, set] : sets_)
+    if (set.channel) set.channel->set_inline_threshold(bytes);
+}
+
 }  // namespace bluefog

@@ -38,6 +38,12 @@ class Runtime {
   bool hierarchical_allreduce() const { return transport_.hierarchical(); }
   // Whether large allreduces over every rank read the peers' buffers directly (one host).
   bool direct_allreduce() const { return transport_.direct(); }
+  // Requests of every rank's channel completed from the bytes sent in a negotiation round
+  // (Executor::CompleteInline) so far; for tests.
+  size_t completed_inline() const { return world_ ? world_->completed_inline() : 0; }
+  // Changes BLUEFOG_INLINE_THRESHOLD of every channel this rank has now (benchmarks compare
+  // both ways in one process; ranks need not agree, see Channel::set_inline_threshold).
+  void SetInlineThreshold(int64_t bytes);
 
   // Validates locally and queues on the request's process set. A non-ok status means the
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the

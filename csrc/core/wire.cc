@@ -8,6 +8,8 @@ namespace bluefog {
 namespace {
 
 constexpr uint32_t kFlagShutdown = 1u;
+constexpr uint8_t kDataAnnouncement = 0;
+constexpr uint8_t kDataCached = 1;
 
 template <typename T>
 void Put(std::string& out, T value) {
@@ -79,8 +81,25 @@ std::string EncodeRound(const RoundMessage& message) {
     }
     if (m.op == OpType::kAllreduce) Put<uint8_t>(out, static_cast<uint8_t>(m.reduce_op));
   }
+  // Data: (entry kind, index, length, bytes) for the entries that carry some.
+  uint32_t with_data = 0;
+  for (const auto* list : {&message.announcement_data, &message.cached_data})
+    for (const std::string& d : *list) with_data += d.empty() ? 0 : 1;
+  Put<uint32_t>(out, with_data);
+  for (uint8_t kind : {kDataAnnouncement, kDataCached}) {
+    const auto& list = kind == kDataAnnouncement ? message.announcement_data : message.cached_data;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].empty()) continue;
+      Put<uint8_t>(out, kind);
+      Put<uint32_t>(out, static_cast<uint32_t>(i));
+      Put<uint32_t>(out, static_cast<uint32_t>(list[i].size()));
+      out.append(list[i]);
+    }
+  }
   return out;
 }
+
+size_t DataCost(size_t bytes) { return sizeof(uint8_t) + 2 * sizeof(uint32_t) + bytes; }
 
 RoundMessage DecodeRound(const char* data, size_t size) {
   Reader in(data, size);
@@ -129,6 +148,24 @@ RoundMessage DecodeRound(const char* data, size_t size) {
       m.reduce_op = static_cast<ReduceOp>(reduce_op);
     }
     message.announcements.push_back(std::move(m));
+  }
+  const uint32_t with_data = in.Get<uint32_t>();
+  for (uint32_t k = 0; k < with_data; ++k) {
+    const uint8_t kind = in.Get<uint8_t>();
+    const uint32_t index = in.Get<uint32_t>();
+    BF_ENFORCE(kind == kDataAnnouncement || kind == kDataCached, StatusCode::kInternal,
+               "malformed negotiation message: data kind ", static_cast<int>(kind));
+    auto& list = kind == kDataAnnouncement ? message.announcement_data : message.cached_data;
+    const size_t entries =
+        kind == kDataAnnouncement ? message.announcements.size() : message.cached.size();
+    BF_ENFORCE(index < entries, StatusCode::kInternal,
+               "malformed negotiation message: data for entry ", index, " of ", entries);
+    list.resize(entries);
+    BF_ENFORCE(list[index].empty(), StatusCode::kInternal,
+               "malformed negotiation message: data for entry ", index, " twice");
+    list[index] = in.GetString(in.Get<uint32_t>());
+    BF_ENFORCE(!list[index].empty(), StatusCode::kInternal,
+               "malformed negotiation message: empty data");
   }
   BF_ENFORCE(in.done(), StatusCode::kInternal, "malformed negotiation message: trailing bytes");
   return message;

@@ -13,7 +13,15 @@ struct RoundMessage {
   std::vector<TensorMeta> announcements;
   // Announcements of requests the response cache holds, by slot, ascending: a bit set on the wire.
   std::vector<uint32_t> cached;
+  // The data of small requests, sent with their announcement so that no collective has to
+  // move it (docs/design.md, "Small collectives ride in the round"). Either empty, or as long
+  // as `announcements` (and `cached`), one string per entry, empty for none.
+  std::vector<std::string> announcement_data;
+  std::vector<std::string> cached_data;
 };
+
+// The bytes EncodeRound adds for one entry's data of `bytes` bytes.
+size_t DataCost(size_t bytes);
 
 std::string EncodeRound(const RoundMessage& message);
 // Throws BluefogError(kInternal) on malformed bytes.

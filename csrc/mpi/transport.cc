@@ -17,9 +17,9 @@ namespace bluefog {
 namespace {
 
 // Fixed per-rank slot of the first exchange step: small messages need one collective only.
-constexpr int kSlotBytes = 1024;
 constexpr int kSlotHeader = 8;
-constexpr int kSlotPayload = kSlotBytes - kSlotHeader;
+constexpr int kSlotPayload = static_cast<int>(MpiTransport::kExchangeSlotBytes);
+constexpr int kSlotBytes = kSlotPayload + kSlotHeader;
 // Large transfers are split so each MPI count fits in an int.
 constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
 // How long a negotiation round's wait yields the core between tests before it starts sleeping.

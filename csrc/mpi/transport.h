@@ -47,7 +47,10 @@ class MpiTransport {
   std::unique_ptr<MpiTransport> CreateSubset(const std::vector<int>& ranks, int tag);
 
   // Collective: every rank passes its bytes and gets every rank's bytes, indexed by rank.
-  // `on_wait` runs periodically while other ranks have not yet joined.
+  // `on_wait` runs periodically while other ranks have not yet joined. Up to
+  // kExchangeSlotBytes bytes per rank take one MPI_Iallgather of fixed slots; a rank with more
+  // makes it a second collective (MPI_Allgatherv) for every rank.
+  static constexpr size_t kExchangeSlotBytes = 1016;
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait);
   // Sum over all ranks, divided by `divisor` when it is above 1 (the average). Buffers of at

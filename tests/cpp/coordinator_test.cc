@@ -30,6 +30,74 @@ TEST(Coordinator, ReadyOnlyWhenEveryRankAnnounced) {
   EXPECT_EQ(c.num_pending(), 0u);
 }
 
+TEST(Coordinator, HandsOnTheDataWhenEveryRankSentIt) {
+  Coordinator c(3);
+  const std::string bytes8(8, 'x');  // two float32s
+  c.Announce(0, Meta("a", OpType::kAllreduce, {2}), bytes8);
+  c.Announce(1, Meta("a", OpType::kAllreduce, {2}), std::string(8, 'y'));
+  c.Announce(2, Meta("a", OpType::kAllreduce, {2}), std::string(8, 'z'));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].inline_data,
+            std::vector<std::string>({bytes8, std::string(8, 'y'), std::string(8, 'z')}));
+  // One rank without its data (its slot was full): the collective runs as usual.
+  c.Announce(0, Meta("b", OpType::kAllreduce, {2}), bytes8);
+  c.Announce(1, Meta("b", OpType::kAllreduce, {2}));
+  c.Announce(2, Meta("b", OpType::kAllreduce, {2}), bytes8);
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_TRUE(ready[0].inline_data.empty());
+  // Bytes that do not match the rank's own shape are never used.
+  c.Announce(0, Meta("c", OpType::kAllreduce, {2}), bytes8);
+  c.Announce(1, Meta("c", OpType::kAllreduce, {2}), std::string(4, 'y'));
+  c.Announce(2, Meta("c", OpType::kAllreduce, {2}), bytes8);
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_TRUE(ready[0].inline_data.empty());
+  // Nor when ranks disagree: the mismatch error is what every rank gets.
+  c.Announce(0, Meta("d", OpType::kAllreduce, {2}), bytes8);
+  c.Announce(1, Meta("d", OpType::kAllreduce, {3}), std::string(12, 'y'));
+  c.Announce(2, Meta("d", OpType::kAllreduce, {2}), bytes8);
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_FALSE(ready[0].status.ok());
+  EXPECT_TRUE(ready[0].inline_data.empty());
+}
+
+TEST(Coordinator, InlineDataOfAllgathersAndBroadcasts) {
+  Coordinator c(2);
+  // Allgather: each rank's own rows.
+  c.Announce(0, Meta("g", OpType::kAllgather, {1, 2}), std::string(8, 'a'));
+  c.Announce(1, Meta("g", OpType::kAllgather, {3, 2}), std::string(24, 'b'));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].inline_data,
+            std::vector<std::string>({std::string(8, 'a'), std::string(24, 'b')}));
+  // Broadcast: the root's bytes are enough.
+  c.Announce(0, Meta("b", OpType::kBroadcast, {1}, DataType::kFloat32, 1));
+  c.Announce(1, Meta("b", OpType::kBroadcast, {1}, DataType::kFloat32, 1), std::string(4, 'r'));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_EQ(ready[0].inline_data.size(), 2u);
+  EXPECT_EQ(ready[0].inline_data[1], std::string(4, 'r'));
+  // ... and needed.
+  c.Announce(0, Meta("b2", OpType::kBroadcast, {1}, DataType::kFloat32, 1), std::string(4, 'r'));
+  c.Announce(1, Meta("b2", OpType::kBroadcast, {1}, DataType::kFloat32, 1));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_TRUE(ready[0].inline_data.empty());
+}
+
+TEST(Coordinator, NoInlineDataWhileARankHasJoined) {
+  Coordinator c(2);
+  c.Announce(1, Meta("join.0", OpType::kJoin, {}, DataType::kInt32));
+  c.Announce(0, Meta("x", OpType::kAllreduce, {1}), std::string(4, 'a'));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].joined, std::vector<int>({1}));
+  EXPECT_TRUE(ready[0].inline_data.empty());
+}
+
 TEST(Coordinator, AlltoallCollectsEverySplitAndChecksTrailingShapes) {
   Coordinator c(2);
   TensorMeta a = Meta("a", OpType::kAlltoall, {3, 4});

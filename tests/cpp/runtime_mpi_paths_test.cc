@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,109 @@ TEST(RuntimeMpi, HierarchicalAllreduceWhereExpected) {
   EXPECT_TRUE(info.homogeneous);
   EXPECT_EQ(info.cross_size, expected ? 2 : 1);
   EXPECT_EQ(info.cross_rank, expected ? Rank() / 2 : 0);
+}
+
+// Whether small collectives complete from the negotiation round's bytes in this run (the
+// ring and direct tests turn it off, BLUEFOG_INLINE_THRESHOLD=0, to reach those paths).
+bool InlineExpected() {
+  const char* v = std::getenv("BLUEFOG_INLINE_THRESHOLD");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// Small allreduces (sum, average, scale, min), allgathers and broadcasts, eager (driven) and
+// handed off: exact results, and they complete from the round's data alone when it is on.
+TEST(RuntimeMpi, SmallCollectivesFromTheRoundsData) {
+  const size_t before = Runtime::Get().completed_inline();
+  int expected_inline = 0;
+  for (bool drive : {true, false}) {
+    const std::string tag = drive ? ".driven" : ".queued";
+    // Sum and average of float32; int32 averages truncate toward zero.
+    std::vector<float> f(5);
+    for (int i = 0; i < 5; ++i) f[i] = static_cast<float>(Rank() + 1) + 0.5f * i;
+    auto sum = Submit(OpType::kAllreduce, "small.sum" + tag, DataType::kFloat32, {5}, f.data(),
+                      false, -1, drive);
+    ASSERT_TRUE(Wait(*sum).ok());
+    auto avg = Submit(OpType::kAllreduce, "small.avg" + tag, DataType::kFloat32, {5}, f.data(),
+                      true, -1, drive);
+    ASSERT_TRUE(Wait(*avg).ok());
+    const int n = Size();
+    for (int i = 0; i < 5; ++i) {
+      const float want = n * (n + 1) / 2.0f + n * 0.5f * i;
+      EXPECT_EQ(reinterpret_cast<float*>(sum->output.data())[i], want);
+      EXPECT_FLOAT_EQ(reinterpret_cast<float*>(avg->output.data())[i], want / n);
+    }
+    std::vector<int32_t> ints = {Rank() == 0 ? -7 : 2, 3};
+    auto iavg = Submit(OpType::kAllreduce, "small.iavg" + tag, DataType::kInt32, {2}, ints.data(),
+                       true, -1, drive);
+    ASSERT_TRUE(Wait(*iavg).ok());
+    const int32_t isum = -7 + 2 * (n - 1);
+    EXPECT_EQ(reinterpret_cast<int32_t*>(iavg->output.data())[0], isum / n);
+    EXPECT_EQ(reinterpret_cast<int32_t*>(iavg->output.data())[1], 3);
+    // A scale factor and a minimum.
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin}) {
+      Request req;
+      req.meta.name = Concat("small.", ReduceOpName(op), tag);
+      req.meta.op = OpType::kAllreduce;
+      req.meta.dtype = DataType::kFloat64;
+      req.meta.shape = {3};
+      req.meta.reduce_op = op;
+      if (op == ReduceOp::kSum) req.meta.scale = 0.25;
+      std::vector<double> d = {1.0 * Rank(), -2.0 * Rank(), 4.0};
+      req.input = d.data();
+      auto p = SubmitBuilt(std::move(req), 3 * sizeof(double));
+      ASSERT_TRUE(Wait(*p).ok());
+      const double* out = reinterpret_cast<const double*>(p->output.data());
+      const double ranks = n * (n - 1) / 2.0;
+      if (op == ReduceOp::kSum) {
+        EXPECT_EQ(out[0], 0.25 * ranks);
+        EXPECT_EQ(out[1], -0.5 * ranks);
+        EXPECT_EQ(out[2], 0.25 * 4.0 * n);
+      } else {
+        EXPECT_EQ(out[0], 0.0);
+        EXPECT_EQ(out[1], -2.0 * (n - 1));
+        EXPECT_EQ(out[2], 4.0);
+      }
+    }
+    // An allgather of rank + 1 rows of 2 int64s each, then a broadcast from the last rank.
+    std::vector<int64_t> rows(2 * (Rank() + 1));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = 100 * Rank() + static_cast<int64_t>(i);
+    auto g = Submit(OpType::kAllgather, "small.gather" + tag, DataType::kInt64, {Rank() + 1, 2},
+                    rows.data(), false, -1, drive);
+    ASSERT_TRUE(Wait(*g).ok());
+    ASSERT_EQ(g->output.size(), sizeof(int64_t) * n * (n + 1));
+    const int64_t* got = reinterpret_cast<const int64_t*>(g->output.data());
+    for (int r = 0, at = 0; r < n; ++r)
+      for (int i = 0; i < 2 * (r + 1); ++i, ++at) EXPECT_EQ(got[at], 100 * r + i);
+    std::vector<int16_t> b = {static_cast<int16_t>(Rank()), 9};
+    auto bc = Submit(OpType::kBroadcast, "small.bcast" + tag, DataType::kInt16, {2}, b.data(),
+                     false, n - 1, drive);
+    ASSERT_TRUE(Wait(*bc).ok());
+    EXPECT_EQ(reinterpret_cast<int16_t*>(bc->output.data())[0], n - 1);
+    EXPECT_EQ(reinterpret_cast<int16_t*>(bc->output.data())[1], 9);
+    expected_inline += 7;
+  }
+  EXPECT_EQ(Runtime::Get().completed_inline() - before,
+            InlineExpected() ? static_cast<size_t>(expected_inline) : 0u);
+}
+
+// More small requests at once than one rank's slot of a round holds: those that do not fit
+// take the collective, and every result is still exact.
+TEST(RuntimeMpi, SmallRequestsBeyondOneSlot) {
+  constexpr int kRequests = 24;
+  std::vector<std::vector<float>> inputs(kRequests);
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (int k = 0; k < kRequests; ++k) {
+    inputs[k].assign(64, static_cast<float>(Rank() * kRequests + k));  // 256 bytes each
+    pending.push_back(
+        Submit(OpType::kAllreduce, Concat("slot.", k), DataType::kFloat32, {64}, inputs[k].data()));
+  }
+  const int n = Size();
+  for (int k = 0; k < kRequests; ++k) {
+    ASSERT_TRUE(Wait(*pending[k]).ok());
+    const float want = static_cast<float>(kRequests * n * (n - 1) / 2 + n * k);
+    const float* out = reinterpret_cast<const float*>(pending[k]->output.data());
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(out[i], want) << "request " << k;
+  }
 }
 
 TEST(RuntimeMpi, DirectAllreduceWhereExpected) {

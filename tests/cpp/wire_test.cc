@@ -114,7 +114,41 @@ TEST(Wire, CachedSlotsTravelAsABitSet) {
   // A hundred cached requests fit in 13 bytes, far below one 1 KiB exchange slot.
   RoundMessage hundred;
   for (uint32_t s = 0; s < 100; ++s) hundred.cached.push_back(s);
-  EXPECT_EQ(EncodeRound(hundred).size(), 4u + 4u + 13u + 4u);
+  // (and 4 bytes for the count of entries carrying data: none)
+  EXPECT_EQ(EncodeRound(hundred).size(), 4u + 4u + 13u + 4u + 4u);
+}
+
+TEST(Wire, SmallRequestsCarryTheirData) {
+  RoundMessage m;
+  m.announcements.resize(2);
+  m.announcements[0].name = "a";
+  m.announcements[1].name = "b";
+  m.announcement_data = {"", std::string("\x01\x00\x02", 3)};
+  m.cached = {3, 9};
+  m.cached_data = {"xyzw", ""};
+  const std::string plain = [&] {
+    RoundMessage no_data = m;
+    no_data.announcement_data.clear();
+    no_data.cached_data.clear();
+    return EncodeRound(no_data);
+  }();
+  std::string bytes = EncodeRound(m);
+  EXPECT_EQ(bytes.size(), plain.size() + DataCost(3) + DataCost(4));
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  ASSERT_EQ(back.announcement_data.size(), 2u);
+  EXPECT_EQ(back.announcement_data[0], "");
+  EXPECT_EQ(back.announcement_data[1], std::string("\x01\x00\x02", 3));
+  ASSERT_EQ(back.cached_data.size(), 2u);
+  EXPECT_EQ(back.cached_data[0], "xyzw");
+  EXPECT_EQ(back.cached_data[1], "");
+  // Without data the lists stay empty.
+  RoundMessage none = DecodeRound(plain.data(), plain.size());
+  EXPECT_TRUE(none.announcement_data.empty());
+  EXPECT_TRUE(none.cached_data.empty());
+  // Data for an entry that does not exist is malformed.
+  m.cached_data = {"", "", "extra"};
+  bytes = EncodeRound(m);
+  EXPECT_THROW(DecodeRound(bytes.data(), bytes.size()), BluefogError);
 }
 
 TEST(Wire, EmptyAndTruncated) {
