@@ -73,7 +73,9 @@ def main() -> None:
     x = tf.constant([1.0])
     name = name_input("before_after")
     runs = {
-        "before": loop(lambda: ops.bluefog_allreduce(x, tensor_name=name, average=True)),
+        # Before also had no data in the round.
+        "before": without_round_data(
+            loop(lambda: ops.bluefog_allreduce(x, tensor_name=name, average=True))),
         "now": loop(lambda: bf.allreduce(x, name="before_after.now")),
         "now_no_round_data": without_round_data(
             loop(lambda: bf.allreduce(x, name="before_after.no_data"))),

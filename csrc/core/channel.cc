@@ -131,12 +131,15 @@ void Channel::DriveUntil(const std::atomic<bool>& finished) {
   // Anything still pending (other threads' requests, or the failures of an ended channel) is
   // the channel thread's. Handed over while the rounds are still held, so that once they are
   // released this thread touches no member.
+  bool kick;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     driver_active_ = false;
-    kicked_ = !in_flight_.empty() || !unannounced_.empty() || ended_ || stop_requested_;
+    kick = kicked_ = !in_flight_.empty() || !unannounced_.empty() || ended_ || stop_requested_;
   }
-  wake_.notify_one();
+  // With nothing left the channel's thread stays asleep: waking it only to find nothing (a
+  // futex wake and a thread switch per eager call) costs the core other ranks may need.
+  if (kick) wake_.notify_one();
 }
 
 bool Channel::Run() {

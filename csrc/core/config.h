@@ -19,6 +19,9 @@ struct Config {
   // Large allreduces among ranks of one host read the peers' buffers directly (cross-memory
   // attach) when the kernel lets every rank do so; false: the ring over MPI messages.
   bool direct_allreduce = true;
+  // Negotiation rounds among ranks of one host go through a shared-memory segment, a waiting
+  // rank sleeping on a futex until the last one arrives; false: MPI_Iallgather.
+  bool local_rounds = true;
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;

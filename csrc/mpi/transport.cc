@@ -143,7 +143,10 @@ TransportInfo MpiTransport::Init() {
     Check(MPI_Comm_free(&AsComm(cross)), "MPI_Comm_free");
   }
 
-  if (size_ > 1 && info.local_size == size_) ProbeDirect();
+  if (size_ > 1 && info.local_size == size_) {
+    ProbeDirect();
+    MakeLocalRounds();
+  }
 
   exchange_send_.assign(kSlotBytes, 0);
   exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * size_, 0);
@@ -190,15 +193,28 @@ std::unique_ptr<MpiTransport> MpiTransport::Adopt(void* comm) {
     int shared_size = 0;
     Check(MPI_Comm_size(shared, &shared_size), "MPI_Comm_size");
     MPI_Comm_free(&shared);
-    if (shared_size == t->size_) t->ProbeDirect();
+    if (shared_size == t->size_) {
+      t->ProbeDirect();
+      t->local_rounds_enabled_ = local_rounds_enabled_;
+      t->local_rounds_spin_us_ = local_rounds_spin_us_;
+      t->local_rounds_yield_ = local_rounds_yield_;
+      t->MakeLocalRounds();
+    }
   }
   t->initialized_ = true;
   return t;
 }
 
+void MpiTransport::MakeLocalRounds() {
+  if (local_rounds_enabled_)
+    local_rounds_ = LocalRounds::Create(comm_, rank_, size_, kSlotBytes, local_rounds_spin_us_,
+                                        local_rounds_yield_);
+}
+
 void MpiTransport::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
+  local_rounds_.reset();
   MPI_Op_free(&AsOp(bluefog_op_));
   if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));
   if (cross_) cross_->Shutdown();
@@ -212,6 +228,49 @@ void MpiTransport::Shutdown() {
 
 std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
                                                    const std::function<void()>& on_wait) {
+  const uint64_t total = mine.size();
+  const char* slots = exchange_recv_.data();
+  if (local_rounds_) {
+    char* slot = local_rounds_->my_slot();
+    std::memcpy(slot, &total, sizeof(total));
+    std::memcpy(slot + kSlotHeader, mine.data(), std::min<size_t>(mine.size(), kSlotPayload));
+    slots = local_rounds_->Exchange(on_wait);
+  } else {
+    ExchangeSlots(mine, on_wait);
+  }
+
+  std::vector<std::string> out(size_);
+  bool overflow = false;
+  for (int r = 0; r < size_; ++r) {
+    const char* slot = slots + static_cast<size_t>(r) * kSlotBytes;
+    uint64_t len;
+    std::memcpy(&len, slot, sizeof(len));
+    out[r].assign(slot + kSlotHeader, std::min<uint64_t>(len, kSlotPayload));
+    out[r].resize(len);
+    counts_[r] = static_cast<int>(len > kSlotPayload ? len - kSlotPayload : 0);
+    overflow |= counts_[r] > 0;
+  }
+  if (!overflow) return out;
+
+  // Second step only when some rank had more to say than its slot holds.
+  int64_t recv_total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs_[r] = static_cast<int>(recv_total);
+    recv_total += counts_[r];
+  }
+  BF_ENFORCE(recv_total < INT_MAX, StatusCode::kInternal, "negotiation message too large");
+  std::vector<char> recv(recv_total);
+  const char* extra = mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr;
+  Check(MPI_Allgatherv(extra, counts_[rank_], MPI_BYTE, recv.data(), counts_.data(), displs_.data(),
+                       MPI_BYTE, AsComm(comm_)),
+        "MPI_Allgatherv");
+  for (int r = 0; r < size_; ++r)
+    if (counts_[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + displs_[r], counts_[r]);
+  return out;
+}
+
+// Every rank's slot (length, then the first kSlotPayload bytes) into exchange_recv_, over MPI.
+void MpiTransport::ExchangeSlots(const std::string& mine, const std::function<void()>& on_wait) {
   const uint64_t total = mine.size();
   std::memcpy(exchange_send_.data(), &total, sizeof(total));
   std::memcpy(exchange_send_.data() + kSlotHeader, mine.data(),
@@ -241,35 +300,6 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
     sleep_for = std::min(sleep_for * 2, std::chrono::microseconds(1000));
     if (on_wait) on_wait();
   }
-
-  std::vector<std::string> out(size_);
-  bool overflow = false;
-  for (int r = 0; r < size_; ++r) {
-    const char* slot = exchange_recv_.data() + static_cast<size_t>(r) * kSlotBytes;
-    uint64_t len;
-    std::memcpy(&len, slot, sizeof(len));
-    out[r].assign(slot + kSlotHeader, std::min<uint64_t>(len, kSlotPayload));
-    out[r].resize(len);
-    counts_[r] = static_cast<int>(len > kSlotPayload ? len - kSlotPayload : 0);
-    overflow |= counts_[r] > 0;
-  }
-  if (!overflow) return out;
-
-  // Second step only when some rank had more to say than its slot holds.
-  int64_t recv_total = 0;
-  for (int r = 0; r < size_; ++r) {
-    displs_[r] = static_cast<int>(recv_total);
-    recv_total += counts_[r];
-  }
-  BF_ENFORCE(recv_total < INT_MAX, StatusCode::kInternal, "negotiation message too large");
-  std::vector<char> recv(recv_total);
-  const char* extra = mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr;
-  Check(MPI_Allgatherv(extra, counts_[rank_], MPI_BYTE, recv.data(), counts_.data(), displs_.data(),
-                       MPI_BYTE, AsComm(comm_)),
-        "MPI_Allgatherv");
-  for (int r = 0; r < size_; ++r)
-    if (counts_[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + displs_[r], counts_[r]);
-  return out;
 }
 
 void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "mpi/local_rounds.h"
 
 namespace bluefog {
 
@@ -35,6 +36,15 @@ class MpiTransport {
 
   // Initializes MPI unless the application already did, and duplicates COMM_WORLD.
   TransportInfo Init();
+  // Before Init: whether ExchangeAll among ranks of one host goes through shared memory
+  // (LocalRounds) instead of MPI, for this transport and the process sets' made from it, and
+  // how a waiting rank polls there before it sleeps (LocalRounds::Create).
+  void set_local_rounds(bool enabled, int spin_us, bool yield) {
+    local_rounds_enabled_ = enabled;
+    local_rounds_spin_us_ = spin_us;
+    local_rounds_yield_ = yield;
+  }
+  bool local_rounds() const { return local_rounds_ != nullptr; }
   // The communicator itself (an MPI_Comm in an opaque word), for the window service to duplicate.
   void* raw_comm() const { return comm_; }
   // rank and size in this transport's communicator.
@@ -130,6 +140,12 @@ class MpiTransport {
   std::vector<int> local_counts_;
   std::vector<int> local_displs_;
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
+  bool local_rounds_enabled_ = true;
+  int local_rounds_spin_us_ = 50;
+  bool local_rounds_yield_ = false;
+  std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
+  void MakeLocalRounds();
+  void ExchangeSlots(const std::string& mine, const std::function<void()>& on_wait);
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;

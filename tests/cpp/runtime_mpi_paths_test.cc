@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
@@ -143,6 +144,25 @@ TEST(RuntimeMpi, DirectAllreduceWhereExpected) {
                         !(off != nullptr && std::string(off) == "0") &&
                         !(expect != nullptr && std::string(expect) == "0");
   EXPECT_EQ(Runtime::Get().direct_allreduce(), expected);
+}
+
+// Rounds go through shared memory wherever every rank is on one host and could map rank 0's
+// segment (not in PID namespaces of their own, where /proc names other processes), unless
+// BLUEFOG_LOCAL_ROUNDS=0.
+TEST(RuntimeMpi, LocalRoundsWhereExpected) {
+  const char* off = std::getenv("BLUEFOG_LOCAL_ROUNDS");
+  const char* expect = std::getenv("BLUEFOG_EXPECT_DIRECT");
+  const bool expected = Size() > 1 && std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") == nullptr &&
+                        !(off != nullptr && std::string(off) == "0") &&
+                        !(expect != nullptr && std::string(expect) == "0");
+  EXPECT_EQ(Runtime::Get().local_rounds(), expected);
+  // The segment has no name in any file system (a memfd), so a killed job leaves none behind.
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  bool mapped = false;
+  while (std::getline(maps, line))
+    mapped |= line.find("/memfd:bluefog-rounds") != std::string::npos;
+  EXPECT_EQ(mapped, expected);
 }
 
 // Large allreduces in place (output = input, what TensorFlow's forwarded temporaries get) and

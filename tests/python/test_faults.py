@@ -19,6 +19,7 @@ negotiation round: their pending collective fails with AbortedError, they raise,
 reports the first non-zero exit status.
 """
 
+import os
 import re
 
 import pytest
@@ -85,7 +86,13 @@ def check_fault(mode: str, result) -> float:
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_lost_rank_fails_the_job(mode):
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     check_fault(mode, run_fault(mode))
+    # bluefog's shared memory (the rounds on one host) is a memfd: nothing named is left behind.
+    if os.path.isdir("/dev/shm"):
+        left = [n for n in set(os.listdir("/dev/shm")) - shm_before if "bluefog" in n]
+        assert not left, f"the killed job left shared memory behind: {left}"
+
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)

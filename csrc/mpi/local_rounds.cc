@@ -1,0 +1,160 @@
+#include "mpi/local_rounds.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <mpi.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <random>
+#include <string>
+
+#include "mpi/comm_handle.h"
+
+namespace bluefog {
+
+// At the start of the segment; the two rounds' slots follow, each `size` slots long (rounds
+// alternate between them, so a rank may fill the next round's slot while a slower rank still
+// reads this one's).
+struct LocalRounds::Header {
+  uint64_t token;                                // written by rank 0, checked by the others
+  alignas(64) std::atomic<uint32_t> arrived;     // ranks that have filled this round's slot
+  alignas(64) std::atomic<uint32_t> generation;  // rounds completed: the futex word
+  std::atomic<uint32_t> sleepers;                // ranks in (or entering) a futex wait
+};
+
+namespace {
+
+constexpr size_t kHeaderBytes = 192;
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "the futex word must be a plain lock-free 32-bit word");
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size, size_t slot_bytes,
+                                                 int spin_us, bool yield) {
+  static_assert(sizeof(Header) <= kHeaderBytes, "header too large");
+  const size_t bytes = kHeaderBytes + 2 * static_cast<size_t>(size) * slot_bytes;
+  // What rank 0 offers: where to find its segment, what identifies it (device and inode, so
+  // that no other file is ever mapped), and the token it wrote there. fd = -1: none.
+  struct Offer {
+    int64_t pid = 0, fd = -1;
+    uint64_t dev = 0, ino = 0, token = 0;
+  } offer;
+  void* base = MAP_FAILED;
+  int fd = -1;
+  if (rank == 0) {
+    fd = static_cast<int>(syscall(SYS_memfd_create, "bluefog-rounds", MFD_CLOEXEC));
+    struct stat st{};
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0 && fstat(fd, &st) == 0)
+      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base != MAP_FAILED) {
+      std::random_device entropy;
+      offer.token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+      static_cast<Header*>(base)->token = offer.token;
+      offer = {static_cast<int64_t>(getpid()), fd, static_cast<uint64_t>(st.st_dev),
+               static_cast<uint64_t>(st.st_ino), offer.token};
+    }
+  }
+  MPI_Bcast(&offer, sizeof(Offer), MPI_BYTE, 0, AsComm(comm));
+  int ok = offer.fd >= 0 ? 1 : 0;
+  if (rank != 0 && ok) {
+    ok = 0;
+    const std::string path =
+        "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
+    // O_NOFOLLOW does not apply to /proc's fd links; the device and inode check below does.
+    const int theirs = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st{};
+    if (theirs >= 0 && fstat(theirs, &st) == 0 && S_ISREG(st.st_mode) &&
+        static_cast<uint64_t>(st.st_dev) == offer.dev &&
+        static_cast<uint64_t>(st.st_ino) == offer.ino && static_cast<size_t>(st.st_size) == bytes) {
+      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, theirs, 0);
+      ok = base != MAP_FAILED && static_cast<Header*>(base)->token == offer.token;
+    }
+    if (theirs >= 0) close(theirs);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm));
+  if (fd >= 0) close(fd);  // every rank that could open it has; the mappings keep it alive
+  if (!ok) {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    return nullptr;
+  }
+  return std::unique_ptr<LocalRounds>(
+      new LocalRounds(base, bytes, rank, size, slot_bytes, spin_us, yield));
+}
+
+LocalRounds::LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes,
+                         int spin_us, bool yield)
+    : base_(base),
+      bytes_(bytes),
+      rank_(rank),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      spin_us_(spin_us),
+      yield_(yield) {}
+
+LocalRounds::~LocalRounds() { munmap(base_, bytes_); }
+
+char* LocalRounds::Slots(uint64_t parity) {
+  return static_cast<char*>(base_) + kHeaderBytes +
+         parity * static_cast<size_t>(size_) * slot_bytes_;
+}
+
+const char* LocalRounds::Exchange(const std::function<void()>& on_wait) {
+  Header* h = static_cast<Header*>(base_);
+  const uint64_t parity = round_ % 2;
+  const uint32_t round = static_cast<uint32_t>(round_++);
+  // The arrivals form one release sequence: the last rank to arrive sees every slot, and
+  // publishes them all with the new generation.
+  if (h->arrived.fetch_add(1, std::memory_order_acq_rel) == static_cast<uint32_t>(size_ - 1)) {
+    h->arrived.store(0, std::memory_order_relaxed);
+    h->generation.store(round + 1, std::memory_order_seq_cst);
+    if (h->sleepers.load(std::memory_order_seq_cst) > 0)
+      Futex(&h->generation, FUTEX_WAKE, INT_MAX, nullptr);
+    return Slots(parity);
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto spin = std::chrono::microseconds(spin_us_);
+  for (int i = 0; h->generation.load(std::memory_order_acquire) == round; ++i) {
+    if (yield_) {
+      if (Clock::now() - start >= spin) break;
+      sched_yield();
+      continue;
+    }
+    if ((i & 63) == 63 && Clock::now() - start >= spin) break;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // Then sleep until the last rank wakes us (a sleeper is counted before it checks the word,
+  // and the waker reads the count after changing it, so no wake is missed).
+  auto reported = start;
+  const timespec tick{0, 1000 * 1000};
+  while (h->generation.load(std::memory_order_acquire) == round) {
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (h->generation.load(std::memory_order_seq_cst) == round)
+      Futex(&h->generation, FUTEX_WAIT, round, &tick);
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    const auto now = Clock::now();
+    if (on_wait && now - start >= std::chrono::milliseconds(5) &&
+        now - reported >= std::chrono::milliseconds(1)) {
+      reported = now;
+      on_wait();
+    }
+  }
+  return Slots(parity);
+}
+
+}  // namespace bluefog

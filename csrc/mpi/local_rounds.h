@@ -1,0 +1,52 @@
+// Negotiation rounds among ranks that share one host, through a shared-memory segment instead of
+// MPI messages: each rank writes its slot, and the last to arrive wakes the others through a
+// futex, so a waiting rank sleeps in the kernel and leaves its core to the ranks still working
+// (what matters when ranks outnumber cores). See docs/design.md, "Rounds on one host".
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace bluefog {
+
+class LocalRounds {
+ public:
+  // Collective over `comm` (an MPI_Comm in an opaque word) whose `size` ranks share one host.
+  // Rank 0 makes an anonymous segment (memfd: no name, nothing left behind by a killed job) and
+  // the others open it through /proc; it is used only if every rank mapped it and found the
+  // token rank 0 wrote there, otherwise (a kernel that refuses, ranks in other PID namespaces)
+  // nullptr, on every rank alike. `slot_bytes` per rank and round; `spin_us`: how long a waiting
+  // rank polls before it sleeps, yielding its core between polls when `yield`.
+  static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes,
+                                             int spin_us, bool yield);
+  ~LocalRounds();
+  LocalRounds(const LocalRounds&) = delete;
+  LocalRounds& operator=(const LocalRounds&) = delete;
+
+  // This rank's slot of the next round, to fill before Exchange.
+  char* my_slot() { return Slots(round_ % 2) + static_cast<size_t>(rank_) * slot_bytes_; }
+  // Waits until every rank has filled its slot of this round and returns the `size` slots, in
+  // rank order, valid until the Exchange after next. `on_wait` runs about every millisecond
+  // after the first 5 ms of waiting.
+  const char* Exchange(const std::function<void()>& on_wait);
+
+ private:
+  struct Header;
+  LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes, int spin_us,
+              bool yield);
+  char* Slots(uint64_t parity);
+
+  void* base_;
+  size_t bytes_;
+  int rank_;
+  int size_;
+  size_t slot_bytes_;
+  int spin_us_;
+  bool yield_;
+  uint64_t round_ = 0;
+};
+
+}  // namespace bluefog
