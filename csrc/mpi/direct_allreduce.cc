@@ -94,8 +94,7 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
   const uint64_t mine[2] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out)};
-  Check(MPI_Allgather(mine, 2, MPI_UINT64_T, peer_buffers_.data(), 2, MPI_UINT64_T, AsComm(comm_)),
-        "MPI_Allgather");
+  SmallAllgather(mine, sizeof(mine), peer_buffers_.data());
   auto begin = [&](int k) { return count * k / n; };
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
   char* scratch = Scratch(chunk * elem);
@@ -140,8 +139,10 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
 // A barrier that also finds the lowest rank whose reads failed, if any; then every rank turns
 // the direct path off (later allreduces take the ring) and fails this allreduce.
 void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
-  int first = failure.empty() ? INT_MAX : rank_;
-  Check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
+  const int mine = failure.empty() ? INT_MAX : rank_;
+  std::vector<int> all(size_);
+  SmallAllgather(&mine, sizeof(mine), all.data());
+  const int first = *std::min_element(all.begin(), all.end());
   if (first == INT_MAX) return;
   direct_ok_ = false;
   const std::string what =

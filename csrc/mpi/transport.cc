@@ -269,6 +269,20 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
   return out;
 }
 
+void MpiTransport::SmallAllgather(const void* mine, size_t bytes, void* all) {
+  if (local_rounds_ && bytes <= kSlotBytes) {
+    std::memcpy(local_rounds_->my_slot(), mine, bytes);
+    const char* slots = local_rounds_->Exchange(nullptr);
+    for (int r = 0; r < size_; ++r)
+      std::memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes,
+                  slots + static_cast<size_t>(r) * kSlotBytes, bytes);
+    return;
+  }
+  Check(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes),
+                      MPI_BYTE, AsComm(comm_)),
+        "MPI_Allgather");
+}
+
 // Every rank's slot (length, then the first kSlotPayload bytes) into exchange_recv_, over MPI.
 void MpiTransport::ExchangeSlots(const std::string& mine, const std::function<void()>& on_wait) {
   const uint64_t total = mine.size();

@@ -146,6 +146,9 @@ class MpiTransport {
   std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
   void MakeLocalRounds();
   void ExchangeSlots(const std::string& mine, const std::function<void()>& on_wait);
+  // Every rank's `bytes` (the same on every rank) into `all`, in rank order: through the
+  // shared-memory rounds when there are some (the direct allreduce's syncs), else MPI.
+  void SmallAllgather(const void* mine, size_t bytes, void* all);
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<int> counts_;
