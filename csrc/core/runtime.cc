@@ -39,7 +39,7 @@ void YieldWhenOversubscribed(const Config& config) {
 // 1 ms, yielding its core between polls, so that whatever else could run there does (the
 // ranks it waits for when ranks outnumber cores, TensorFlow's threads in a training step)
 // and a peer about to arrive is caught without the cost of a wake-up. Measured at 4 ranks on
-// 2 cores (4-byte eager allreduce, 2 launches each): 110-195 us so, 205-255 us sleeping at
+// 2 cores (4-byte eager allreduce, 2 launches each): 132-195 us so, 205-255 us sleeping at
 // once, 185-305 us over MPI.
 void SetLocalRounds(const Config& config, MpiTransport* transport) {
   transport->set_local_rounds(config.local_rounds, 1000, true);
