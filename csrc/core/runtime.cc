@@ -35,16 +35,6 @@ void YieldWhenOversubscribed(const Config& config) {
   if (config.launcher_local_size > CPU_COUNT(&cpus)) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
 }
 
-// How a rank waiting in a round on one host polls before it sleeps on the futex: for up to
-// 1 ms, yielding its core between polls, so that whatever else could run there does (the
-// ranks it waits for when ranks outnumber cores, TensorFlow's threads in a training step)
-// and a peer about to arrive is caught without the cost of a wake-up. Measured at 4 ranks on
-// 2 cores (4-byte eager allreduce, 2 launches each): 132-195 us so, 205-255 us sleeping at
-// once, 185-305 us over MPI.
-void SetLocalRounds(const Config& config, MpiTransport* transport) {
-  transport->set_local_rounds(config.local_rounds, 1000, true);
-}
-
 }  // namespace
 
 Runtime& Runtime::Get() {
@@ -88,7 +78,7 @@ void Runtime::Shutdown() {
 void Runtime::Main(std::promise<void>* started) {
   try {
     YieldWhenOversubscribed(config_);
-    SetLocalRounds(config_, &transport_);
+    transport_.set_local_rounds(config_.local_rounds);
     info_ = transport_.Init();
     transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
     transport_.set_hierarchical(config_.hierarchical_allreduce);

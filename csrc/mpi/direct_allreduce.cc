@@ -140,9 +140,9 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
 // the direct path off (later allreduces take the ring) and fails this allreduce.
 void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
   const int mine = failure.empty() ? INT_MAX : rank_;
-  std::vector<int> all(size_);
-  SmallAllgather(&mine, sizeof(mine), all.data());
-  const int first = *std::min_element(all.begin(), all.end());
+  agree_.resize(size_);
+  SmallAllgather(&mine, sizeof(mine), agree_.data());
+  const int first = *std::min_element(agree_.begin(), agree_.end());
   if (first == INT_MAX) return;
   direct_ok_ = false;
   const std::string what =

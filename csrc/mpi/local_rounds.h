@@ -18,10 +18,8 @@ class LocalRounds {
   // Rank 0 makes an anonymous segment (memfd: no name, nothing left behind by a killed job) and
   // the others open it through /proc; it is used only if every rank mapped it and found the
   // token rank 0 wrote there, otherwise (a kernel that refuses, ranks in other PID namespaces)
-  // nullptr, on every rank alike. `slot_bytes` per rank and round; `spin_us`: how long a waiting
-  // rank polls before it sleeps, yielding its core between polls when `yield`.
-  static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes,
-                                             int spin_us, bool yield);
+  // nullptr, on every rank alike. `slot_bytes` per rank and round.
+  static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes);
   ~LocalRounds();
   LocalRounds(const LocalRounds&) = delete;
   LocalRounds& operator=(const LocalRounds&) = delete;
@@ -35,8 +33,7 @@ class LocalRounds {
 
  private:
   struct Header;
-  LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes, int spin_us,
-              bool yield);
+  LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes);
   char* Slots(uint64_t parity);
 
   void* base_;
@@ -44,8 +41,6 @@ class LocalRounds {
   int rank_;
   int size_;
   size_t slot_bytes_;
-  int spin_us_;
-  bool yield_;
   uint64_t round_ = 0;
 };
 

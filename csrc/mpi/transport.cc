@@ -1,13 +1,10 @@
 #include "mpi/transport.h"
 
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstring>
-#include <thread>
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
@@ -16,14 +13,8 @@
 namespace bluefog {
 namespace {
 
-// Fixed per-rank slot of the first exchange step: small messages need one collective only.
-constexpr int kSlotHeader = 8;
-constexpr int kSlotPayload = static_cast<int>(MpiTransport::kExchangeSlotBytes);
-constexpr int kSlotBytes = kSlotPayload + kSlotHeader;
 // Large transfers are split so each MPI count fits in an int.
 constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
-// How long a negotiation round's wait yields the core between tests before it starts sleeping.
-constexpr auto kYieldWindow = std::chrono::milliseconds(5);
 // The ring's reduce-scatter moves this much at a time, so the received chunk is still in cache
 // when it is summed. Measured here (2 MiB L2 per core) against whole segments and 512 KiB: up
 // to 1.2x faster at 16-64 MiB, equal below.
@@ -143,15 +134,9 @@ TransportInfo MpiTransport::Init() {
     Check(MPI_Comm_free(&AsComm(cross)), "MPI_Comm_free");
   }
 
-  if (size_ > 1 && info.local_size == size_) {
-    ProbeDirect();
-    MakeLocalRounds();
-  }
-
-  exchange_send_.assign(kSlotBytes, 0);
-  exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * size_, 0);
-  counts_.assign(size_, 0);
-  displs_.assign(size_, 0);
+  const bool one_host = size_ > 1 && info.local_size == size_;
+  if (one_host) ProbeDirect();
+  SetUpExchange(one_host);
   initialized_ = true;
   info.rank = rank_;
   info.size = size_;
@@ -178,13 +163,11 @@ std::unique_ptr<MpiTransport> MpiTransport::Adopt(void* comm) {
   Check(MPI_Comm_rank(AsComm(t->comm_), &t->rank_), "MPI_Comm_rank");
   Check(MPI_Comm_size(AsComm(t->comm_), &t->size_), "MPI_Comm_size");
   Check(MPI_Op_create(&BluefogReduce, 1, &AsOp(t->bluefog_op_)), "MPI_Op_create");
-  t->exchange_send_.assign(kSlotBytes, 0);
-  t->exchange_recv_.assign(static_cast<size_t>(kSlotBytes) * t->size_, 0);
-  t->counts_.assign(t->size_, 0);
-  t->displs_.assign(t->size_, 0);
   t->ring_threshold_bytes_ = ring_threshold_bytes_;
   t->direct_enabled_ = direct_enabled_;
-  // A process set whose ranks all share one host reads its peers' buffers directly too.
+  // A process set whose ranks all share one host reads its peers' buffers directly too, and
+  // negotiates through shared memory.
+  bool one_host = false;
   if (t->size_ > 1) {
     MPI_Comm shared;
     Check(MPI_Comm_split_type(AsComm(t->comm_), MPI_COMM_TYPE_SHARED, t->rank_, MPI_INFO_NULL,
@@ -193,22 +176,13 @@ std::unique_ptr<MpiTransport> MpiTransport::Adopt(void* comm) {
     int shared_size = 0;
     Check(MPI_Comm_size(shared, &shared_size), "MPI_Comm_size");
     MPI_Comm_free(&shared);
-    if (shared_size == t->size_) {
-      t->ProbeDirect();
-      t->local_rounds_enabled_ = local_rounds_enabled_;
-      t->local_rounds_spin_us_ = local_rounds_spin_us_;
-      t->local_rounds_yield_ = local_rounds_yield_;
-      t->MakeLocalRounds();
-    }
+    one_host = shared_size == t->size_;
+    if (one_host) t->ProbeDirect();
   }
+  t->local_rounds_enabled_ = local_rounds_enabled_;
+  t->SetUpExchange(one_host);
   t->initialized_ = true;
   return t;
-}
-
-void MpiTransport::MakeLocalRounds() {
-  if (local_rounds_enabled_)
-    local_rounds_ = LocalRounds::Create(comm_, rank_, size_, kSlotBytes, local_rounds_spin_us_,
-                                        local_rounds_yield_);
 }
 
 void MpiTransport::Shutdown() {
@@ -223,96 +197,6 @@ void MpiTransport::Shutdown() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
-  }
-}
-
-std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
-                                                   const std::function<void()>& on_wait) {
-  const uint64_t total = mine.size();
-  const char* slots = exchange_recv_.data();
-  if (local_rounds_) {
-    char* slot = local_rounds_->my_slot();
-    std::memcpy(slot, &total, sizeof(total));
-    std::memcpy(slot + kSlotHeader, mine.data(), std::min<size_t>(mine.size(), kSlotPayload));
-    slots = local_rounds_->Exchange(on_wait);
-  } else {
-    ExchangeSlots(mine, on_wait);
-  }
-
-  std::vector<std::string> out(size_);
-  bool overflow = false;
-  for (int r = 0; r < size_; ++r) {
-    const char* slot = slots + static_cast<size_t>(r) * kSlotBytes;
-    uint64_t len;
-    std::memcpy(&len, slot, sizeof(len));
-    out[r].assign(slot + kSlotHeader, std::min<uint64_t>(len, kSlotPayload));
-    out[r].resize(len);
-    counts_[r] = static_cast<int>(len > kSlotPayload ? len - kSlotPayload : 0);
-    overflow |= counts_[r] > 0;
-  }
-  if (!overflow) return out;
-
-  // Second step only when some rank had more to say than its slot holds.
-  int64_t recv_total = 0;
-  for (int r = 0; r < size_; ++r) {
-    displs_[r] = static_cast<int>(recv_total);
-    recv_total += counts_[r];
-  }
-  BF_ENFORCE(recv_total < INT_MAX, StatusCode::kInternal, "negotiation message too large");
-  std::vector<char> recv(recv_total);
-  const char* extra = mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr;
-  Check(MPI_Allgatherv(extra, counts_[rank_], MPI_BYTE, recv.data(), counts_.data(), displs_.data(),
-                       MPI_BYTE, AsComm(comm_)),
-        "MPI_Allgatherv");
-  for (int r = 0; r < size_; ++r)
-    if (counts_[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + displs_[r], counts_[r]);
-  return out;
-}
-
-void MpiTransport::SmallAllgather(const void* mine, size_t bytes, void* all) {
-  if (local_rounds_ && bytes <= kSlotBytes) {
-    std::memcpy(local_rounds_->my_slot(), mine, bytes);
-    const char* slots = local_rounds_->Exchange(nullptr);
-    for (int r = 0; r < size_; ++r)
-      std::memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes,
-                  slots + static_cast<size_t>(r) * kSlotBytes, bytes);
-    return;
-  }
-  Check(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes),
-                      MPI_BYTE, AsComm(comm_)),
-        "MPI_Allgather");
-}
-
-// Every rank's slot (length, then the first kSlotPayload bytes) into exchange_recv_, over MPI.
-void MpiTransport::ExchangeSlots(const std::string& mine, const std::function<void()>& on_wait) {
-  const uint64_t total = mine.size();
-  std::memcpy(exchange_send_.data(), &total, sizeof(total));
-  std::memcpy(exchange_send_.data() + kSlotHeader, mine.data(),
-              std::min<size_t>(mine.size(), kSlotPayload));
-
-  MPI_Request request;
-  Check(MPI_Iallgather(exchange_send_.data(), kSlotBytes, MPI_BYTE, exchange_recv_.data(),
-                       kSlotBytes, MPI_BYTE, AsComm(comm_), &request),
-        "MPI_Iallgather");
-  // Poll rather than block, so a stalled peer can be reported. A round completes only as its
-  // ranks make progress calls, so a rank asleep between tests holds up every other one: first
-  // spin, then test and yield the core for up to kYieldWindow (when ranks outnumber cores, the
-  // ones still to join get to run; measured at 4 ranks on 2 cores: 4-byte allreduce ~280 ->
-  // ~180 us), and only then sleep with a growing pause, so a long wait leaves the core idle.
-  int done = 0;
-  auto sleep_for = std::chrono::microseconds(50);
-  const auto start = std::chrono::steady_clock::now();
-  for (int spins = 0;; ++spins) {
-    Check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) break;
-    if (spins < 200) continue;
-    if (std::chrono::steady_clock::now() - start < kYieldWindow) {
-      sched_yield();
-      continue;
-    }
-    std::this_thread::sleep_for(sleep_for);
-    sleep_for = std::min(sleep_for * 2, std::chrono::microseconds(1000));
-    if (on_wait) on_wait();
   }
 }
 

@@ -37,13 +37,8 @@ class MpiTransport {
   // Initializes MPI unless the application already did, and duplicates COMM_WORLD.
   TransportInfo Init();
   // Before Init: whether ExchangeAll among ranks of one host goes through shared memory
-  // (LocalRounds) instead of MPI, for this transport and the process sets' made from it, and
-  // how a waiting rank polls there before it sleeps (LocalRounds::Create).
-  void set_local_rounds(bool enabled, int spin_us, bool yield) {
-    local_rounds_enabled_ = enabled;
-    local_rounds_spin_us_ = spin_us;
-    local_rounds_yield_ = yield;
-  }
+  // (LocalRounds) instead of MPI, for this transport and the process sets' made from it.
+  void set_local_rounds(bool enabled) { local_rounds_enabled_ = enabled; }
   bool local_rounds() const { return local_rounds_ != nullptr; }
   // The communicator itself (an MPI_Comm in an opaque word), for the window service to duplicate.
   void* raw_comm() const { return comm_; }
@@ -61,6 +56,7 @@ class MpiTransport {
   // kExchangeSlotBytes bytes per rank take one MPI_Iallgather of fixed slots; a rank with more
   // makes it a second collective (MPI_Allgatherv) for every rank.
   static constexpr size_t kExchangeSlotBytes = 1016;
+  static constexpr size_t kExchangeSlotHeader = 8;  // the message's length, before its bytes
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait);
   // Sum over all ranks, divided by `divisor` when it is above 1 (the average). Buffers of at
@@ -141,11 +137,11 @@ class MpiTransport {
   std::vector<int> local_displs_;
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   bool local_rounds_enabled_ = true;
-  int local_rounds_spin_us_ = 50;
-  bool local_rounds_yield_ = false;
   std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
-  void MakeLocalRounds();
-  void ExchangeSlots(const std::string& mine, const std::function<void()>& on_wait);
+  // The exchange's buffers, and its shared memory when `one_host` (exchange.cc).
+  void SetUpExchange(bool one_host);
+  // exchange_send_ from every rank into exchange_recv_, over MPI.
+  void ExchangeSlots(const std::function<void()>& on_wait);
   // Every rank's `bytes` (the same on every rank) into `all`, in rank order: through the
   // shared-memory rounds when there are some (the direct allreduce's syncs), else MPI.
   void SmallAllgather(const void* mine, size_t bytes, void* all);
@@ -166,6 +162,7 @@ class MpiTransport {
   int direct_fault_rank_for_testing_ = -1;
   uint64_t direct_token_ = 0;           // what peers read from this process to check they reach it
   std::vector<uint64_t> peer_buffers_;  // per rank: input address, output address
+  std::vector<int> agree_;              // AgreeDirect: each rank's first failed rank
 };
 
 }  // namespace bluefog
