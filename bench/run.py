@@ -116,10 +116,12 @@ def main() -> None:
         transport = os.path.join(ROOT, "build", "cpp", "transport_bench")
         if os.path.exists(transport):  # built by `make bench` (make cpp-build)
             rows = records(MPIRUN + ["-np", str(n), transport], 600)
-            print(f"\nThe ring alone, from C++ without TensorFlow or negotiation, {n} ranks "
-                  "(batches interleaved with MPI_Allreduce): "
-                  + "; ".join(f"{fmt_size(r['bytes'])} {fmt_time(r['ring_s'])} vs "
-                              f"{fmt_time(r['mpi_s'])} ({r['mpi_s'] / r['ring_s']:.2f}x)"
+            print(f"\nThe transport alone, from C++ without TensorFlow or negotiation, {n} ranks "
+                  "(batches interleaved with in-place MPI_Allreduce; MPI / bluefog): "
+                  + "; ".join(f"{fmt_size(r['bytes'])} MPI {fmt_time(r['mpi_s'])}, ring "
+                              f"{r['mpi_s'] / r['ring_s']:.2f}x, default "
+                              f"{r['mpi_s'] / r['default_s']:.2f}x, in place "
+                              f"{r['mpi_s'] / r['default_in_place_s']:.2f}x"
                               for r in rows))
         fused = by[("bf_function_100x1KiB", None)]
         eager100 = by[("bf_eager_100x1KiB", None)]

@@ -1,81 +1,113 @@
-// bluefog's large-buffer allreduce (MpiTransport::AllreduceSum: the chunked ring) against
+// bluefog's large-buffer allreduce (MpiTransport::AllreduceSum) by path, against
 // MPI_Allreduce, both from C++ on buffers allocated once, their batches interleaved repetition
-// by repetition so both see the same machine. No TensorFlow, no negotiation: this isolates the
-// algorithm from bluefog's per-call cost. Built by `make bench` (target transport_bench), run
-// by bench/run.py under mpirun; rank 0 prints one JSON line per size.
+// by repetition so all see the same machine. No TensorFlow, no negotiation: this isolates the
+// algorithms from bluefog's per-call cost. Built by `make bench` (target transport_bench), run
+// by bench/run.py under mpirun; rank 0 prints one JSON line per size with the median seconds
+// per call of each variant: the ring, the direct path (peers' memory through the kernel), the
+// staged path (through the rounds' shared segment) and the default (the staged path up to
+// 16 MiB, the direct one above), out of place and in place ("_in_place"), and raw in-place
+// MPI_Allreduce ("mpi_s").
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "mpi/transport.h"
+
+namespace {
+
+struct Variant {
+  const char* name;
+  bool direct, staged, in_place;
+};
+
+constexpr Variant kVariants[] = {
+    {"ring", false, false, false},          {"direct", true, false, false},
+    {"direct_in_place", true, false, true}, {"staged", false, true, false},
+    {"staged_in_place", false, true, true}, {"default", true, true, false},
+    {"default_in_place", true, true, true},
+};
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+
+}  // namespace
 
 int main() {
   bluefog::MpiTransport transport;
+  // The runtime's variables that shape the transport (BLUEFOG_LOCAL_ROUNDS,
+  // BLUEFOG_STAGED_ALLREDUCE), as the runtime applies them.
+  const bluefog::Config config = bluefog::Config::FromEnvironment();
+  transport.set_local_rounds(config.local_rounds);
+  transport.set_staged_allreduce_bytes(config.staged_allreduce_bytes);
   const bluefog::TransportInfo info = transport.Init();
   constexpr int kReps = 9;
   const bool direct_possible = transport.direct();
+  const bool staged_possible = transport.staged();
   for (long long bytes : {1LL << 20, 4LL << 20, 16LL << 20, 64LL << 20}) {
     const long long count = bytes / 4;
     // Every variant has buffers of its own: a batch runs slower on buffers another variant
     // touched last, so sharing would favour some pairs.
-    std::vector<float> in(count, static_cast<float>(info.rank + 1)), out(count, 0.0f);
-    std::vector<float> direct_in(in), direct_out(count, 0.0f);
-    std::vector<float> mpi_buf(count, 0.0f), in_place(count, 0.0f);
+    std::vector<std::vector<float>> ins, outs;
+    for (int v = 0; v < kNumVariants; ++v) {
+      ins.emplace_back(count, static_cast<float>(info.rank + 1));
+      outs.emplace_back(kVariants[v].in_place ? 0 : count, 0.0f);
+    }
+    std::vector<float> mpi_buf(count, 0.0f);
     const int iters = static_cast<int>(std::clamp(200e6 / bytes, 3.0, 200.0));
-    std::vector<double> ring, mpi, direct, direct_in_place;
+    std::vector<std::vector<double>> times(kNumVariants + 1);
     for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up all
       // A fresh order each repetition (the same on every rank): a batch runs slower after
       // some others (their dirty buffers in cache), so no variant always follows the same one.
-      std::vector<int> order = {0, 1, 2, 3};
+      std::vector<int> order(kNumVariants + 1);
+      for (int v = 0; v <= kNumVariants; ++v) order[v] = v;
       std::shuffle(order.begin(), order.end(), std::mt19937(rep));
       for (int which : order) {
         MPI_Barrier(MPI_COMM_WORLD);
-        transport.set_direct(which == 1 || which == 2);
         const double t0 = MPI_Wtime();
-        for (int i = 0; i < iters; ++i) {
-          if (which == 0) {
-            transport.AllreduceSum(in.data(), out.data(), count, bluefog::DataType::kFloat32);
-          } else if (which == 1) {
-            transport.AllreduceSum(direct_in.data(), direct_out.data(), count,
-                                   bluefog::DataType::kFloat32);
-          } else if (which == 2) {
-            transport.AllreduceSum(in_place.data(), in_place.data(), count,
-                                   bluefog::DataType::kFloat32);
-          } else {
-            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                          MPI_COMM_WORLD);
-          }
+        if (which == kNumVariants) {
+          for (int i = 0; i < iters; ++i)
+            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT,
+                          MPI_SUM, MPI_COMM_WORLD);
+        } else {
+          const Variant& v = kVariants[which];
+          transport.set_direct(v.direct);
+          transport.set_staged(v.staged);
+          float* in = ins[which].data();
+          float* out = v.in_place ? in : outs[which].data();
+          for (int i = 0; i < iters; ++i)
+            transport.AllreduceSum(in, out, count, bluefog::DataType::kFloat32);
         }
         double t = (MPI_Wtime() - t0) / iters;
         MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (rep > 0)
-          (which == 0   ? ring
-           : which == 1 ? direct
-           : which == 2 ? direct_in_place
-                        : mpi)
-              .push_back(t);
+        if (rep > 0) times[which].push_back(t);
       }
     }
     const float want = info.size * (info.size + 1) / 2.0f;
-    if (out[count / 3] != want || out[count - 1] != want || direct_out[count / 3] != want ||
-        direct_out[count - 1] != want || direct_out[0] != want) {
-      std::fprintf(stderr, "rank %d: wrong sum at %lld bytes\n", info.rank, bytes);
-      return 1;
+    for (int v = 0; v < kNumVariants; ++v) {
+      if (kVariants[v].in_place) continue;  // summed again on every call
+      const std::vector<float>& out = outs[v];
+      if (out[0] != want || out[count / 3] != want || out[count - 1] != want) {
+        std::fprintf(stderr, "rank %d: wrong sum at %lld bytes (%s)\n", info.rank, bytes,
+                     kVariants[v].name);
+        return 1;
+      }
     }
-    std::sort(ring.begin(), ring.end());
-    std::sort(mpi.begin(), mpi.end());
-    std::sort(direct.begin(), direct.end());
-    std::sort(direct_in_place.begin(), direct_in_place.end());
-    if (info.rank == 0)
-      std::printf(
-          "{\"impl\":\"transport\",\"ranks\":%d,\"bytes\":%lld,\"ring_s\":%.9g,"
-          "\"direct_s\":%.9g,\"direct_in_place_s\":%.9g,\"mpi_s\":%.9g,\"direct\":%s}\n",
-          info.size, bytes, ring[kReps / 2], direct[kReps / 2], direct_in_place[kReps / 2],
-          mpi[kReps / 2], direct_possible ? "true" : "false");
+    if (info.rank != 0) continue;
+    std::string line = "{\"impl\":\"transport\",\"ranks\":" + std::to_string(info.size) +
+                       ",\"bytes\":" + std::to_string(bytes);
+    for (int v = 0; v <= kNumVariants; ++v) {
+      std::sort(times[v].begin(), times[v].end());
+      char field[96];
+      std::snprintf(field, sizeof(field), ",\"%s_s\":%.9g",
+                    v == kNumVariants ? "mpi" : kVariants[v].name, times[v][kReps / 2]);
+      line += field;
+    }
+    line += std::string(",\"direct\":") + (direct_possible ? "true" : "false") +
+            ",\"staged\":" + (staged_possible ? "true" : "false") + "}";
+    std::printf("%s\n", line.c_str());
   }
   transport.Shutdown();
   return 0;

@@ -61,6 +61,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.direct_allreduce = ParseBool("BLUEFOG_DIRECT_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_LOCAL_ROUNDS"))
     config.local_rounds = ParseBool("BLUEFOG_LOCAL_ROUNDS", v);
+  if (const char* v = lookup("BLUEFOG_STAGED_ALLREDUCE"))
+    config.staged_allreduce_bytes = ParseBytes("BLUEFOG_STAGED_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
   if (const char* v = lookup("BLUEFOG_INLINE_THRESHOLD"))

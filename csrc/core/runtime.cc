@@ -79,6 +79,7 @@ void Runtime::Main(std::promise<void>* started) {
   try {
     YieldWhenOversubscribed(config_);
     transport_.set_local_rounds(config_.local_rounds);
+    transport_.set_staged_allreduce_bytes(config_.staged_allreduce_bytes);
     info_ = transport_.Init();
     transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
     transport_.set_hierarchical(config_.hierarchical_allreduce);
@@ -104,7 +105,8 @@ void Runtime::Main(std::promise<void>* started) {
   started->set_value();
   BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size,
          ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off",
-         ", direct allreduce ", transport_.direct() ? "on" : "off", ", rounds through ",
+         ", direct allreduce ", transport_.direct() ? "on" : "off", ", staged allreduce ",
+         transport_.staged() ? "on" : "off", ", rounds through ",
          transport_.local_rounds() ? "shared memory" : "MPI");
 
   bool clean = world_->Run();

@@ -40,6 +40,7 @@ class Runtime {
   bool direct_allreduce() const { return transport_.direct(); }
   // Whether the global channel's negotiation rounds go through shared memory (one host).
   bool local_rounds() const { return transport_.local_rounds(); }
+  bool staged_allreduce() const { return transport_.staged(); }
   // Requests of every rank's channel completed from the bytes sent in a negotiation round
   // (Executor::CompleteInline) so far; for tests.
   size_t completed_inline() const { return world_ ? world_->completed_inline() : 0; }

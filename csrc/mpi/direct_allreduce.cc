@@ -43,6 +43,22 @@ std::string ReadPeer(int pid, uint64_t remote, void* local, int64_t bytes) {
   return "";
 }
 
+// Copies `bytes` at `local` into `remote` in process `pid`, the way ReadPeer reads.
+std::string WritePeer(int pid, uint64_t remote, const void* local, int64_t bytes) {
+  const char* from_bytes = static_cast<const char*>(local);
+  while (bytes > 0) {
+    iovec from{const_cast<char*>(from_bytes), static_cast<size_t>(bytes)};
+    iovec to{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
+    const ssize_t put = process_vm_writev(pid, &from, 1, &to, 1, 0);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return put < 0 ? std::strerror(errno) : "no progress";
+    from_bytes += put;
+    remote += static_cast<uint64_t>(put);
+    bytes -= put;
+  }
+  return "";
+}
+
 }  // namespace
 
 // Every rank tries to read a known value from every other; the direct path is on only if all
@@ -72,8 +88,10 @@ void MpiTransport::ProbeDirect() {
     peer_pids_[r] = static_cast<int>(all[r].pid);
     if (r == rank_) continue;
     uint64_t value = 0;
+    // Writing the value back (unchanged) checks that the kernel lets this rank write there too.
     if (!ReadPeer(peer_pids_[r], all[r].address, &value, sizeof(value)).empty() ||
-        value != all[r].token || all[r].token == direct_token_)
+        value != all[r].token || all[r].token == direct_token_ ||
+        !WritePeer(peer_pids_[r], all[r].address, &value, sizeof(value)).empty())
       ok = 0;
   }
   Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
@@ -82,13 +100,16 @@ void MpiTransport::ProbeDirect() {
 }
 
 // All ranks on one host. Rank r owns segment r: it reads segment r of every peer's input
-// straight from the peer's memory (a scratch chunk at a time, summed while in cache) and
-// writes the reduced segment into its output once; after a barrier it copies every other
-// segment from the peer that owns it straight into its output; a last barrier keeps each
-// buffer alive until no peer reads it. Per rank that reads S + (n-1)S/n bytes and writes S,
-// the minimum, where the ring forwards partial sums (S + (2n-3)S/n reads). Each segment is
-// reduced by one rank only, so every rank gets the same bits. In place is safe: in the first
-// phase a rank writes only its own segment, which no peer reads until after the barrier.
+// straight from the peer's memory (a scratch chunk at a time, summed while in cache), writes
+// the reduced chunk into its own output and, while that chunk is still in cache, into every
+// peer's output (process_vm_writev); one last sync tells every rank that its output is
+// complete and that no peer reads its input any more. Per rank that reads S bytes in main
+// memory (its own segment, the peers' share of theirs) and writes S (its segment, pushed into
+// n - 1 outputs), where pulling the other segments after a barrier (as this did until
+// 2026-12-01) read them once more: S + (n-1)S/n, and the ring forwards partial sums.
+// Each segment is reduced by one rank only, so every rank gets the same bits. In place is
+// safe: segment r of every buffer is read and written by rank r only, each chunk read from
+// every peer before it is written back.
 void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                    ReduceOp op, int64_t divisor) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
@@ -102,19 +123,22 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
   char* dst = static_cast<char*>(out);
   const int64_t end = begin(rank_ + 1);
   std::string failure;
-  int failed_peer = -1;
-  auto read = [&](int peer, uint64_t remote, char* local, int64_t bytes) {
+  // A read from (or write into) a peer's memory; on failure `failure` says which and why.
+  auto reach = [&](bool write, int peer, uint64_t remote, char* local, int64_t bytes) {
     if (peer == direct_fault_rank_for_testing_ && rank_ != peer) remote = 0;
-    failure = ReadPeer(peer_pids_[peer], remote, local, bytes);
-    if (!failure.empty()) failed_peer = peer;
-    return failure.empty();
+    const std::string error = write ? WritePeer(peer_pids_[peer], remote, local, bytes)
+                                    : ReadPeer(peer_pids_[peer], remote, local, bytes);
+    if (error.empty()) return true;
+    failure = Concat(write ? "write into" : "read", " the buffer of rank ", peer, " (process ",
+                     peer_pids_[peer], "): ", error);
+    return false;
   };
   for (int64_t lo = begin(rank_); lo < end && failure.empty(); lo += chunk) {
     const int64_t m = std::min(chunk, end - lo);
     const int64_t offset = lo * elem;
-    for (int k = 1; k < n; ++k) {
+    for (int k = 1; k < n && failure.empty(); ++k) {
       const int peer = (rank_ + k) % n;
-      if (!read(peer, peer_buffers_[2 * peer] + offset, scratch, m * elem)) break;
+      if (!reach(false, peer, peer_buffers_[2 * peer] + offset, scratch, m * elem)) break;
       const char* acc = k == 1 ? src + offset : dst + offset;
       if (op == ReduceOp::kSum) {
         SumOf(dst + offset, acc, scratch, m, dtype, k == n - 1 ? divisor : 1);
@@ -122,23 +146,19 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
         ReduceOf(dst + offset, acc, scratch, m, dtype, op);
       }
     }
+    // Pushed while still in cache: the peers' copies of this chunk cost no second read of it.
+    for (int k = 1; k < n && failure.empty(); ++k) {
+      const int peer = (rank_ + k) % n;
+      reach(true, peer, peer_buffers_[2 * peer + 1] + offset, dst + offset, m * elem);
+    }
   }
-  // Each sync is also the agreement that every read so far succeeded: no rank copies a
-  // segment that was not reduced, and every rank reports a failure instead of waiting.
-  AgreeDirect(failure, failed_peer);
-  for (int k = 1; k < n; ++k) {
-    const int peer = (rank_ + k) % n;
-    const int64_t offset = begin(peer) * elem;
-    if (!read(peer, peer_buffers_[2 * peer + 1] + offset, dst + offset,
-              (begin(peer + 1) - begin(peer)) * elem))
-      break;
-  }
-  AgreeDirect(failure, failed_peer);
+  // One sync: every rank's segments are in every output and no peer reads any input still.
+  AgreeDirect(failure);
 }
 
-// A barrier that also finds the lowest rank whose reads failed, if any; then every rank turns
+// A barrier that also finds the lowest rank whose reads or writes failed, if any; then every rank turns
 // the direct path off (later allreduces take the ring) and fails this allreduce.
-void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
+void MpiTransport::AgreeDirect(const std::string& failure) {
   const int mine = failure.empty() ? INT_MAX : rank_;
   agree_.resize(size_);
   SmallAllgather(&mine, sizeof(mine), agree_.data());
@@ -147,9 +167,8 @@ void MpiTransport::AgreeDirect(const std::string& failure, int failed_peer) {
   direct_ok_ = false;
   const std::string what =
       first == rank_
-          ? Concat("rank ", rank_, " could not read the buffer of rank ", failed_peer, " (process ",
-                   peer_pids_[failed_peer], "): ", failure)
-          : Concat("rank ", first, " could not read a peer's buffer (its error says why)");
+          ? Concat("rank ", rank_, " could not ", failure)
+          : Concat("rank ", first, " could not reach a peer's buffer (its error says why)");
   throw BluefogError(StatusCode::kInternal,
                      Concat("direct allreduce failed: ", what,
                             "; later allreduces pass messages instead (set "

@@ -39,7 +39,8 @@ void MpiTransport::SetUpExchange(bool one_host) {
   counts_.assign(size_, 0);
   displs_.assign(size_, 0);
   if (one_host && local_rounds_enabled_)
-    local_rounds_ = LocalRounds::Create(comm_, rank_, size_, kSlotBytes);
+    local_rounds_ = LocalRounds::Create(comm_, rank_, size_, kSlotBytes,
+                                        static_cast<size_t>(std::max<int64_t>(staged_bytes_, 0)));
 }
 
 std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -43,10 +44,21 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 
 }  // namespace
 
+namespace {
+
+// Where the data areas start: after the header and both rounds' slots, on a page boundary.
+size_t DataOffset(int size, size_t slot_bytes) {
+  const size_t end = kHeaderBytes + 2 * static_cast<size_t>(size) * slot_bytes;
+  return (end + 4095) / 4096 * 4096;
+}
+
+}  // namespace
+
 std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
-                                                 size_t slot_bytes) {
+                                                 size_t slot_bytes, size_t data_bytes) {
   static_assert(sizeof(Header) <= kHeaderBytes, "header too large");
-  const size_t bytes = kHeaderBytes + 2 * static_cast<size_t>(size) * slot_bytes;
+  data_bytes = (data_bytes + 63) / 64 * 64;  // every area starts on a cache line
+  const size_t bytes = DataOffset(size, slot_bytes) + static_cast<size_t>(size) * data_bytes;
   // What rank 0 offers: where to find its segment, what identifies it (device and inode, so
   // that no other file is ever mapped), and the token it wrote there. fd = -1: none.
   struct Offer {
@@ -91,11 +103,21 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
     if (base != MAP_FAILED) munmap(base, bytes);
     return nullptr;
   }
-  return std::unique_ptr<LocalRounds>(new LocalRounds(base, bytes, rank, size, slot_bytes));
+  std::unique_ptr<LocalRounds> rounds(
+      new LocalRounds(base, bytes, rank, size, slot_bytes, data_bytes));
+  std::memset(rounds->data(rank), 0, data_bytes);
+  return rounds;
 }
 
-LocalRounds::LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes)
-    : base_(base), bytes_(bytes), rank_(rank), size_(size), slot_bytes_(slot_bytes) {}
+LocalRounds::LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes,
+                         size_t data_bytes)
+    : base_(base),
+      bytes_(bytes),
+      rank_(rank),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      data_bytes_(data_bytes),
+      data_offset_(DataOffset(size, slot_bytes)) {}
 
 LocalRounds::~LocalRounds() { munmap(base_, bytes_); }
 

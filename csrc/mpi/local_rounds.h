@@ -18,8 +18,11 @@ class LocalRounds {
   // Rank 0 makes an anonymous segment (memfd: no name, nothing left behind by a killed job) and
   // the others open it through /proc; it is used only if every rank mapped it and found the
   // token rank 0 wrote there, otherwise (a kernel that refuses, ranks in other PID namespaces)
-  // nullptr, on every rank alike. `slot_bytes` per rank and round.
-  static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes);
+  // nullptr, on every rank alike. `slot_bytes` per rank and round; `data_bytes` in each rank's
+  // data area (the staged allreduce's; 0: none), touched by its owner here so that no call
+  // takes its page faults.
+  static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes,
+                                             size_t data_bytes = 0);
   ~LocalRounds();
   LocalRounds(const LocalRounds&) = delete;
   LocalRounds& operator=(const LocalRounds&) = delete;
@@ -31,9 +34,15 @@ class LocalRounds {
   // after the first 5 ms of waiting.
   const char* Exchange(const std::function<void()>& on_wait);
 
+  // Rank `rank`'s data area, data_bytes() long, shared by every rank.
+  char* data(int rank) {
+    return static_cast<char*>(base_) + data_offset_ + static_cast<size_t>(rank) * data_bytes_;
+  }
+  size_t data_bytes() const { return data_bytes_; }
+
  private:
   struct Header;
-  LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes);
+  LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes, size_t data_bytes);
   char* Slots(uint64_t parity);
 
   void* base_;
@@ -41,6 +50,8 @@ class LocalRounds {
   int rank_;
   int size_;
   size_t slot_bytes_;
+  size_t data_bytes_;
+  size_t data_offset_;
   uint64_t round_ = 0;
 };
 

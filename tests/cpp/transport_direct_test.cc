@@ -30,26 +30,54 @@ std::vector<float> Input(int64_t count) {
   return in;
 }
 
-TEST(TransportDirect, OnWithinOneHost) { EXPECT_EQ(transport->direct(), info.size > 1); }
-
-TEST(TransportDirect, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
-  for (int64_t count : {int64_t{1} << 18, (int64_t{1} << 20) + 2 * info.size + 1}) {
-    std::vector<float> in = Input(count), out(count, -1.0f), buf = Input(count);
-    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
-    transport->AllreduceSum(buf.data(), buf.data(), count, DataType::kFloat32);
-    for (int64_t i = 0; i < count; ++i) {
-      ASSERT_EQ(out[i], Expected(i)) << count << " " << i;
-      ASSERT_EQ(buf[i], Expected(i)) << count << " " << i;
-    }
-    EXPECT_EQ(in, Input(count));  // out of place leaves the input alone
-  }
+TEST(TransportDirect, OnWithinOneHost) {
+  EXPECT_EQ(transport->direct(), info.size > 1);
+  EXPECT_EQ(transport->staged(), info.size > 1);
 }
 
-// A rank whose reads fail (here: a bad address) fails the allreduce on every rank, naming
+// Both paths (the staged one through the shared segment, on in this test, and the direct one):
+// one step and several (the segment holds 1 MiB per rank, so 4 MiB + 7 floats take five steps
+// alternating between the two area sets, the last one shorter than n segments of equal size).
+TEST(TransportDirect, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
+  for (bool staged : {true, false}) {
+    transport->set_staged(staged);
+    for (int64_t count : {int64_t{1} << 18, (int64_t{1} << 20) + 2 * info.size + 1}) {
+      std::vector<float> in = Input(count), out(count, -1.0f), buf = Input(count);
+      transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+      transport->AllreduceSum(buf.data(), buf.data(), count, DataType::kFloat32);
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[i], Expected(i)) << staged << " " << count << " " << i;
+        ASSERT_EQ(buf[i], Expected(i)) << staged << " " << count << " " << i;
+      }
+      EXPECT_EQ(in, Input(count)) << staged;  // out of place leaves the input alone
+    }
+  }
+  transport->set_staged(true);
+}
+
+// The staged path's other reductions and its average: the max over ranks of (i % 17 + r) and
+// the truncated integer mean of (i % 5) * 3 + r, over a buffer of several steps.
+TEST(TransportDirect, StagedMaxAndIntegerAverage) {
+  ASSERT_TRUE(transport->staged());
+  const int n = info.size;
+  const int64_t count = (int64_t{1} << 19) + 3;
+  std::vector<float> in = Input(count), out(count, 0.0f);
+  transport->Allreduce(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kMax, 1);
+  for (int64_t i = 0; i < count; ++i)
+    ASSERT_EQ(out[i], static_cast<float>(i % 17 + n - 1)) << i;
+  std::vector<int32_t> ints(count);
+  for (int64_t i = 0; i < count; ++i) ints[i] = static_cast<int32_t>((i % 5) * 3 + info.rank);
+  transport->Allreduce(ints.data(), ints.data(), count, DataType::kInt32, ReduceOp::kSum, n);
+  for (int64_t i = 0; i < count; ++i)
+    ASSERT_EQ(ints[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n)) << i;
+}
+
+// A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every rank, naming
 // itself, without hanging; the transport then passes messages, with the same results.
 TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
   const int64_t count = int64_t{1} << 19;
   std::vector<float> in = Input(count), out(count, 0.0f);
+  transport->set_staged(false);
   transport->set_direct_fault_for_testing(1);
   std::string error;
   try {
@@ -74,6 +102,7 @@ TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   bluefog::MpiTransport t;
+  t.set_staged_allreduce_bytes(int64_t{1} << 20);  // the staged path is off by default
   bluefog::transport = &t;
   bluefog::info = t.Init();
   // Only rank 0 prints the per-test lines.

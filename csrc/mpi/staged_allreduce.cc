@@ -1,0 +1,77 @@
+// The staged allreduce among ranks of one host: through data areas in the rounds' shared-memory
+// segment (LocalRounds), with plain loads and stores. MpiTransport::StagedAllreduce; see
+// docs/design.md, "Staged allreduce within one host".
+#include <algorithm>
+#include <cstring>
+
+#include "core/reduce_kernels.h"
+#include "mpi/transport.h"
+
+namespace bluefog {
+namespace {
+
+// The reduced part is written to the output and published this much at a time, so the second
+// write reads it from cache.
+constexpr int64_t kPublishBytes = int64_t{64} << 10;
+
+}  // namespace
+
+// The buffer goes in steps of at most data_bytes(); each step's elements are split into n
+// segments, segment r being rank r's. A step:
+//  1. a sync (a shared-memory round): every rank is done with the areas' previous step;
+//  2. every rank copies its input's segments s != r into its own area, at their offsets;
+//  3. a sync;
+//  4. rank r sums its own input's segment r with segment r of every peer's area into its output
+//     and copies the result into segment r of its own area;
+//  5. a sync;
+//  6. rank r copies segment s of rank s's area into its output, for every s != r.
+// No sync after the last step: no peer ever touches this rank's own buffers, and the next step
+// (of this call or a later one) starts with one. Per rank that reads its input once and writes
+// its output once in main memory, and the areas (n data_bytes() in all, one set: a second set
+// would save the first sync but double what must stay in cache) are written once and read once.
+// Each segment is reduced by one rank only, so every rank gets the same bits; in place is safe,
+// as a rank overwrites a segment of its buffer only after copying it in.
+void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                   ReduceOp op, int64_t divisor) {
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  const int n = size_;
+  const int64_t step = std::max<int64_t>(
+      n, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
+  const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (int64_t lo = 0; lo < count; lo += step) {
+    const int64_t m = std::min(step, count - lo);
+    auto begin = [&](int k) { return m * k / n; };
+    char* mine = local_rounds_->data(rank_);
+    local_rounds_->Exchange(nullptr);
+    for (int k = 1; k < n; ++k) {
+      const int s = (rank_ + k) % n;
+      std::memcpy(mine + begin(s) * elem, src + (lo + begin(s)) * elem,
+                  static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
+    }
+    local_rounds_->Exchange(nullptr);
+    for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
+      const int64_t len = std::min(publish, begin(rank_ + 1) - i);
+      char* d = dst + (lo + i) * elem;
+      for (int k = 1; k < n; ++k) {
+        const char* theirs = local_rounds_->data((rank_ + k) % n) + i * elem;
+        const char* acc = k == 1 ? src + (lo + i) * elem : d;
+        if (op == ReduceOp::kSum) {
+          SumOf(d, acc, theirs, len, dtype, k == n - 1 ? divisor : 1);
+        } else {
+          ReduceOf(d, acc, theirs, len, dtype, op);
+        }
+      }
+      std::memcpy(mine + i * elem, d, static_cast<size_t>(len * elem));
+    }
+    local_rounds_->Exchange(nullptr);
+    for (int k = 1; k < n; ++k) {
+      const int s = (rank_ + k) % n;
+      std::memcpy(dst + (lo + begin(s)) * elem, local_rounds_->data(s) + begin(s) * elem,
+                  static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
+    }
+  }
+}
+
+}  // namespace bluefog
