@@ -4,8 +4,8 @@
 // algorithms from bluefog's per-call cost. Built by `make bench` (target transport_bench), run
 // by bench/run.py under mpirun; rank 0 prints one JSON line per size with the median seconds
 // per call of each variant: the ring, the direct path (peers' memory through the kernel), the
-// staged path (through the rounds' shared segment) and the default (the staged path up to
-// 16 MiB, the direct one above), out of place and in place ("_in_place"), and raw in-place
+// staged path (through the rounds' shared segment) and the default (whichever of the two
+// measured faster on the size's first calls, up to 16 MiB; the direct one above), out of place and in place ("_in_place"), and raw in-place
 // MPI_Allreduce ("mpi_s").
 #include <mpi.h>
 

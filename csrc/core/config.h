@@ -22,12 +22,12 @@ struct Config {
   // Negotiation rounds among ranks of one host go through a shared-memory segment, a waiting
   // rank sleeping on a futex until the last one arrives; false: MPI_Iallgather.
   bool local_rounds = true;
-  // With a value > 0, large allreduces (up to 16 MiB, or all when the direct path is off) among
-  // ranks of one host whose rounds go through shared memory are staged through data areas of
-  // that segment, this many bytes of a call at a time (each rank's area: ranks x this in all).
-  // 0 (the default): the direct path. Off by default because it lost to the direct path by up
-  // to 3x in the VM's slow memory state (docs/benchmarks.md).
-  int64_t staged_allreduce_bytes = 0;
+  // Large allreduces (up to 16 MiB) among ranks of one host whose rounds go through shared
+  // memory may be staged through data areas of that segment, this many bytes of a call at a
+  // time (each rank's area: ranks x this in all): each size class takes whichever of that and
+  // the direct path measured faster on its first calls (every size when the direct path is
+  // off). 0: the direct path only.
+  int64_t staged_allreduce_bytes = 1024 * 1024;
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;

@@ -83,17 +83,20 @@ class MpiTransport {
   // at Init (the same size threshold as the ring); `enabled` false keeps the ring.
   void set_direct(bool enabled) { direct_enabled_ = enabled; }
   bool direct() const { return direct_enabled_ && direct_ok_; }
-  // Large allreduces (up to 16 MiB; all sizes when the direct path is off) among ranks that
-  // share one host go through data areas in the rounds' shared-memory segment (staged: each
-  // rank copies in what its peers reduce and copies out what they reduced), `bytes` of each
-  // call at a time, when the rounds go through shared memory; 0 leaves them to the direct path.
-  // Before Init, like set_local_rounds.
+  // Large allreduces among ranks that share one host may go through data areas in the rounds'
+  // shared-memory segment (staged: each rank copies in what its peers reduce and copies out
+  // what they reduced), `bytes` of each call at a time, when the rounds go through shared
+  // memory: up to 16 MiB, whichever of it and the direct path measured faster for the size
+  // (every size when the direct path is off); 0 leaves them to the direct path. Before Init.
   void set_staged_allreduce_bytes(int64_t bytes) { staged_bytes_ = bytes; }
   // Switches the staged path off and on after Init (benchmarks compare it with the direct one).
   void set_staged(bool enabled) { staged_enabled_ = enabled; }
   bool staged() const {
     return staged_enabled_ && local_rounds_ != nullptr && local_rounds_->data_bytes() > 0;
   }
+  // When both one-host paths are on, which one allreduces of `bytes` (their power-of-two size
+  // class) take: 0 staged, 1 direct, -1 not decided yet (still timing both).
+  int local_choice(int64_t bytes) const;
   // Tests only: reads from `rank` fail (a bad address), as a kernel refusing them would.
   void set_direct_fault_for_testing(int rank) { direct_fault_rank_for_testing_ = rank; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
@@ -129,6 +132,10 @@ class MpiTransport {
                        int64_t divisor);
   void StagedAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                        int64_t divisor);
+  // The staged or the direct path, whichever measured faster for this size (transport.cc).
+  void ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                            int64_t divisor);
+  static int SizeClass(int64_t bytes);  // floor(log2(bytes))
   // Whether every rank of this (single-host) communicator can read every other's memory.
   void ProbeDirect();
   void AgreeDirect(const std::string& failure);
@@ -151,8 +158,17 @@ class MpiTransport {
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   bool local_rounds_enabled_ = true;
   std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
-  int64_t staged_bytes_ = 0;                    // see set_staged_allreduce_bytes
+  int64_t staged_bytes_ = int64_t{1} << 20;     // see set_staged_allreduce_bytes
   bool staged_enabled_ = true;
+  static constexpr int kLocalBlock = 8;  // calls of one one-host path in a row while choosing
+  static constexpr int kLocalWarm = 3;   // of which untimed
+  static constexpr int kLocalTrials = 2 * (kLocalBlock - kLocalWarm);  // timed calls of each
+  struct LocalChoice {
+    int trials = 0;
+    int pick = -1;
+    double seconds[2][kLocalTrials] = {};
+  };
+  LocalChoice local_choice_[64];  // by power-of-two size class
   // The exchange's buffers, and its shared memory when `one_host` (exchange.cc).
   void SetUpExchange(bool one_host);
   // exchange_send_ from every rank into exchange_recv_, over MPI.

@@ -48,7 +48,8 @@ TEST(Config, HierarchicalAllreduceSwitch) {
   EXPECT_THROW(FromMap({{"BLUEFOG_HIERARCHICAL_ALLREDUCE", "maybe"}}), BluefogError);
   EXPECT_FALSE(FromMap({{"BLUEFOG_DIRECT_ALLREDUCE", "0"}}).direct_allreduce);
   EXPECT_THROW(FromMap({{"BLUEFOG_DIRECT_ALLREDUCE", "sometimes"}}), BluefogError);
-  EXPECT_EQ(FromMap({}).staged_allreduce_bytes, 0);
+  EXPECT_EQ(FromMap({}).staged_allreduce_bytes, 1048576);
+  EXPECT_EQ(FromMap({{"BLUEFOG_STAGED_ALLREDUCE", "0"}}).staged_allreduce_bytes, 0);
   EXPECT_EQ(FromMap({{"BLUEFOG_STAGED_ALLREDUCE", "1048576"}}).staged_allreduce_bytes, 1048576);
   EXPECT_THROW(FromMap({{"BLUEFOG_STAGED_ALLREDUCE", "1M"}}), BluefogError);
 }

@@ -35,7 +35,7 @@ TEST(TransportDirect, OnWithinOneHost) {
   EXPECT_EQ(transport->staged(), info.size > 1);
 }
 
-// Both paths (the staged one through the shared segment, on in this test, and the direct one):
+// Both paths (the staged one through the shared segment, and the direct one):
 // one step and several (the segment holds 1 MiB per rank, so 4 MiB + 7 floats take five steps
 // alternating between the two area sets, the last one shorter than n segments of equal size).
 TEST(TransportDirect, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
@@ -72,6 +72,27 @@ TEST(TransportDirect, StagedMaxAndIntegerAverage) {
     ASSERT_EQ(ints[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n)) << i;
 }
 
+// With both paths on, a size class's first 32 calls time both in turns (exact all along);
+// then every rank has chosen the same one.
+TEST(TransportDirect, EveryRankChoosesTheSamePath) {
+  ASSERT_TRUE(transport->staged() && transport->direct());
+  const int64_t count = (int64_t{1} << 21) + 5;  // 8 MiB + 20 bytes: no other test uses this class
+  std::vector<float> in = Input(count), out(count, 0.0f);
+  for (int call = 0; call < 32; ++call) {
+    EXPECT_EQ(transport->local_choice(count * 4), -1) << call;
+    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+    for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
+  }
+  const int mine = transport->local_choice(count * 4);
+  EXPECT_TRUE(mine == 0 || mine == 1) << mine;
+  int lowest = mine, highest = mine;
+  MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lowest, highest);
+  transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+  for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
+}
+
 // A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every rank, naming
 // itself, without hanging; the transport then passes messages, with the same results.
 TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
@@ -102,7 +123,6 @@ TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   bluefog::MpiTransport t;
-  t.set_staged_allreduce_bytes(int64_t{1} << 20);  // the staged path is off by default
   bluefog::transport = &t;
   bluefog::info = t.Init();
   // Only rank 0 prints the per-test lines.
