@@ -5,8 +5,8 @@
 // by bench/run.py under mpirun; rank 0 prints one JSON line per size with the median seconds
 // per call of each variant: the ring, the direct path (peers' memory through the kernel), the
 // staged path (through the rounds' shared segment) and the default (whichever of the two
-// measured faster on the size's first calls, up to 16 MiB; the direct one above), out of place and in place ("_in_place"), and raw in-place
-// MPI_Allreduce ("mpi_s").
+// measured faster on the size's first calls, up to 16 MiB; the direct one above), out of place and
+// in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s").
 #include <mpi.h>
 
 #include <algorithm>
@@ -69,8 +69,8 @@ int main() {
         const double t0 = MPI_Wtime();
         if (which == kNumVariants) {
           for (int i = 0; i < iters; ++i)
-            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT,
-                          MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                          MPI_COMM_WORLD);
         } else {
           const Variant& v = kVariants[which];
           transport.set_direct(v.direct);

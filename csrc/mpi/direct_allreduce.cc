@@ -156,8 +156,8 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
   AgreeDirect(failure);
 }
 
-// A barrier that also finds the lowest rank whose reads or writes failed, if any; then every rank turns
-// the direct path off (later allreduces take the ring) and fails this allreduce.
+// A barrier that also finds the lowest rank whose reads or writes failed, if any; then every rank
+// turns the direct path off (later allreduces take the ring) and fails this allreduce.
 void MpiTransport::AgreeDirect(const std::string& failure) {
   const int mine = failure.empty() ? INT_MAX : rank_;
   agree_.resize(size_);

@@ -54,8 +54,8 @@ size_t DataOffset(int size, size_t slot_bytes) {
 
 }  // namespace
 
-std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
-                                                 size_t slot_bytes, size_t data_bytes) {
+std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size, size_t slot_bytes,
+                                                 size_t data_bytes) {
   static_assert(sizeof(Header) <= kHeaderBytes, "header too large");
   data_bytes = (data_bytes + 63) / 64 * 64;  // every area starts on a cache line
   const size_t bytes = DataOffset(size, slot_bytes) + static_cast<size_t>(size) * data_bytes;

@@ -35,8 +35,8 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
                                    ReduceOp op, int64_t divisor) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
-  const int64_t step = std::max<int64_t>(
-      n, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
+  const int64_t step =
+      std::max<int64_t>(n, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
   const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);

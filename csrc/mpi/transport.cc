@@ -237,8 +237,8 @@ void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType 
 // the first kLocalWarm calls of a block untimed (they find the other path's data in cache,
 // and were measured up to 5x slower than the rest); then every rank takes the path whose
 // median, the slowest rank's, was lower (the medians are allgathered: all ranks choose alike).
-void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count,
-                                        DataType dtype, ReduceOp op, int64_t divisor) {
+void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                        ReduceOp op, int64_t divisor) {
   LocalChoice& c = local_choice_[SizeClass(count * static_cast<int64_t>(ElementSize(dtype)))];
   const int algorithm = c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;  // 0: staged
   const double start = MPI_Wtime();

@@ -158,7 +158,7 @@ class MpiTransport {
   void* bluefog_op_ = nullptr;  // MPI_Op over bluefog's kernels (see ReduceContext)
   bool local_rounds_enabled_ = true;
   std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
-  int64_t staged_bytes_ = int64_t{1} << 20;     // see set_staged_allreduce_bytes
+  int64_t staged_bytes_ = int64_t{1} << 20;    // see set_staged_allreduce_bytes
   bool staged_enabled_ = true;
   static constexpr int kLocalBlock = 8;  // calls of one one-host path in a row while choosing
   static constexpr int kLocalWarm = 3;   // of which untimed

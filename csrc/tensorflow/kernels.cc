@@ -11,6 +11,7 @@
 #include "core/runtime.h"
 #include "tensorflow/bridge.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/output_pool.h"
 
 namespace bluefog {
 namespace tf_bridge {
@@ -134,9 +135,16 @@ class AllreduceKernel : public CollectiveKernel {
     Request request;
     if (!Prepare(ctx, done, &request)) return;
     Tensor* output = nullptr;
-    // Reuses the input buffer when TF no longer needs it, which saves a copy.
-    OP_REQUIRES_OK_ASYNC(
-        ctx, ctx->forward_input_or_allocate_output({0}, 0, ctx->input(0).shape(), &output), done);
+    // Reuses the input buffer when TF no longer needs it, which saves a copy; a large output
+    // that cannot comes from bluefog's pool (output_pool.h), so its pages are already touched.
+    const Tensor& input = ctx->input(0);
+    if (input.TotalBytes() < kPooledOutputBytes) {
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->forward_input_or_allocate_output({0}, 0, input.shape(), &output), done);
+    } else if (!ctx->forward_input_to_output_with_shape(0, 0, input.shape(), &output)) {
+      OP_REQUIRES_OK_ASYNC(ctx, AllocatePooledOutput(ctx, 0, input.dtype(), input.shape(), &output),
+                           done);
+    }
     request.output = DataOf(output);
     request.meta.average = average_;
     request.meta.reduce_op = reduce_op_;
@@ -213,10 +221,14 @@ class GroupedKernel : public AsyncOpKernel {
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       Tensor* output = nullptr;
-      absl::Status s =
-          kOp == OpType::kAllreduce
-              ? ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output)
-              : ctx->allocate_output(i, ReducedShape(kOp, input.shape(), process_set_), &output);
+      absl::Status s;
+      if (kOp != OpType::kAllreduce) {
+        s = ctx->allocate_output(i, ReducedShape(kOp, input.shape(), process_set_), &output);
+      } else if (input.TotalBytes() < kPooledOutputBytes) {
+        s = ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output);
+      } else if (!ctx->forward_input_to_output_with_shape(i, i, input.shape(), &output)) {
+        s = AllocatePooledOutput(ctx, i, input.dtype(), input.shape(), &output);
+      }
       Request request;
       request.meta.op = kOp;
       request.process_set = process_set_;

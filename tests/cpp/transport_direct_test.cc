@@ -63,8 +63,7 @@ TEST(TransportDirect, StagedMaxAndIntegerAverage) {
   const int64_t count = (int64_t{1} << 19) + 3;
   std::vector<float> in = Input(count), out(count, 0.0f);
   transport->Allreduce(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kMax, 1);
-  for (int64_t i = 0; i < count; ++i)
-    ASSERT_EQ(out[i], static_cast<float>(i % 17 + n - 1)) << i;
+  for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<float>(i % 17 + n - 1)) << i;
   std::vector<int32_t> ints(count);
   for (int64_t i = 0; i < count; ++i) ints[i] = static_cast<int32_t>((i % 5) * 3 + info.rank);
   transport->Allreduce(ints.data(), ints.data(), count, DataType::kInt32, ReduceOp::kSum, n);
@@ -93,8 +92,8 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
 }
 
-// A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every rank, naming
-// itself, without hanging; the transport then passes messages, with the same results.
+// A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every
+// rank, naming itself, without hanging; the transport then passes messages, with the same results.
 TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
   const int64_t count = int64_t{1} << 19;
   std::vector<float> in = Input(count), out(count, 0.0f);

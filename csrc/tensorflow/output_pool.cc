@@ -1,0 +1,102 @@
+#include "tensorflow/output_pool.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace bluefog {
+namespace tf_bridge {
+namespace {
+
+// Freed blocks beyond this many bytes in all go back to the system.
+constexpr size_t kMaxFreeBytes = size_t{512} << 20;
+constexpr size_t kPage = 4096;
+
+class Pool {
+ public:
+  static Pool& Get() {
+    static Pool* pool = new Pool;  // never destroyed: tensors may outlive static destructors
+    return *pool;
+  }
+  void* Take(size_t capacity) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(capacity);
+      if (it != free_.end() && !it->second.empty()) {
+        void* block = it->second.back();
+        it->second.pop_back();
+        free_bytes_ -= capacity;
+        return block;
+      }
+    }
+    return std::aligned_alloc(kPage, capacity);
+  }
+  void Give(void* block, size_t capacity) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (free_bytes_ + capacity <= kMaxFreeBytes) {
+        free_[capacity].push_back(block);
+        free_bytes_ += capacity;
+        return;
+      }
+    }
+    std::free(block);
+  }
+  size_t free_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return free_bytes_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t free_bytes_ = 0;
+};
+
+class PooledBuffer : public ::tensorflow::TensorBuffer {
+ public:
+  PooledBuffer(void* data, size_t bytes, size_t capacity)
+      : TensorBuffer(data), bytes_(bytes), capacity_(capacity) {}
+  ~PooledBuffer() override { Pool::Get().Give(data(), capacity_); }
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(::tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocated_bytes(static_cast<int64_t>(capacity_));
+    proto->set_allocator_name("bluefog_output_pool");
+  }
+
+ private:
+  size_t bytes_;
+  size_t capacity_;
+};
+
+}  // namespace
+
+absl::Status AllocatePooledOutput(::tensorflow::OpKernelContext* ctx, int index,
+                                  ::tensorflow::DataType dtype,
+                                  const ::tensorflow::TensorShape& shape,
+                                  ::tensorflow::Tensor** output) {
+  const size_t bytes =
+      static_cast<size_t>(shape.num_elements()) * ::tensorflow::DataTypeSize(dtype);
+  const size_t capacity = (bytes + kPage - 1) / kPage * kPage;
+  void* block = Pool::Get().Take(capacity);
+  if (block == nullptr)
+    return absl::ResourceExhaustedError("bluefog: could not allocate an output of " +
+                                        std::to_string(bytes) + " bytes");
+  auto* buffer = new PooledBuffer(block, bytes, capacity);
+  ::tensorflow::Tensor tensor(dtype, shape, buffer);
+  buffer->Unref();  // the tensor holds its own reference
+  ctx->set_output(index, tensor);
+  *output = ctx->mutable_output(index);
+  return absl::OkStatus();
+}
+
+size_t PooledFreeBytes() { return Pool::Get().free_bytes(); }
+
+}  // namespace tf_bridge
+}  // namespace bluefog
