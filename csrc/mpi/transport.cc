@@ -237,6 +237,8 @@ void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType 
 // the first kLocalWarm calls of a block untimed (they find the other path's data in cache,
 // and were measured up to 5x slower than the rest); then every rank takes the path whose
 // median, the slowest rank's, was lower (the medians are allgathered: all ranks choose alike).
+// Every local_recheck_calls_ calls of the class after that, it is decided again the same way
+// (at most 32 calls in 2048 + 32, half of them on the slower path).
 void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                         ReduceOp op, int64_t divisor) {
   LocalChoice& c = local_choice_[SizeClass(count * static_cast<int64_t>(ElementSize(dtype)))];
@@ -247,7 +249,11 @@ void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count
   } else {
     DirectAllreduce(in, out, count, dtype, op, divisor);
   }
-  if (c.pick >= 0) return;
+  if (c.pick >= 0) {
+    // The state can change later (it did within launches): time both again now and then.
+    if (++c.since_pick >= local_recheck_calls_) c = LocalChoice();
+    return;
+  }
   const int in_block = c.trials % kLocalBlock;
   if (in_block >= kLocalWarm)
     c.seconds[algorithm][(c.trials / (2 * kLocalBlock)) * (kLocalBlock - kLocalWarm) + in_block -

@@ -97,6 +97,8 @@ class MpiTransport {
   // When both one-host paths are on, which one allreduces of `bytes` (their power-of-two size
   // class) take: 0 staged, 1 direct, -1 not decided yet (still timing both).
   int local_choice(int64_t bytes) const;
+  // Tests only: decide again after this many calls of a class (2048).
+  void set_local_recheck_for_testing(int calls) { local_recheck_calls_ = calls; }
   // Tests only: reads from `rank` fail (a bad address), as a kernel refusing them would.
   void set_direct_fault_for_testing(int rank) { direct_fault_rank_for_testing_ = rank; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
@@ -166,9 +168,11 @@ class MpiTransport {
   struct LocalChoice {
     int trials = 0;
     int pick = -1;
+    int since_pick = 0;
     double seconds[2][kLocalTrials] = {};
   };
-  LocalChoice local_choice_[64];  // by power-of-two size class
+  LocalChoice local_choice_[64];    // by power-of-two size class
+  int local_recheck_calls_ = 2048;  // calls of a class between two choices
   // The exchange's buffers, and its shared memory when `one_host` (exchange.cc).
   void SetUpExchange(bool one_host);
   // exchange_send_ from every rank into exchange_recv_, over MPI.

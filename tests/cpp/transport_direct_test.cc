@@ -90,6 +90,20 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   EXPECT_EQ(lowest, highest);
   transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
+  // Decided again after set calls (2048 outside tests), again alike on every rank.
+  transport->set_local_recheck_for_testing(4);
+  for (int call = 0; call < 3; ++call)
+    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+  EXPECT_EQ(transport->local_choice(count * 4), -1);
+  for (int call = 0; call < 32; ++call)
+    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+  for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
+  const int again = transport->local_choice(count * 4);
+  EXPECT_TRUE(again == 0 || again == 1) << again;
+  MPI_Allreduce(&again, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&again, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lowest, highest);
+  transport->set_local_recheck_for_testing(2048);
 }
 
 // A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every
