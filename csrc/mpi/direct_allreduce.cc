@@ -25,36 +25,21 @@ namespace {
 // is summed.
 constexpr int64_t kDirectChunkBytes = int64_t{256} << 10;
 
-// Copies `bytes` at `remote` in process `pid` into `local` (one copy by the kernel, no
-// message). Short reads continue where they stopped. Returns what went wrong, or an empty
-// string.
-std::string ReadPeer(int pid, uint64_t remote, void* local, int64_t bytes) {
-  char* to_bytes = static_cast<char*>(local);
+// Copies `bytes` between `local` and `remote` in process `pid` (write: local to remote,
+// else remote to local), one copy by the kernel, no message. Short copies continue where they
+// stopped. Returns what went wrong, or an empty string.
+std::string CopyPeer(bool write, int pid, uint64_t remote, void* local, int64_t bytes) {
+  char* here = static_cast<char*>(local);
   while (bytes > 0) {
-    iovec to{to_bytes, static_cast<size_t>(bytes)};
-    iovec from{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
-    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return got < 0 ? std::strerror(errno) : "no progress";
-    to_bytes += got;
-    remote += static_cast<uint64_t>(got);
-    bytes -= got;
-  }
-  return "";
-}
-
-// Copies `bytes` at `local` into `remote` in process `pid`, the way ReadPeer reads.
-std::string WritePeer(int pid, uint64_t remote, const void* local, int64_t bytes) {
-  const char* from_bytes = static_cast<const char*>(local);
-  while (bytes > 0) {
-    iovec from{const_cast<char*>(from_bytes), static_cast<size_t>(bytes)};
-    iovec to{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
-    const ssize_t put = process_vm_writev(pid, &from, 1, &to, 1, 0);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return put < 0 ? std::strerror(errno) : "no progress";
-    from_bytes += put;
-    remote += static_cast<uint64_t>(put);
-    bytes -= put;
+    iovec mine{here, static_cast<size_t>(bytes)};
+    iovec theirs{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
+    const ssize_t moved = write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
+                                : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) return moved < 0 ? std::strerror(errno) : "no progress";
+    here += moved;
+    remote += static_cast<uint64_t>(moved);
+    bytes -= moved;
   }
   return "";
 }
@@ -89,9 +74,9 @@ void MpiTransport::ProbeDirect() {
     if (r == rank_) continue;
     uint64_t value = 0;
     // Writing the value back (unchanged) checks that the kernel lets this rank write there too.
-    if (!ReadPeer(peer_pids_[r], all[r].address, &value, sizeof(value)).empty() ||
+    if (!CopyPeer(false, peer_pids_[r], all[r].address, &value, sizeof(value)).empty() ||
         value != all[r].token || all[r].token == direct_token_ ||
-        !WritePeer(peer_pids_[r], all[r].address, &value, sizeof(value)).empty())
+        !CopyPeer(true, peer_pids_[r], all[r].address, &value, sizeof(value)).empty())
       ok = 0;
   }
   Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
@@ -126,8 +111,7 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
   // A read from (or write into) a peer's memory; on failure `failure` says which and why.
   auto reach = [&](bool write, int peer, uint64_t remote, char* local, int64_t bytes) {
     if (peer == direct_fault_rank_for_testing_ && rank_ != peer) remote = 0;
-    const std::string error = write ? WritePeer(peer_pids_[peer], remote, local, bytes)
-                                    : ReadPeer(peer_pids_[peer], remote, local, bytes);
+    const std::string error = CopyPeer(write, peer_pids_[peer], remote, local, bytes);
     if (error.empty()) return true;
     failure = Concat(write ? "write into" : "read", " the buffer of rank ", peer, " (process ",
                      peer_pids_[peer], "): ", error);

@@ -1,8 +1,12 @@
 // The staged allreduce among ranks of one host: through data areas in the rounds' shared-memory
-// segment (LocalRounds), with plain loads and stores. MpiTransport::StagedAllreduce; see
-// docs/design.md, "Staged allreduce within one host".
+// segment (LocalRounds), with plain loads and stores (MpiTransport::StagedAllreduce), and the
+// timed choice between it and the direct path (ChosenLocalAllreduce); see docs/design.md,
+// step 5 of "One request, end to end".
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/reduce_kernels.h"
 #include "mpi/transport.h"
@@ -73,5 +77,56 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
     }
   }
 }
+
+// Which of the two one-host paths is faster depends on the state the VM's memory is in (at
+// 2 ranks, 1 MiB: the staged path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and
+// 2.5-3x in the other, from launch to launch), so each power-of-two size class is decided by
+// timing it: its first calls run the two in turns, kLocalBlock calls at a time (4 blocks),
+// the first kLocalWarm calls of a block untimed (they find the other path's data in cache,
+// and were measured up to 5x slower than the rest); then every rank takes the path whose
+// median, the slowest rank's, was lower (the medians are allgathered: all ranks choose alike).
+// Every local_recheck_calls_ calls of the class after that, it is decided again the same way
+// (at most 32 calls in 2048 + 32, half of them on the slower path).
+void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                        ReduceOp op, int64_t divisor) {
+  LocalChoice& c = local_choice_[SizeClass(count * static_cast<int64_t>(ElementSize(dtype)))];
+  const int algorithm = c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;  // 0: staged
+  const double start = MPI_Wtime();
+  if (algorithm == 0) {
+    StagedAllreduce(in, out, count, dtype, op, divisor);
+  } else {
+    DirectAllreduce(in, out, count, dtype, op, divisor);
+  }
+  if (c.pick >= 0) {
+    // The state can change later (it did within launches): time both again now and then.
+    if (++c.since_pick >= local_recheck_calls_) c = LocalChoice();
+    return;
+  }
+  const int in_block = c.trials % kLocalBlock;
+  if (in_block >= kLocalWarm)
+    c.seconds[algorithm][(c.trials / (2 * kLocalBlock)) * (kLocalBlock - kLocalWarm) + in_block -
+                         kLocalWarm] = MPI_Wtime() - start;
+  if (++c.trials < 4 * kLocalBlock) return;
+  double medians[2];
+  for (int a = 0; a < 2; ++a) {
+    double* t = c.seconds[a];
+    std::nth_element(t, t + kLocalTrials / 2, t + kLocalTrials);
+    medians[a] = t[kLocalTrials / 2];
+  }
+  std::vector<double> all(2 * static_cast<size_t>(size_));
+  SmallAllgather(medians, sizeof(medians), all.data());
+  double slowest[2] = {0, 0};
+  for (int r = 0; r < size_; ++r)
+    for (int a = 0; a < 2; ++a) slowest[a] = std::max(slowest[a], all[2 * r + a]);
+  c.pick = slowest[1] < slowest[0] ? 1 : 0;
+}
+
+int MpiTransport::SizeClass(int64_t bytes) {
+  int size_class = 0;
+  while ((int64_t{2} << size_class) <= bytes && size_class < 62) ++size_class;
+  return size_class;
+}
+
+int MpiTransport::local_choice(int64_t bytes) const { return local_choice_[SizeClass(bytes)].pick; }
 
 }  // namespace bluefog

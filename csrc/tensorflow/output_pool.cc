@@ -46,10 +46,6 @@ class Pool {
     }
     std::free(block);
   }
-  size_t free_bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return free_bytes_;
-  }
 
  private:
   std::mutex mutex_;
@@ -95,8 +91,6 @@ absl::Status AllocatePooledOutput(::tensorflow::OpKernelContext* ctx, int index,
   *output = ctx->mutable_output(index);
   return absl::OkStatus();
 }
-
-size_t PooledFreeBytes() { return Pool::Get().free_bytes(); }
 
 }  // namespace tf_bridge
 }  // namespace bluefog

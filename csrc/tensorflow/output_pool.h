@@ -21,8 +21,5 @@ absl::Status AllocatePooledOutput(::tensorflow::OpKernelContext* ctx, int index,
                                   const ::tensorflow::TensorShape& shape,
                                   ::tensorflow::Tensor** output);
 
-// Bytes of freed blocks the pool holds now (tests).
-size_t PooledFreeBytes();
-
 }  // namespace tf_bridge
 }  // namespace bluefog
