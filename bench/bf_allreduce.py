@@ -24,6 +24,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import bluefog.tensorflow as bf  # noqa: E402
+from bluefog.common import basics  # noqa: E402
 from bluefog.tensorflow import op_library  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
@@ -88,6 +89,21 @@ def handed_off(step):
     return run
 
 
+def unshared(run):
+    """A batch runner with the shared path off for the batch (large eager outputs then take the
+    staged or the direct path, as before 2026-12-02): the same process, so the two are
+    interleaved."""
+    core = basics._load()
+
+    def batch(iters: int) -> float:
+        core.bluefog_set_shared_allreduce(0)
+        try:
+            return run(iters)
+        finally:
+            core.bluefog_set_shared_allreduce(1)
+    return batch
+
+
 def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
     """A batch runner for `calls` raw MPI_Allreduce of `nbytes` each, looped in C++."""
     def run(iters: int) -> float:
@@ -145,6 +161,7 @@ def main() -> None:
         batches = {
             "bf_eager": per_call(eager),
             "bf_eager_handoff": per_call(handed_off(eager)),
+            "bf_eager_unshared": unshared(per_call(eager)),
             # How eager calls ran before 2026-12-01: the op's generated wrapper with its default
             # (int) scale attributes, which TensorFlow's fast path refuses (slow fallback), and
             # the request handed to the background thread.

@@ -4,32 +4,36 @@
 // algorithms from bluefog's per-call cost. Built by `make bench` (target transport_bench), run
 // by bench/run.py under mpirun; rank 0 prints one JSON line per size with the median seconds
 // per call of each variant: the ring, the direct path (peers' memory through the kernel), the
-// staged path (through the rounds' shared segment) and the default (whichever of the two
-// measured faster on the size's first calls, up to 16 MiB; the direct one above), out of place and
-// in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s").
+// staged path (through the rounds' shared segment), the default for buffers of the caller's
+// (whichever of the two measured faster on the size's first calls, up to 16 MiB; the direct one
+// above) and the shared path (outputs in the shared heap, as TensorFlow outputs of 1 MiB and up
+// are), out of place and in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s").
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
+#include "mpi/shared_heap.h"
 #include "mpi/transport.h"
 
 namespace {
 
 struct Variant {
   const char* name;
-  bool direct, staged, in_place;
+  bool direct, staged, in_place, shared;
 };
 
 constexpr Variant kVariants[] = {
-    {"ring", false, false, false},          {"direct", true, false, false},
-    {"direct_in_place", true, false, true}, {"staged", false, true, false},
-    {"staged_in_place", false, true, true}, {"default", true, true, false},
-    {"default_in_place", true, true, true},
+    {"ring", false, false, false, false},          {"direct", true, false, false, false},
+    {"direct_in_place", true, false, true, false}, {"staged", false, true, false, false},
+    {"staged_in_place", false, true, true, false}, {"default", true, true, false, false},
+    {"default_in_place", true, true, true, false}, {"shared", true, true, false, true},
+    {"shared_in_place", true, true, true, true},
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -42,7 +46,9 @@ int main() {
   const bluefog::Config config = bluefog::Config::FromEnvironment();
   transport.set_local_rounds(config.local_rounds);
   transport.set_staged_allreduce_bytes(config.staged_allreduce_bytes);
+  transport.set_shared_heap_bytes(config.shared_outputs_bytes);
   const bluefog::TransportInfo info = transport.Init();
+  const std::shared_ptr<bluefog::SharedHeap> heap = transport.shared_heap();
   constexpr int kReps = 9;
   const bool direct_possible = transport.direct();
   const bool staged_possible = transport.staged();
@@ -51,9 +57,19 @@ int main() {
     // Every variant has buffers of its own: a batch runs slower on buffers another variant
     // touched last, so sharing would favour some pairs.
     std::vector<std::vector<float>> ins, outs;
+    std::vector<float*> blocks(kNumVariants, nullptr);  // the shared variants' buffers
     for (int v = 0; v < kNumVariants; ++v) {
       ins.emplace_back(count, static_cast<float>(info.rank + 1));
       outs.emplace_back(kVariants[v].in_place ? 0 : count, 0.0f);
+      if (kVariants[v].shared && heap) {
+        blocks[v] = static_cast<float*>(heap->Take(static_cast<size_t>(bytes)));
+        if (blocks[v] == nullptr) {
+          std::fprintf(stderr, "rank %d: no room in the shared heap (BLUEFOG_SHARED_OUTPUTS)\n",
+                       info.rank);
+          return 1;
+        }
+        std::fill(blocks[v], blocks[v] + count, static_cast<float>(info.rank + 1));
+      }
     }
     std::vector<float> mpi_buf(count, 0.0f);
     const int iters = static_cast<int>(std::clamp(200e6 / bytes, 3.0, 200.0));
@@ -75,8 +91,11 @@ int main() {
           const Variant& v = kVariants[which];
           transport.set_direct(v.direct);
           transport.set_staged(v.staged);
-          float* in = ins[which].data();
-          float* out = v.in_place ? in : outs[which].data();
+          transport.set_shared(v.shared);
+          float* in = v.shared && v.in_place && blocks[which] ? blocks[which] : ins[which].data();
+          float* out = v.in_place                  ? in
+                       : v.shared && blocks[which] ? blocks[which]
+                                                   : outs[which].data();
           for (int i = 0; i < iters; ++i)
             transport.AllreduceSum(in, out, count, bluefog::DataType::kFloat32);
         }
@@ -88,13 +107,15 @@ int main() {
     const float want = info.size * (info.size + 1) / 2.0f;
     for (int v = 0; v < kNumVariants; ++v) {
       if (kVariants[v].in_place) continue;  // summed again on every call
-      const std::vector<float>& out = outs[v];
+      const float* out = blocks[v] ? blocks[v] : outs[v].data();
       if (out[0] != want || out[count / 3] != want || out[count - 1] != want) {
         std::fprintf(stderr, "rank %d: wrong sum at %lld bytes (%s)\n", info.rank, bytes,
                      kVariants[v].name);
         return 1;
       }
     }
+    for (int v = 0; v < kNumVariants; ++v)
+      if (blocks[v]) heap->Give(blocks[v], static_cast<size_t>(bytes));
     if (info.rank != 0) continue;
     std::string line = "{\"impl\":\"transport\",\"ranks\":" + std::to_string(info.size) +
                        ",\"bytes\":" + std::to_string(bytes);
@@ -106,7 +127,9 @@ int main() {
       line += field;
     }
     line += std::string(",\"direct\":") + (direct_possible ? "true" : "false") +
-            ",\"staged\":" + (staged_possible ? "true" : "false") + "}";
+            ",\"staged\":" + (staged_possible ? "true" : "false") +
+            ",\"shared\":" + (heap ? "true" : "false") + "}";
+
     std::printf("%s\n", line.c_str());
   }
   transport.Shutdown();

@@ -83,6 +83,16 @@ int bluefog_set_inline_threshold(long long bytes) {
   rt.SetInlineThreshold(bytes);
   return 0;
 }
+long long bluefog_shared_allreduces(void) {
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  return rt.running() ? static_cast<long long>(rt.shared_allreduces()) : -1;
+}
+int bluefog_set_shared_allreduce(int on) {
+  bluefog::Runtime& rt = bluefog::Runtime::Get();
+  if (!rt.running()) return -1;
+  rt.SetSharedAllreduce(on != 0);
+  return 0;
+}
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end) {
   bluefog::Runtime& rt = bluefog::Runtime::Get();
   if (!rt.running()) return -1;

@@ -24,6 +24,11 @@ int bluefog_stop_timeline(void);
 int bluefog_timeline_enabled(void);
 // BLUEFOG_INLINE_THRESHOLD from now on, on this rank (for benchmarks); -1 when not initialized.
 int bluefog_set_inline_threshold(long long bytes);
+// Allreduces (over every rank) that ran on the shared path so far (outputs in the shared heap,
+// BLUEFOG_SHARED_OUTPUTS), and switching that path off (0) and on (1) on this rank from now on
+// (for tests and benchmarks); -1 when not initialized.
+long long bluefog_shared_allreduces(void);
+int bluefog_set_shared_allreduce(int on);
 // Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns
 // like bluefog_timeline_enabled.
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end);

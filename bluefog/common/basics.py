@@ -45,6 +45,7 @@ def _load() -> ctypes.CDLL:
             lib.bluefog_last_error.restype = ctypes.c_char_p
             lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
             lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
+            lib.bluefog_shared_allreduces.restype = ctypes.c_longlong
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                                       ctypes.c_int]

@@ -63,6 +63,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.local_rounds = ParseBool("BLUEFOG_LOCAL_ROUNDS", v);
   if (const char* v = lookup("BLUEFOG_STAGED_ALLREDUCE"))
     config.staged_allreduce_bytes = ParseBytes("BLUEFOG_STAGED_ALLREDUCE", v);
+  if (const char* v = lookup("BLUEFOG_SHARED_OUTPUTS"))
+    config.shared_outputs_bytes = ParseBytes("BLUEFOG_SHARED_OUTPUTS", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
   if (const char* v = lookup("BLUEFOG_INLINE_THRESHOLD"))

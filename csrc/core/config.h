@@ -28,6 +28,9 @@ struct Config {
   // the direct path measured faster on its first calls (every size when the direct path is
   // off). 0: the direct path only.
   int64_t staged_allreduce_bytes = 1024 * 1024;
+  // With those data areas: this many bytes per rank of the same segment hold large allreduce
+  // outputs, so that every rank can push its reduced part into its peers' outputs (0: none).
+  int64_t shared_outputs_bytes = int64_t{256} << 20;
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;

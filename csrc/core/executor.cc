@@ -189,8 +189,7 @@ void Executor::Allreduces(const Response* group, size_t n) {
     requests_->Finish(group[0].meta.name, Status::Ok());
     return;
   }
-  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
-  char* buffer = fusion_buffer_.data();
+  char* buffer = FusedAllreduceBuffer(total);
   size_t offset = 0;
   for (Request* req : reqs) {
     std::memcpy(buffer + offset, req->input, req->meta.NumBytes());
@@ -206,6 +205,21 @@ void Executor::Allreduces(const Response* group, size_t n) {
     offset += bytes;
   }
   for (size_t k = 0; k < n; ++k) requests_->Finish(group[k].meta.name, Status::Ok());
+}
+
+char* Executor::FusedAllreduceBuffer(size_t bytes) {
+  if (fusion_block_bytes_ >= bytes) return fusion_block_;
+  if (!fusion_heap_) fusion_heap_ = transport_->shared_heap();
+  if (fusion_heap_) {
+    // Grown by doubling, so a few sizes of block serve every step.
+    const size_t capacity = (std::max(bytes, 2 * fusion_block_bytes_) + 4095) / 4096 * 4096;
+    if (fusion_block_) fusion_heap_->Give(fusion_block_, fusion_block_bytes_);
+    fusion_block_ = static_cast<char*>(fusion_heap_->Take(capacity));
+    fusion_block_bytes_ = fusion_block_ ? capacity : 0;
+    if (fusion_block_) return fusion_block_;
+  }
+  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  return fusion_buffer_.data();
 }
 
 void* Executor::AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,

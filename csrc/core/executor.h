@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ class Executor {
  public:
   Executor(MpiTransport* transport, RequestTable* requests, Timeline* timeline)
       : transport_(transport), requests_(requests), timeline_(timeline) {}
+  ~Executor() {
+    if (fusion_block_) fusion_heap_->Give(fusion_block_, fusion_block_bytes_);
+  }
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   void Configure(const TransportInfo& info, const FusionLimits& limits) {
     info_ = info;
@@ -71,8 +77,14 @@ class Executor {
   Timeline* timeline_;
   TransportInfo info_;
   FusionLimits limits_;
-  // Grown to the largest size seen, never shrunk: no allocation per step.
+  // Grown to the largest size seen, never shrunk: no allocation per step. A block of the shared
+  // heap when the transport has one and it has room (every rank's fused allreduce can then take
+  // the shared path), else fusion_buffer_'s own memory.
+  char* FusedAllreduceBuffer(size_t bytes);
   std::vector<char> fusion_buffer_;
+  std::shared_ptr<SharedHeap> fusion_heap_;
+  char* fusion_block_ = nullptr;
+  size_t fusion_block_bytes_ = 0;
   std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies
   std::deque<Request> stand_ins_;      // this round's stand-ins for a joined rank
   std::vector<char> zeros_;            // their input: only ever read, so it stays zero

@@ -80,6 +80,7 @@ void Runtime::Main(std::promise<void>* started) {
     YieldWhenOversubscribed(config_);
     transport_.set_local_rounds(config_.local_rounds);
     transport_.set_staged_allreduce_bytes(config_.staged_allreduce_bytes);
+    transport_.set_shared_heap_bytes(config_.shared_outputs_bytes);
     info_ = transport_.Init();
     transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
     transport_.set_hierarchical(config_.hierarchical_allreduce);
@@ -106,7 +107,8 @@ void Runtime::Main(std::promise<void>* started) {
   BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size,
          ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off",
          ", direct allreduce ", transport_.direct() ? "on" : "off", ", staged allreduce ",
-         transport_.staged() ? "on" : "off", ", rounds through ",
+         transport_.staged() ? "on" : "off", ", shared outputs ",
+         transport_.shared_heap() ? "on" : "off", ", rounds through ",
          transport_.local_rounds() ? "shared memory" : "MPI");
 
   bool clean = world_->Run();

@@ -41,6 +41,10 @@ class Runtime {
   // Whether the global channel's negotiation rounds go through shared memory (one host).
   bool local_rounds() const { return transport_.local_rounds(); }
   bool staged_allreduce() const { return transport_.staged(); }
+  // Allreduces over every rank that pushed into outputs in the shared heap so far, and switching
+  // that path off and on (benchmarks); see MpiTransport::set_shared_heap_bytes.
+  uint64_t shared_allreduces() const { return transport_.shared_calls(); }
+  void SetSharedAllreduce(bool on) { transport_.set_shared(on); }
   // Requests of every rank's channel completed from the bytes sent in a negotiation round
   // (Executor::CompleteInline) so far; for tests.
   size_t completed_inline() const { return world_ ? world_->completed_inline() : 0; }

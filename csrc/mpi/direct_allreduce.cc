@@ -81,7 +81,7 @@ void MpiTransport::ProbeDirect() {
   }
   Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
   direct_ok_ = ok == 1;
-  peer_buffers_.assign(2 * static_cast<size_t>(size_), 0);
+  peer_buffers_.assign(3 * static_cast<size_t>(size_), 0);
 }
 
 // All ranks on one host. Rank r owns segment r: it reads segment r of every peer's input
@@ -96,11 +96,15 @@ void MpiTransport::ProbeDirect() {
 // safe: segment r of every buffer is read and written by rank r only, each chunk read from
 // every peer before it is written back.
 void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype,
-                                   ReduceOp op, int64_t divisor) {
+                                   ReduceOp op, int64_t divisor, bool gathered) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
-  const uint64_t mine[2] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out)};
-  SmallAllgather(mine, sizeof(mine), peer_buffers_.data());
+  if (!gathered) {  // else LocalAllreduce just did, into the same layout
+    const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
+                              ~uint64_t{0}};
+    peer_buffers_.resize(3 * static_cast<size_t>(n));
+    SmallAllgather(mine, sizeof(mine), peer_buffers_.data());
+  }
   auto begin = [&](int k) { return count * k / n; };
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
   char* scratch = Scratch(chunk * elem);
@@ -122,7 +126,7 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
     const int64_t offset = lo * elem;
     for (int k = 1; k < n && failure.empty(); ++k) {
       const int peer = (rank_ + k) % n;
-      if (!reach(false, peer, peer_buffers_[2 * peer] + offset, scratch, m * elem)) break;
+      if (!reach(false, peer, peer_buffers_[3 * peer] + offset, scratch, m * elem)) break;
       const char* acc = k == 1 ? src + offset : dst + offset;
       if (op == ReduceOp::kSum) {
         SumOf(dst + offset, acc, scratch, m, dtype, k == n - 1 ? divisor : 1);
@@ -133,7 +137,7 @@ void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, Dat
     // Pushed while still in cache: the peers' copies of this chunk cost no second read of it.
     for (int k = 1; k < n && failure.empty(); ++k) {
       const int peer = (rank_ + k) % n;
-      reach(true, peer, peer_buffers_[2 * peer + 1] + offset, dst + offset, m * elem);
+      reach(true, peer, peer_buffers_[3 * peer + 1] + offset, dst + offset, m * elem);
     }
   }
   // One sync: every rank's segments are in every output and no peer reads any input still.

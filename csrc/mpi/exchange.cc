@@ -38,9 +38,13 @@ void MpiTransport::SetUpExchange(bool one_host) {
   exchange_recv_.assign(kSlotBytes * static_cast<size_t>(size_), 0);
   counts_.assign(size_, 0);
   displs_.assign(size_, 0);
-  if (one_host && local_rounds_enabled_)
-    local_rounds_ = LocalRounds::Create(comm_, rank_, size_, kSlotBytes,
-                                        static_cast<size_t>(std::max<int64_t>(staged_bytes_, 0)));
+  if (one_host && local_rounds_enabled_) {
+    const int64_t staged = std::max<int64_t>(staged_bytes_, 0);
+    local_rounds_ = LocalRounds::Create(
+        comm_, rank_, size_, kSlotBytes, static_cast<size_t>(staged),
+        staged > 0 ? static_cast<size_t>(std::max<int64_t>(shared_heap_bytes_, 0)) : 0);
+    if (local_rounds_ && local_rounds_->heap()) SharedHeap::SetCurrent(local_rounds_->heap());
+  }
 }
 
 std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,

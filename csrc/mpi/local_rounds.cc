@@ -32,6 +32,7 @@ struct LocalRounds::Header {
 namespace {
 
 constexpr size_t kHeaderBytes = 192;
+constexpr size_t kPage = 4096;
 constexpr auto kPollBeforeSleep = std::chrono::milliseconds(1);
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -49,16 +50,22 @@ namespace {
 // Where the data areas start: after the header and both rounds' slots, on a page boundary.
 size_t DataOffset(int size, size_t slot_bytes) {
   const size_t end = kHeaderBytes + 2 * static_cast<size_t>(size) * slot_bytes;
-  return (end + 4095) / 4096 * 4096;
+  return (end + kPage - 1) / kPage * kPage;
 }
 
 }  // namespace
 
 std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size, size_t slot_bytes,
-                                                 size_t data_bytes) {
+                                                 size_t data_bytes, size_t heap_bytes) {
   static_assert(sizeof(Header) <= kHeaderBytes, "header too large");
   data_bytes = (data_bytes + 63) / 64 * 64;  // every area starts on a cache line
-  const size_t bytes = DataOffset(size, slot_bytes) + static_cast<size_t>(size) * data_bytes;
+  heap_bytes = (heap_bytes + kPage - 1) / kPage * kPage;
+  // The rounds' part (header, slots, data areas), then the heap's parts, on page boundaries.
+  const size_t bytes =
+      (DataOffset(size, slot_bytes) + static_cast<size_t>(size) * data_bytes + kPage - 1) / kPage *
+      kPage;
+  const size_t total = bytes + static_cast<size_t>(size) * heap_bytes;
+  void* heap = MAP_FAILED;
   // What rank 0 offers: where to find its segment, what identifies it (device and inode, so
   // that no other file is ever mapped), and the token it wrote there. fd = -1: none.
   struct Offer {
@@ -70,8 +77,15 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
   if (rank == 0) {
     fd = static_cast<int>(syscall(SYS_memfd_create, "bluefog-rounds", MFD_CLOEXEC));
     struct stat st{};
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0 && fstat(fd, &st) == 0)
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(total)) == 0 && fstat(fd, &st) == 0)
       base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base != MAP_FAILED && heap_bytes > 0)
+      heap = mmap(nullptr, total - bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                  static_cast<off_t>(bytes));
+    if (heap_bytes > 0 && heap == MAP_FAILED && base != MAP_FAILED) {
+      munmap(base, bytes);
+      base = MAP_FAILED;
+    }
     if (base != MAP_FAILED) {
       std::random_device entropy;
       offer.token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
@@ -91,9 +105,14 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
     struct stat st{};
     if (theirs >= 0 && fstat(theirs, &st) == 0 && S_ISREG(st.st_mode) &&
         static_cast<uint64_t>(st.st_dev) == offer.dev &&
-        static_cast<uint64_t>(st.st_ino) == offer.ino && static_cast<size_t>(st.st_size) == bytes) {
+        static_cast<uint64_t>(st.st_ino) == offer.ino && static_cast<size_t>(st.st_size) == total) {
       base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, theirs, 0);
       ok = base != MAP_FAILED && static_cast<Header*>(base)->token == offer.token;
+      if (ok && heap_bytes > 0) {
+        heap = mmap(nullptr, total - bytes, PROT_READ | PROT_WRITE, MAP_SHARED, theirs,
+                    static_cast<off_t>(bytes));
+        ok = heap != MAP_FAILED;
+      }
     }
     if (theirs >= 0) close(theirs);
   }
@@ -101,10 +120,13 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
   if (fd >= 0) close(fd);  // every rank that could open it has; the mappings keep it alive
   if (!ok) {
     if (base != MAP_FAILED) munmap(base, bytes);
+    if (heap != MAP_FAILED) munmap(heap, total - bytes);
     return nullptr;
   }
   std::unique_ptr<LocalRounds> rounds(
       new LocalRounds(base, bytes, rank, size, slot_bytes, data_bytes));
+  if (heap != MAP_FAILED)
+    rounds->heap_ = std::make_shared<SharedHeap>(heap, heap_bytes, rank, size);
   std::memset(rounds->data(rank), 0, data_bytes);
   return rounds;
 }

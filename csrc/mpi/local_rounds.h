@@ -10,6 +10,8 @@
 #include <functional>
 #include <memory>
 
+#include "mpi/shared_heap.h"
+
 namespace bluefog {
 
 class LocalRounds {
@@ -20,9 +22,10 @@ class LocalRounds {
   // token rank 0 wrote there, otherwise (a kernel that refuses, ranks in other PID namespaces)
   // nullptr, on every rank alike. `slot_bytes` per rank and round; `data_bytes` in each rank's
   // data area (the staged allreduce's; 0: none), touched by its owner here so that no call
-  // takes its page faults.
+  // takes its page faults. `heap_bytes` per rank of the same segment, mapped separately, make
+  // heap() (0: none); its pages are touched only when a block of them is first used.
   static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes,
-                                             size_t data_bytes = 0);
+                                             size_t data_bytes = 0, size_t heap_bytes = 0);
   ~LocalRounds();
   LocalRounds(const LocalRounds&) = delete;
   LocalRounds& operator=(const LocalRounds&) = delete;
@@ -39,6 +42,8 @@ class LocalRounds {
     return static_cast<char*>(base_) + data_offset_ + static_cast<size_t>(rank) * data_bytes_;
   }
   size_t data_bytes() const { return data_bytes_; }
+  // Every rank's part of the segment for large allreduce outputs (shared_heap.h), or nullptr.
+  const std::shared_ptr<SharedHeap>& heap() const { return heap_; }
 
  private:
   struct Header;
@@ -53,6 +58,7 @@ class LocalRounds {
   size_t data_bytes_;
   size_t data_offset_;
   uint64_t round_ = 0;
+  std::shared_ptr<SharedHeap> heap_;
 };
 
 }  // namespace bluefog

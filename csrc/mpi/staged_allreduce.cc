@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/reduce_kernels.h"
+#include "mpi/shared_heap.h"
 #include "mpi/transport.h"
 
 namespace bluefog {
@@ -22,7 +23,8 @@ constexpr int64_t kPublishBytes = int64_t{64} << 10;
 
 // The buffer goes in steps of at most data_bytes(); each step's elements are split into n
 // segments, segment r being rank r's. A step:
-//  1. a sync (a shared-memory round): every rank is done with the areas' previous step;
+//  1. a sync (a shared-memory round): every rank is done with the areas' previous step (on the
+//     first step, `synced`: the caller's gather of the buffers was one);
 //  2. every rank copies its input's segments s != r into its own area, at their offsets;
 //  3. a sync;
 //  4. rank r sums its own input's segment r with segment r of every peer's area into its output
@@ -36,7 +38,7 @@ constexpr int64_t kPublishBytes = int64_t{64} << 10;
 // Each segment is reduced by one rank only, so every rank gets the same bits; in place is safe,
 // as a rank overwrites a segment of its buffer only after copying it in.
 void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, DataType dtype,
-                                   ReduceOp op, int64_t divisor) {
+                                   ReduceOp op, int64_t divisor, bool synced) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
   const int64_t step =
@@ -48,7 +50,7 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
     const int64_t m = std::min(step, count - lo);
     auto begin = [&](int k) { return m * k / n; };
     char* mine = local_rounds_->data(rank_);
-    local_rounds_->Exchange(nullptr);
+    if (lo > 0 || !synced) local_rounds_->Exchange(nullptr);
     for (int k = 1; k < n; ++k) {
       const int s = (rank_ + k) % n;
       std::memcpy(mine + begin(s) * elem, src + (lo + begin(s)) * elem,
@@ -78,6 +80,95 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
   }
 }
 
+// Every output in the shared heap: the staged allreduce, but each rank writes the segment it
+// reduced straight into every peer's output (a plain store into the peer's part of the heap,
+// while the chunk is still in cache) instead of through its area, so nobody copies anything
+// out. A step:
+//  1. a sync (on the first step the caller's gather of the buffers): the areas are free;
+//  2. every rank copies its input's segments s != r into its own area, at their offsets;
+//  3. a sync;
+//  4. rank r sums its own input's segment r with segment r of every peer's area into its output,
+//     kPublishBytes at a time, and copies each summed piece into every peer's output.
+// A last sync: every output is complete (and the areas free for the next call). Per rank that
+// reads its input once and writes its own segment once plus the peers' copies of it ((n-1)S/n,
+// what they would otherwise copy out), and its area is written once and read by the peers once:
+// two passes over the data fewer than the staged path, with one sync fewer per step after the
+// first. In place is safe for the same reason as there: rank r writes segment r of a peer's
+// buffer only after the sync that follows the peer's copy of it into its area.
+void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                   ReduceOp op, int64_t divisor) {
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  const int n = size_;
+  const int64_t step =
+      std::max<int64_t>(n, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
+  const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
+  const SharedHeap& heap = *local_rounds_->heap();
+  peer_outputs_.resize(n);
+  for (int r = 0; r < n; ++r)
+    peer_outputs_[r] = heap.part(r) + static_cast<int64_t>(peer_buffers_[3 * r + 2]);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  char* mine = local_rounds_->data(rank_);
+  for (int64_t lo = 0; lo < count; lo += step) {
+    const int64_t m = std::min(step, count - lo);
+    auto begin = [&](int k) { return m * k / n; };
+    if (lo > 0) local_rounds_->Exchange(nullptr);
+    for (int k = 1; k < n; ++k) {
+      const int s = (rank_ + k) % n;
+      std::memcpy(mine + begin(s) * elem, src + (lo + begin(s)) * elem,
+                  static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
+    }
+    local_rounds_->Exchange(nullptr);
+    for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
+      const int64_t len = std::min(publish, begin(rank_ + 1) - i);
+      char* d = dst + (lo + i) * elem;
+      for (int k = 1; k < n; ++k) {
+        const char* theirs = local_rounds_->data((rank_ + k) % n) + i * elem;
+        const char* acc = k == 1 ? src + (lo + i) * elem : d;
+        if (op == ReduceOp::kSum) {
+          SumOf(d, acc, theirs, len, dtype, k == n - 1 ? divisor : 1);
+        } else {
+          ReduceOf(d, acc, theirs, len, dtype, op);
+        }
+      }
+      for (int k = 1; k < n; ++k)
+        std::memcpy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, d,
+                    static_cast<size_t>(len * elem));
+    }
+  }
+  local_rounds_->Exchange(nullptr);
+}
+
+// The one-host paths over the rounds' shared memory. One sync gathers every rank's input and
+// output addresses and where its output lies in the shared heap (-1: not there); it is the
+// first sync of whichever path runs, so choosing costs nothing. Every output in the heap: the
+// shared path; otherwise the staged or the direct one as before.
+void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                  ReduceOp op, int64_t divisor) {
+  const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
+  const std::shared_ptr<SharedHeap>& heap = local_rounds_->heap();
+  const int64_t offset = shared_enabled_.load(std::memory_order_relaxed) && heap
+                             ? heap->OffsetOf(out, static_cast<size_t>(bytes))
+                             : -1;
+  const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
+                            static_cast<uint64_t>(offset)};
+  peer_buffers_.resize(3 * static_cast<size_t>(size_));
+  SmallAllgather(mine, sizeof(mine), peer_buffers_.data());
+  bool all_shared = true;
+  for (int r = 0; r < size_; ++r)
+    all_shared = all_shared && static_cast<int64_t>(peer_buffers_[3 * r + 2]) >= 0;
+  if (all_shared) {
+    SharedAllreduce(in, out, count, dtype, op, divisor);
+    shared_calls_.fetch_add(1, std::memory_order_relaxed);
+  } else if (direct() && count >= size_ && bytes <= kStagedMaxBytes) {
+    ChosenLocalAllreduce(in, out, count, dtype, op, divisor);
+  } else if (direct() && count >= size_) {
+    DirectAllreduce(in, out, count, dtype, op, divisor, true);
+  } else {
+    StagedAllreduce(in, out, count, dtype, op, divisor, true);
+  }
+}
+
 // Which of the two one-host paths is faster depends on the state the VM's memory is in (at
 // 2 ranks, 1 MiB: the staged path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and
 // 2.5-3x in the other, from launch to launch), so each power-of-two size class is decided by
@@ -93,9 +184,9 @@ void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count
   const int algorithm = c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;  // 0: staged
   const double start = MPI_Wtime();
   if (algorithm == 0) {
-    StagedAllreduce(in, out, count, dtype, op, divisor);
+    StagedAllreduce(in, out, count, dtype, op, divisor, true);
   } else {
-    DirectAllreduce(in, out, count, dtype, op, divisor);
+    DirectAllreduce(in, out, count, dtype, op, divisor, true);
   }
   if (c.pick >= 0) {
     // The state can change later (it did within launches): time both again now and then.

@@ -15,11 +15,6 @@ namespace {
 
 // Large transfers are split so each MPI count fits in an int.
 constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
-// Up to this size a one-host allreduce may be staged through shared memory (whichever of that
-// and the direct path measured faster, ChosenLocalAllreduce); above it the direct path runs.
-// Measured at 2 ranks on the 2-core VM (bench/transport_vs_mpi.cc, 12 launches, in-place MPI /
-// bluefog, out of place): 64 MiB staged 1.34-2.43x, direct 1.82-2.17x (docs/benchmarks.md).
-constexpr int64_t kStagedMaxBytes = int64_t{16} << 20;
 // The ring's reduce-scatter moves this much at a time, so the received chunk is still in cache
 // when it is summed. Measured here (2 MiB L2 per core) against whole segments and 512 KiB: up
 // to 1.2x faster at 16-64 MiB, equal below.
@@ -194,6 +189,10 @@ std::unique_ptr<MpiTransport> MpiTransport::Adopt(void* comm) {
 void MpiTransport::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
+  if (const std::shared_ptr<SharedHeap> heap = shared_heap()) {
+    heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
+    if (SharedHeap::Current() == heap) SharedHeap::SetCurrent(nullptr);
+  }
   local_rounds_.reset();
   MPI_Op_free(&AsOp(bluefog_op_));
   if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));
@@ -214,10 +213,8 @@ void MpiTransport::Allreduce(const void* in, void* out, int64_t count, DataType 
   const bool large = ring_threshold_bytes_ > 0 && bytes >= ring_threshold_bytes_;
   if (large && hierarchical() && count >= local_size_ && count <= INT_MAX) {
     HierarchicalAllreduce(in, out, count, dtype, op, divisor);
-  } else if (large && staged() && direct() && bytes <= kStagedMaxBytes && count >= size_) {
-    ChosenLocalAllreduce(in, out, count, dtype, op, divisor);
-  } else if (large && staged() && size_ > 1 && !direct()) {
-    StagedAllreduce(in, out, count, dtype, op, divisor);
+  } else if (large && staged() && size_ > 1) {
+    LocalAllreduce(in, out, count, dtype, op, divisor);
   } else if (large && direct() && count >= size_) {
     DirectAllreduce(in, out, count, dtype, op, divisor);
   } else if (size_ > 1 && large && count >= size_) {

@@ -2,6 +2,7 @@
 // communicator the library duplicated for itself, so user MPI traffic never mixes with ours.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +92,25 @@ class MpiTransport {
   void set_staged_allreduce_bytes(int64_t bytes) { staged_bytes_ = bytes; }
   // Switches the staged path off and on after Init (benchmarks compare it with the direct one).
   void set_staged(bool enabled) { staged_enabled_ = enabled; }
+  // Before Init: this many bytes per rank of the rounds' segment (when it has data areas) make a
+  // heap of blocks every rank of the host can write into (shared_heap.h), the global
+  // transport's only; large allreduce outputs come from it, and an allreduce whose outputs are
+  // all there takes the shared path (each rank pushes its reduced segment into its peers'
+  // outputs). 0: none.
+  void set_shared_heap_bytes(int64_t bytes) { shared_heap_bytes_ = bytes; }
+  // The heap, or nullptr (benchmarks take outputs from it).
+  std::shared_ptr<SharedHeap> shared_heap() const {
+    return local_rounds_ ? local_rounds_->heap() : nullptr;
+  }
+  // Switches the shared path off and on after Init, from any thread (benchmarks compare it
+  // with the others); and how many allreduces took it so far.
+  void set_shared(bool enabled) { shared_enabled_.store(enabled, std::memory_order_relaxed); }
+  uint64_t shared_calls() const { return shared_calls_.load(std::memory_order_relaxed); }
+  // One-host allreduces up to this size may be staged (whichever of that and the direct path
+  // measured faster); above it the direct path runs. Measured at 2 ranks on the 2-core VM
+  // (bench/transport_vs_mpi.cc, 12 launches, in-place MPI / bluefog, out of place): 64 MiB
+  // staged 1.34-2.43x, direct 1.82-2.17x (docs/benchmarks.md).
+  static constexpr int64_t kStagedMaxBytes = int64_t{16} << 20;
   bool staged() const {
     return staged_enabled_ && local_rounds_ != nullptr && local_rounds_->data_bytes() > 0;
   }
@@ -130,11 +150,19 @@ class MpiTransport {
                              int64_t divisor);
   void TwoHostSliceAllreduce(char* slice, int64_t count, DataType dtype, ReduceOp op,
                              int64_t divisor);
+  // `gathered`/`synced`: LocalAllreduce's sync just gathered the peers' buffers.
   void DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
-                       int64_t divisor);
+                       int64_t divisor, bool gathered = false);
   void StagedAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                       int64_t divisor, bool synced = false);
+  // Every rank's output in the shared heap: pushed into the peers' outputs with plain stores.
+  void SharedAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                        int64_t divisor);
-  // The staged or the direct path, whichever measured faster for this size (transport.cc).
+  // The one-host paths through the rounds' shared memory: the shared one when every output is
+  // in the heap, else the staged or the direct one (staged_allreduce.cc).
+  void LocalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                      int64_t divisor);
+  // The staged or the direct path, whichever measured faster for this size.
   void ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                             int64_t divisor);
   static int SizeClass(int64_t bytes);  // floor(log2(bytes))
@@ -162,6 +190,10 @@ class MpiTransport {
   std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
   int64_t staged_bytes_ = int64_t{1} << 20;    // see set_staged_allreduce_bytes
   bool staged_enabled_ = true;
+  int64_t shared_heap_bytes_ = 0;  // see set_shared_heap_bytes
+  std::atomic<bool> shared_enabled_{true};
+  std::atomic<uint64_t> shared_calls_{0};
+  std::vector<char*> peer_outputs_;      // SharedAllreduce: every rank's output, in this mapping
   static constexpr int kLocalBlock = 8;  // calls of one one-host path in a row while choosing
   static constexpr int kLocalWarm = 3;   // of which untimed
   static constexpr int kLocalTrials = 2 * (kLocalBlock - kLocalWarm);  // timed calls of each
@@ -195,9 +227,10 @@ class MpiTransport {
   bool direct_ok_ = false;
   std::vector<int> peer_pids_;
   int direct_fault_rank_for_testing_ = -1;
-  uint64_t direct_token_ = 0;           // what peers read from this process to check they reach it
-  std::vector<uint64_t> peer_buffers_;  // per rank: input address, output address
-  std::vector<int> agree_;              // AgreeDirect: each rank's first failed rank
+  uint64_t direct_token_ = 0;  // what peers read from this process to check they reach it
+  // Per rank: input address, output address, output's offset in its heap part (or -1).
+  std::vector<uint64_t> peer_buffers_;
+  std::vector<int> agree_;  // AgreeDirect: each rank's first failed rank
 };
 
 }  // namespace bluefog

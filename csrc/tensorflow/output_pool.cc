@@ -2,9 +2,11 @@
 
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "mpi/shared_heap.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -53,22 +55,31 @@ class Pool {
   size_t free_bytes_ = 0;
 };
 
+// A block of the shared heap when one is running and has room (peers can then push into the
+// output: MpiTransport::SharedAllreduce), else of the pool.
 class PooledBuffer : public ::tensorflow::TensorBuffer {
  public:
-  PooledBuffer(void* data, size_t bytes, size_t capacity)
-      : TensorBuffer(data), bytes_(bytes), capacity_(capacity) {}
-  ~PooledBuffer() override { Pool::Get().Give(data(), capacity_); }
+  PooledBuffer(void* data, size_t bytes, size_t capacity, std::shared_ptr<SharedHeap> heap)
+      : TensorBuffer(data), bytes_(bytes), capacity_(capacity), heap_(std::move(heap)) {}
+  ~PooledBuffer() override {
+    if (heap_) {
+      heap_->Give(data(), capacity_);
+    } else {
+      Pool::Get().Give(data(), capacity_);
+    }
+  }
   size_t size() const override { return bytes_; }
   TensorBuffer* root_buffer() override { return this; }
   void FillAllocationDescription(::tensorflow::AllocationDescription* proto) const override {
     proto->set_requested_bytes(static_cast<int64_t>(bytes_));
     proto->set_allocated_bytes(static_cast<int64_t>(capacity_));
-    proto->set_allocator_name("bluefog_output_pool");
+    proto->set_allocator_name(heap_ ? "bluefog_shared_heap" : "bluefog_output_pool");
   }
 
  private:
   size_t bytes_;
   size_t capacity_;
+  std::shared_ptr<SharedHeap> heap_;  // keeps the heap mapped while this block is out
 };
 
 }  // namespace
@@ -80,11 +91,16 @@ absl::Status AllocatePooledOutput(::tensorflow::OpKernelContext* ctx, int index,
   const size_t bytes =
       static_cast<size_t>(shape.num_elements()) * ::tensorflow::DataTypeSize(dtype);
   const size_t capacity = (bytes + kPage - 1) / kPage * kPage;
-  void* block = Pool::Get().Take(capacity);
+  std::shared_ptr<SharedHeap> heap = SharedHeap::Current();
+  void* block = heap ? heap->Take(capacity) : nullptr;
+  if (block == nullptr) {
+    heap.reset();
+    block = Pool::Get().Take(capacity);
+  }
   if (block == nullptr)
     return absl::ResourceExhaustedError("bluefog: could not allocate an output of " +
                                         std::to_string(bytes) + " bytes");
-  auto* buffer = new PooledBuffer(block, bytes, capacity);
+  auto* buffer = new PooledBuffer(block, bytes, capacity, std::move(heap));
   ::tensorflow::Tensor tensor(dtype, shape, buffer);
   buffer->Unref();  // the tensor holds its own reference
   ctx->set_output(index, tensor);

@@ -4,12 +4,17 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "mpi/shared_heap.h"
 #include "mpi/transport.h"
 
 namespace bluefog {
@@ -106,6 +111,90 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   transport->set_local_recheck_for_testing(2048);
 }
 
+// A buffer of `count` floats from the shared heap, given back at the end of its scope.
+struct HeapBlock {
+  explicit HeapBlock(int64_t count)
+      : bytes((static_cast<size_t>(count) * 4 + 4095) / 4096 * 4096),
+        data(static_cast<float*>(transport->shared_heap()->Take(bytes))) {}
+  ~HeapBlock() {
+    if (data) transport->shared_heap()->Give(data, bytes);
+  }
+  size_t bytes;
+  float* data;
+};
+
+TEST(TransportShared, HeapHandsOutBlocksOfThisRanksPart) {
+  const std::shared_ptr<SharedHeap> heap = transport->shared_heap();
+  ASSERT_NE(heap, nullptr);
+  HeapBlock a(1 << 18), b(1 << 18);
+  ASSERT_NE(a.data, nullptr);
+  ASSERT_NE(b.data, nullptr);
+  EXPECT_NE(a.data, b.data);
+  EXPECT_GE(heap->OffsetOf(a.data, a.bytes), 0);
+  EXPECT_EQ(heap->OffsetOf(a.data, a.bytes),
+            reinterpret_cast<char*>(a.data) - heap->part(info.rank));
+  int on_stack = 0;
+  EXPECT_EQ(heap->OffsetOf(&on_stack, sizeof(on_stack)), -1);
+  // More than the part holds: no block (the output pool then allocates one of its own).
+  EXPECT_EQ(heap->Take(size_t{1} << 40), nullptr);
+  // A freed block of the same capacity comes back.
+  void* first = a.data;
+  heap->Give(a.data, a.bytes);
+  a.data = static_cast<float*>(heap->Take(a.bytes));
+  EXPECT_EQ(a.data, first);
+}
+
+// Every output in the heap: the shared path, out of place and in place (the input a block too),
+// over one step and several of uneven segments; exact, and the input left alone.
+TEST(TransportShared, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
+  for (int64_t count : {int64_t{1} << 18, (int64_t{1} << 20) + 2 * info.size + 1}) {
+    const std::vector<float> in = Input(count);
+    HeapBlock out(count), buf(count);
+    ASSERT_TRUE(out.data && buf.data);
+    std::copy(in.begin(), in.end(), buf.data);
+    const uint64_t before = transport->shared_calls();
+    transport->AllreduceSum(in.data(), out.data, count, DataType::kFloat32);
+    transport->AllreduceSum(buf.data, buf.data, count, DataType::kFloat32);
+    EXPECT_EQ(transport->shared_calls() - before, 2u);
+    for (int64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(out.data[i], Expected(i)) << count << " " << i;
+      ASSERT_EQ(buf.data[i], Expected(i)) << count << " " << i;
+    }
+    EXPECT_EQ(in, Input(count));
+  }
+}
+
+TEST(TransportShared, MaxAndIntegerAverage) {
+  const int n = info.size;
+  const int64_t count = (int64_t{1} << 19) + 3;
+  const std::vector<float> in = Input(count);
+  HeapBlock out(count), ints(count);
+  transport->Allreduce(in.data(), out.data, count, DataType::kFloat32, ReduceOp::kMax, 1);
+  for (int64_t i = 0; i < count; ++i)
+    ASSERT_EQ(out.data[i], static_cast<float>(i % 17 + n - 1)) << i;
+  int32_t* v = reinterpret_cast<int32_t*>(ints.data);
+  for (int64_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>((i % 5) * 3 + info.rank);
+  transport->Allreduce(v, v, count, DataType::kInt32, ReduceOp::kSum, n);
+  for (int64_t i = 0; i < count; ++i)
+    ASSERT_EQ(v[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n)) << i;
+}
+
+// One rank's output outside the heap: every rank takes another path (a peer cannot push into
+// that output), with the same results.
+TEST(TransportShared, OneOutputOutsideTheHeapTurnsItOffForThatCall) {
+  const int64_t count = (int64_t{1} << 18) + 1;
+  const std::vector<float> in = Input(count);
+  HeapBlock block(count);
+  std::vector<float> own(count, -1.0f);
+  float* out = info.rank == 1 ? own.data() : block.data;
+  const uint64_t before = transport->shared_calls();
+  for (int call = 0; call < 3; ++call) {
+    transport->AllreduceSum(in.data(), out, count, DataType::kFloat32);
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
+  }
+  EXPECT_EQ(transport->shared_calls(), before);
+}
+
 // A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every
 // rank, naming itself, without hanging; the transport then passes messages, with the same results.
 TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
@@ -128,6 +217,7 @@ TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
   EXPECT_FALSE(transport->direct());
   transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; i += 101) ASSERT_EQ(out[i], Expected(i)) << i;
+  transport->set_staged(true);  // the shared path's tests below need the areas, not this path
 }
 
 }  // namespace
@@ -137,6 +227,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   bluefog::MpiTransport t;
   bluefog::transport = &t;
+  t.set_shared_heap_bytes(int64_t{64} << 20);
   bluefog::info = t.Init();
   // Only rank 0 prints the per-test lines.
   if (bluefog::info.rank != 0) {
@@ -147,6 +238,20 @@ int main(int argc, char** argv) {
   int worst = result;
   // Every rank's verdict decides the exit status of each.
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  // A block still out when the transport shuts down (a tensor TensorFlow still holds) stays
+  // mapped and writable; the retired heap hands out no more and is no longer the current one.
+  std::shared_ptr<bluefog::SharedHeap> heap = t.shared_heap();
+  void* kept = heap ? heap->Take(4096) : nullptr;
   t.Shutdown();
+  if (kept == nullptr) {
+    std::fprintf(stderr, "no shared heap block before shutdown\n");
+    return 1;
+  }
+  std::memset(kept, 1, 4096);
+  if (heap->Take(4096) != nullptr || bluefog::SharedHeap::Current() != nullptr) {
+    std::fprintf(stderr, "the shared heap still hands out blocks after shutdown\n");
+    worst = 1;
+  }
+  heap->Give(kept, 4096);
   return worst;
 }

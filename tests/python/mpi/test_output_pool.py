@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
+from bluefog.common import basics
 
 
 @pytest.fixture
@@ -43,3 +44,53 @@ def test_large_allreduce_outputs_reuse_touched_memory(mode, rank, size, op_name)
     want = size * (size + 1) / 2
     assert np.all(fn(x).numpy() == want)
     assert all(np.all(g.numpy() == want) for g in grouped(x))
+
+
+def test_eager_outputs_take_the_shared_path(rank, size, op_name):
+    """On one host an eager allreduce's large output is a block of the shared heap on every
+    rank, so each rank pushes its reduced part straight into its peers' outputs (the shared
+    path); an output TensorFlow forwards from the input (a temporary in a tf.function) is not
+    in the heap, and such a call takes another path. Exact either way."""
+    core = basics._load()
+    x = tf.fill([(1 << 20) + 3], float(rank + 1))  # 4 MiB + 12 bytes: uneven segments
+    want = size * (size + 1) / 2
+    before = core.bluefog_shared_allreduces()
+    for _ in range(3):
+        assert np.all(bf.allreduce(x, average=False, name=op_name).numpy() == want)
+    taken = core.bluefog_shared_allreduces() - before
+    if size > 1 and bf.local_size() == size:
+        assert taken == 3, f"rank {rank}: {taken} of 3 eager allreduces took the shared path"
+    else:
+        assert taken == 0
+    fn = tf.function(lambda t: bf.allreduce(t * 2.0, average=False, name=op_name + ".t"))
+    before = core.bluefog_shared_allreduces()
+    assert np.all(fn(x).numpy() == 2 * want)
+    assert core.bluefog_shared_allreduces() == before
+    # Switched off on one rank only: no rank takes it (each call's ranks agree on the path).
+    core.bluefog_set_shared_allreduce(0 if rank == size - 1 else 1)
+    try:
+        before = core.bluefog_shared_allreduces()
+        assert np.all(bf.allreduce(x, average=False, name=op_name + ".off").numpy() == want)
+        assert core.bluefog_shared_allreduces() == before
+    finally:
+        core.bluefog_set_shared_allreduce(1)
+
+
+def test_fused_allreduces_take_the_shared_path(rank, size, op_name):
+    """Allreduces fused into one collective run on the executor's fusion buffer, a block of the
+    shared heap on one host: in place on the shared path. Which requests fuse depends on when
+    they reach the background thread, so this asserts only that some of 5 grouped calls of 8
+    tensors did, and that every result is exact."""
+    core = basics._load()
+    xs = [tf.fill([1 << 16], float(rank + k)) for k in range(8)]  # 256 KiB each
+    fn = tf.function(lambda ts: bf.grouped_allreduce(ts, average=False, name=op_name))
+    before = core.bluefog_shared_allreduces()
+    for _ in range(5):
+        out = fn(xs)
+        for k, o in enumerate(out):
+            assert np.all(o.numpy() == size * (size - 1) / 2 + size * k)
+    taken = core.bluefog_shared_allreduces() - before
+    if size > 1 and bf.local_size() == size:
+        assert taken >= 1, f"rank {rank}: no fused allreduce of 5 x 8 tensors took the shared path"
+    else:
+        assert taken == 0

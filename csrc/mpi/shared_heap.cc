@@ -1,0 +1,69 @@
+#include "mpi/shared_heap.h"
+
+#include <sys/mman.h>
+
+namespace bluefog {
+namespace {
+
+std::mutex& CurrentMutex() {
+  static std::mutex* mutex = new std::mutex;  // never destroyed: tensors may outlive statics
+  return *mutex;
+}
+std::shared_ptr<SharedHeap>& CurrentHeap() {
+  static auto* heap = new std::shared_ptr<SharedHeap>;
+  return *heap;
+}
+
+}  // namespace
+
+SharedHeap::SharedHeap(void* base, size_t part_bytes, int rank, int size)
+    : base_(static_cast<char*>(base)), part_bytes_(part_bytes), rank_(rank), size_(size) {}
+
+SharedHeap::~SharedHeap() { munmap(base_, part_bytes_ * static_cast<size_t>(size_)); }
+
+void* SharedHeap::Take(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (retired_) return nullptr;
+  auto it = free_.find(capacity);
+  if (it != free_.end() && !it->second.empty()) {
+    void* block = it->second.back();
+    it->second.pop_back();
+    return block;
+  }
+  // Blocks are never merged or split: a training loop asks for the same few sizes every step,
+  // and an unusual size that finds no room is simply not shared (the pool allocates it).
+  if (part_bytes_ - used_ < capacity) return nullptr;
+  void* block = part(rank_) + used_;
+  used_ += capacity;
+  return block;
+}
+
+void SharedHeap::Give(void* block, size_t capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_[capacity].push_back(block);
+}
+
+void SharedHeap::Retire() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  retired_ = true;
+}
+
+int64_t SharedHeap::OffsetOf(const void* p, size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  const char* mine = part(rank_);
+  if (c < mine || c > mine + part_bytes_ || bytes > static_cast<size_t>(mine + part_bytes_ - c))
+    return -1;
+  return c - mine;
+}
+
+std::shared_ptr<SharedHeap> SharedHeap::Current() {
+  std::lock_guard<std::mutex> lock(CurrentMutex());
+  return CurrentHeap();
+}
+
+void SharedHeap::SetCurrent(std::shared_ptr<SharedHeap> heap) {
+  std::lock_guard<std::mutex> lock(CurrentMutex());
+  CurrentHeap() = std::move(heap);
+}
+
+}  // namespace bluefog
