@@ -6,8 +6,9 @@
 // per call of each variant: the ring, the direct path (peers' memory through the kernel), the
 // staged path (through the rounds' shared segment), the default for buffers of the caller's
 // (whichever of the two measured faster on the size's first calls, up to 16 MiB; the direct one
-// above) and the shared path (outputs in the shared heap, as TensorFlow outputs of 1 MiB and up
-// are), out of place and in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s").
+// above), the shared path (outputs in the shared heap, as TensorFlow outputs of 1 MiB and up
+// are) and the default for such outputs (whichever of it and the direct path measured faster),
+// out of place and in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s").
 #include <mpi.h>
 
 #include <algorithm>
@@ -32,8 +33,8 @@ constexpr Variant kVariants[] = {
     {"ring", false, false, false, false},          {"direct", true, false, false, false},
     {"direct_in_place", true, false, true, false}, {"staged", false, true, false, false},
     {"staged_in_place", false, true, true, false}, {"default", true, true, false, false},
-    {"default_in_place", true, true, true, false}, {"shared", true, true, false, true},
-    {"shared_in_place", true, true, true, true},
+    {"default_in_place", true, true, true, false}, {"shared", false, true, false, true},
+    {"shared_in_place", false, true, true, true},  {"default_shared", true, true, false, true},
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

@@ -1,7 +1,7 @@
-// The staged allreduce among ranks of one host: through data areas in the rounds' shared-memory
-// segment (LocalRounds), with plain loads and stores (MpiTransport::StagedAllreduce), and the
-// timed choice between it and the direct path (ChosenLocalAllreduce); see docs/design.md,
-// step 5 of "One request, end to end".
+// The allreduces among ranks of one host through data areas in the rounds' shared-memory
+// segment (LocalRounds), with plain loads and stores: staged (MpiTransport::StagedAllreduce)
+// and shared (outputs in the shared heap, SharedAllreduce); and the timed choice between those
+// and the direct path (LocalAllreduce). See docs/design.md, step 5 of "One request, end to end".
 #include <mpi.h>
 
 #include <algorithm>
@@ -41,8 +41,7 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
                                    ReduceOp op, int64_t divisor, bool synced) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
-  const int64_t step =
-      std::max<int64_t>(n, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
+  const int64_t step = StepElements(elem);
   const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
@@ -51,11 +50,7 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
     auto begin = [&](int k) { return m * k / n; };
     char* mine = local_rounds_->data(rank_);
     if (lo > 0 || !synced) local_rounds_->Exchange(nullptr);
-    for (int k = 1; k < n; ++k) {
-      const int s = (rank_ + k) % n;
-      std::memcpy(mine + begin(s) * elem, src + (lo + begin(s)) * elem,
-                  static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
-    }
+    StageSegments(src + lo * elem, m, elem);
     local_rounds_->Exchange(nullptr);
     for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
@@ -78,6 +73,7 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
                   static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
     }
   }
+  areas_free_ = false;  // peers may still be copying out of this rank's area
 }
 
 // Every output in the shared heap: the staged allreduce, but each rank writes the segment it
@@ -86,7 +82,8 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
 // out. A step:
 //  1. a sync (on the first step the caller's gather of the buffers): the areas are free;
 //  2. every rank copies its input's segments s != r into its own area, at their offsets;
-//  3. a sync;
+//  3. a sync (on the first step, when `staged_first`, 1 and 2 came before the caller's gather,
+//     which was this sync);
 //  4. rank r sums its own input's segment r with segment r of every peer's area into its output,
 //     kPublishBytes at a time, and copies each summed piece into every peer's output.
 // A last sync: every output is complete (and the areas free for the next call). Per rank that
@@ -96,11 +93,10 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
 // first. In place is safe for the same reason as there: rank r writes segment r of a peer's
 // buffer only after the sync that follows the peer's copy of it into its area.
 void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, DataType dtype,
-                                   ReduceOp op, int64_t divisor) {
+                                   ReduceOp op, int64_t divisor, bool staged_first) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   const int n = size_;
-  const int64_t step =
-      std::max<int64_t>(n, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
+  const int64_t step = StepElements(elem);
   const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
   const SharedHeap& heap = *local_rounds_->heap();
   peer_outputs_.resize(n);
@@ -108,17 +104,14 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
     peer_outputs_[r] = heap.part(r) + static_cast<int64_t>(peer_buffers_[3 * r + 2]);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  char* mine = local_rounds_->data(rank_);
   for (int64_t lo = 0; lo < count; lo += step) {
     const int64_t m = std::min(step, count - lo);
     auto begin = [&](int k) { return m * k / n; };
     if (lo > 0) local_rounds_->Exchange(nullptr);
-    for (int k = 1; k < n; ++k) {
-      const int s = (rank_ + k) % n;
-      std::memcpy(mine + begin(s) * elem, src + (lo + begin(s)) * elem,
-                  static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
+    if (lo > 0 || !staged_first) {
+      StageSegments(src + lo * elem, m, elem);
+      local_rounds_->Exchange(nullptr);
     }
-    local_rounds_->Exchange(nullptr);
     for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
       char* d = dst + (lo + i) * elem;
@@ -137,19 +130,49 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
     }
   }
   local_rounds_->Exchange(nullptr);
+  areas_free_ = true;  // every peer's reads of the areas came before this sync
 }
 
 // The one-host paths over the rounds' shared memory. One sync gathers every rank's input and
 // output addresses and where its output lies in the shared heap (-1: not there); it is the
-// first sync of whichever path runs, so choosing costs nothing. Every output in the heap: the
-// shared path; otherwise the staged or the direct one as before.
+// first sync of whichever path runs, so choosing costs nothing. Then: every output in the heap,
+// the shared path or the direct one; otherwise the staged or the direct one (above
+// kStagedMaxBytes the direct one), whichever measured faster (Choose); without the direct
+// path, the shared or staged one.
+//
+// Which is faster depends on the state the VM's memory is in (at 2 ranks, 1 MiB: the staged
+// path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and 2.5-3x in the other; the
+// shared one 1.65-2.07x against direct 0.90-5.31x, from launch to launch), so each power-of-two
+// size class is decided by timing it, apart for calls with every output in the heap and the
+// rest: its first calls run the two in turns, kLocalBlock calls at a time (4 blocks), the first
+// kLocalWarm calls of a block untimed (they find the other path's data in cache, and were
+// measured up to 5x slower than the rest); then every rank takes the path whose median, the
+// slowest rank's, was lower (the medians are allgathered: all ranks choose alike). Every
+// local_recheck_calls_ calls of the class after that, it is decided again the same way (at
+// most 32 calls in 2048 + 32, half of them on the slower path).
 void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                   ReduceOp op, int64_t divisor) {
-  const int64_t bytes = count * static_cast<int64_t>(ElementSize(dtype));
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  const int64_t bytes = count * elem;
+  const int size_class = SizeClass(bytes);
   const std::shared_ptr<SharedHeap>& heap = local_rounds_->heap();
   const int64_t offset = shared_enabled_.load(std::memory_order_relaxed) && heap
                              ? heap->OffsetOf(out, static_cast<size_t>(bytes))
                              : -1;
+  const bool can_choose = direct() && count >= size_;
+  auto next = [&](const LocalChoice& c) {  // 0: through the areas, 1: direct
+    return !can_choose ? 0 : c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;
+  };
+  const double start = MPI_Wtime();
+  // This output in the heap, the shared path next if every output is, and the areas free (the
+  // last call through them took the shared path, which ends with a sync): copy the first step
+  // in before the gather, so that when every output is in the heap the gather is also the
+  // shared path's sync after that copy (one sync fewer per call). Every rank decides alike
+  // then: the same history of agreed paths on all. When some output is not in the heap the
+  // copy was for nothing, and harmless: nobody reads the areas until a path fills them again.
+  const bool staged_first = offset >= 0 && areas_free_ && next(local_choice_[1][size_class]) == 0;
+  if (staged_first)
+    StageSegments(static_cast<const char*>(in), std::min(count, StepElements(elem)), elem);
   const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
                             static_cast<uint64_t>(offset)};
   peer_buffers_.resize(3 * static_cast<size_t>(size_));
@@ -157,50 +180,44 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   bool all_shared = true;
   for (int r = 0; r < size_; ++r)
     all_shared = all_shared && static_cast<int64_t>(peer_buffers_[3 * r + 2]) >= 0;
-  if (all_shared) {
-    SharedAllreduce(in, out, count, dtype, op, divisor);
-    shared_calls_.fetch_add(1, std::memory_order_relaxed);
-  } else if (direct() && count >= size_ && bytes <= kStagedMaxBytes) {
-    ChosenLocalAllreduce(in, out, count, dtype, op, divisor);
-  } else if (direct() && count >= size_) {
+  LocalChoice& c = local_choice_[all_shared ? 1 : 0][size_class];
+  const bool choose = can_choose && (all_shared || bytes <= kStagedMaxBytes);
+  const int algorithm = choose ? next(c) : can_choose ? 1 : 0;
+  if (algorithm == 1) {
     DirectAllreduce(in, out, count, dtype, op, divisor, true);
+  } else if (all_shared) {
+    SharedAllreduce(in, out, count, dtype, op, divisor, staged_first);
+    shared_calls_.fetch_add(1, std::memory_order_relaxed);
   } else {
     StagedAllreduce(in, out, count, dtype, op, divisor, true);
+  }
+  if (choose) Choose(&c, algorithm, MPI_Wtime() - start);
+}
+
+void MpiTransport::StageSegments(const char* src, int64_t m, int64_t elem) {
+  const int n = size_;
+  char* mine = local_rounds_->data(rank_);
+  for (int k = 1; k < n; ++k) {
+    const int s = (rank_ + k) % n;
+    const int64_t lo = m * s / n, hi = m * (s + 1) / n;
+    std::memcpy(mine + lo * elem, src + lo * elem, static_cast<size_t>((hi - lo) * elem));
   }
 }
 
-// Which of the two one-host paths is faster depends on the state the VM's memory is in (at
-// 2 ranks, 1 MiB: the staged path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and
-// 2.5-3x in the other, from launch to launch), so each power-of-two size class is decided by
-// timing it: its first calls run the two in turns, kLocalBlock calls at a time (4 blocks),
-// the first kLocalWarm calls of a block untimed (they find the other path's data in cache,
-// and were measured up to 5x slower than the rest); then every rank takes the path whose
-// median, the slowest rank's, was lower (the medians are allgathered: all ranks choose alike).
-// Every local_recheck_calls_ calls of the class after that, it is decided again the same way
-// (at most 32 calls in 2048 + 32, half of them on the slower path).
-void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
-                                        ReduceOp op, int64_t divisor) {
-  LocalChoice& c = local_choice_[SizeClass(count * static_cast<int64_t>(ElementSize(dtype)))];
-  const int algorithm = c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;  // 0: staged
-  const double start = MPI_Wtime();
-  if (algorithm == 0) {
-    StagedAllreduce(in, out, count, dtype, op, divisor, true);
-  } else {
-    DirectAllreduce(in, out, count, dtype, op, divisor, true);
-  }
-  if (c.pick >= 0) {
+void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
+  if (c->pick >= 0) {
     // The state can change later (it did within launches): time both again now and then.
-    if (++c.since_pick >= local_recheck_calls_) c = LocalChoice();
+    if (++c->since_pick >= local_recheck_calls_) *c = LocalChoice();
     return;
   }
-  const int in_block = c.trials % kLocalBlock;
+  const int in_block = c->trials % kLocalBlock;
   if (in_block >= kLocalWarm)
-    c.seconds[algorithm][(c.trials / (2 * kLocalBlock)) * (kLocalBlock - kLocalWarm) + in_block -
-                         kLocalWarm] = MPI_Wtime() - start;
-  if (++c.trials < 4 * kLocalBlock) return;
+    c->seconds[algorithm][(c->trials / (2 * kLocalBlock)) * (kLocalBlock - kLocalWarm) + in_block -
+                          kLocalWarm] = seconds;
+  if (++c->trials < 4 * kLocalBlock) return;
   double medians[2];
   for (int a = 0; a < 2; ++a) {
-    double* t = c.seconds[a];
+    double* t = c->seconds[a];
     std::nth_element(t, t + kLocalTrials / 2, t + kLocalTrials);
     medians[a] = t[kLocalTrials / 2];
   }
@@ -209,7 +226,7 @@ void MpiTransport::ChosenLocalAllreduce(const void* in, void* out, int64_t count
   double slowest[2] = {0, 0};
   for (int r = 0; r < size_; ++r)
     for (int a = 0; a < 2; ++a) slowest[a] = std::max(slowest[a], all[2 * r + a]);
-  c.pick = slowest[1] < slowest[0] ? 1 : 0;
+  c->pick = slowest[1] < slowest[0] ? 1 : 0;
 }
 
 int MpiTransport::SizeClass(int64_t bytes) {
@@ -218,6 +235,8 @@ int MpiTransport::SizeClass(int64_t bytes) {
   return size_class;
 }
 
-int MpiTransport::local_choice(int64_t bytes) const { return local_choice_[SizeClass(bytes)].pick; }
+int MpiTransport::local_choice(int64_t bytes, bool shared) const {
+  return local_choice_[shared ? 1 : 0][SizeClass(bytes)].pick;
+}
 
 }  // namespace bluefog

@@ -2,6 +2,7 @@
 // communicator the library duplicated for itself, so user MPI traffic never mixes with ours.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -115,8 +116,9 @@ class MpiTransport {
     return staged_enabled_ && local_rounds_ != nullptr && local_rounds_->data_bytes() > 0;
   }
   // When both one-host paths are on, which one allreduces of `bytes` (their power-of-two size
-  // class) take: 0 staged, 1 direct, -1 not decided yet (still timing both).
-  int local_choice(int64_t bytes) const;
+  // class) take: 0 staged (`shared`: every output in the shared heap, the shared path), 1
+  // direct, -1 not decided yet (still timing both).
+  int local_choice(int64_t bytes, bool shared = false) const;
   // Tests only: decide again after this many calls of a class (2048).
   void set_local_recheck_for_testing(int calls) { local_recheck_calls_ = calls; }
   // Tests only: reads from `rank` fail (a bad address), as a kernel refusing them would.
@@ -156,15 +158,20 @@ class MpiTransport {
   void StagedAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                        int64_t divisor, bool synced = false);
   // Every rank's output in the shared heap: pushed into the peers' outputs with plain stores.
+  // `staged_first`: the first step's segments are already in this rank's area, and the
+  // caller's gather was the sync after that.
   void SharedAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
-                       int64_t divisor);
+                       int64_t divisor, bool staged_first);
+  // Copies segments s != rank of the `m` elements at `src` (one step) into this rank's area.
+  void StageSegments(const char* src, int64_t m, int64_t elem);
+  // Elements of a call the staged and shared paths take per step.
+  int64_t StepElements(int64_t elem) const {
+    return std::max<int64_t>(size_, static_cast<int64_t>(local_rounds_->data_bytes()) / elem);
+  }
   // The one-host paths through the rounds' shared memory: the shared one when every output is
   // in the heap, else the staged or the direct one (staged_allreduce.cc).
   void LocalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                       int64_t divisor);
-  // The staged or the direct path, whichever measured faster for this size.
-  void ChosenLocalAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
-                            int64_t divisor);
   static int SizeClass(int64_t bytes);  // floor(log2(bytes))
   // Whether every rank of this (single-host) communicator can read every other's memory.
   void ProbeDirect();
@@ -193,6 +200,9 @@ class MpiTransport {
   int64_t shared_heap_bytes_ = 0;  // see set_shared_heap_bytes
   std::atomic<bool> shared_enabled_{true};
   std::atomic<uint64_t> shared_calls_{0};
+  // No peer reads this rank's staging area until a path fills it again: the last call through
+  // the areas (if any) took the shared path, which ends with a sync.
+  bool areas_free_ = true;
   std::vector<char*> peer_outputs_;      // SharedAllreduce: every rank's output, in this mapping
   static constexpr int kLocalBlock = 8;  // calls of one one-host path in a row while choosing
   static constexpr int kLocalWarm = 3;   // of which untimed
@@ -203,7 +213,10 @@ class MpiTransport {
     int since_pick = 0;
     double seconds[2][kLocalTrials] = {};
   };
-  LocalChoice local_choice_[64];    // by power-of-two size class
+  // Records a timed call of `algorithm` while choosing; chooses after the last one.
+  void Choose(LocalChoice* c, int algorithm, double seconds);
+  // [every output in the heap][power-of-two size class]
+  LocalChoice local_choice_[2][64];
   int local_recheck_calls_ = 2048;  // calls of a class between two choices
   // The exchange's buffers, and its shared memory when `one_host` (exchange.cc).
   void SetUpExchange(bool one_host);
