@@ -24,12 +24,7 @@ SharedHeap::~SharedHeap() { munmap(base_, part_bytes_ * static_cast<size_t>(size
 void* SharedHeap::Take(size_t capacity) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (retired_) return nullptr;
-  auto it = free_.find(capacity);
-  if (it != free_.end() && !it->second.empty()) {
-    void* block = it->second.back();
-    it->second.pop_back();
-    return block;
-  }
+  if (void* block = free_.Pop(capacity)) return block;
   // Blocks are never merged or split: a training loop asks for the same few sizes every step,
   // and an unusual size that finds no room is simply not shared (the pool allocates it).
   if (part_bytes_ - used_ < capacity) return nullptr;
@@ -40,7 +35,7 @@ void* SharedHeap::Take(size_t capacity) {
 
 void SharedHeap::Give(void* block, size_t capacity) {
   std::lock_guard<std::mutex> lock(mutex_);
-  free_[capacity].push_back(block);
+  free_.Push(block, capacity);
 }
 
 void SharedHeap::Retire() {

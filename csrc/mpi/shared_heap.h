@@ -7,10 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
+
+#include "core/free_blocks.h"
 
 namespace bluefog {
 
@@ -48,7 +48,7 @@ class SharedHeap {
   std::mutex mutex_;
   size_t used_ = 0;  // bytes of this rank's part handed out at least once
   bool retired_ = false;
-  std::map<size_t, std::vector<void*>> free_;
+  FreeBlocks free_;
 };
 
 }  // namespace bluefog

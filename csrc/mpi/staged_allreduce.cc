@@ -55,15 +55,7 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
     for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
       char* d = dst + (lo + i) * elem;
-      for (int k = 1; k < n; ++k) {
-        const char* theirs = local_rounds_->data((rank_ + k) % n) + i * elem;
-        const char* acc = k == 1 ? src + (lo + i) * elem : d;
-        if (op == ReduceOp::kSum) {
-          SumOf(d, acc, theirs, len, dtype, k == n - 1 ? divisor : 1);
-        } else {
-          ReduceOf(d, acc, theirs, len, dtype, op);
-        }
-      }
+      ReduceWithAreas(src + (lo + i) * elem, d, i, len, dtype, op, divisor);
       std::memcpy(mine + i * elem, d, static_cast<size_t>(len * elem));
     }
     local_rounds_->Exchange(nullptr);
@@ -115,15 +107,7 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
     for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
       char* d = dst + (lo + i) * elem;
-      for (int k = 1; k < n; ++k) {
-        const char* theirs = local_rounds_->data((rank_ + k) % n) + i * elem;
-        const char* acc = k == 1 ? src + (lo + i) * elem : d;
-        if (op == ReduceOp::kSum) {
-          SumOf(d, acc, theirs, len, dtype, k == n - 1 ? divisor : 1);
-        } else {
-          ReduceOf(d, acc, theirs, len, dtype, op);
-        }
-      }
+      ReduceWithAreas(src + (lo + i) * elem, d, i, len, dtype, op, divisor);
       for (int k = 1; k < n; ++k)
         std::memcpy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, d,
                     static_cast<size_t>(len * elem));
@@ -164,16 +148,16 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   auto next = [&](const LocalChoice& c) {  // 0: through the areas, 1: direct
     return !can_choose ? 0 : c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;
   };
-  const double start = MPI_Wtime();
   // This output in the heap, the shared path next if every output is, and the areas free (the
   // last call through them took the shared path, which ends with a sync): copy the first step
   // in before the gather, so that when every output is in the heap the gather is also the
   // shared path's sync after that copy (one sync fewer per call). Every rank decides alike
   // then: the same history of agreed paths on all. When some output is not in the heap the
   // copy was for nothing, and harmless: nobody reads the areas until a path fills them again.
-  const bool chosen = bytes <= kStagedMaxBytes;  // above it, no timed choice
+  const bool timed = can_choose && bytes <= kStagedMaxBytes;  // above it, no timed choice
+  const double start = timed ? MPI_Wtime() : 0.0;
   const bool staged_first =
-      offset >= 0 && areas_free_ && (!chosen || next(local_choice_[1][size_class]) == 0);
+      offset >= 0 && areas_free_ && (!timed || next(local_choice_[1][size_class]) == 0);
   if (staged_first)
     StageSegments(static_cast<const char*>(in), std::min(count, StepElements(elem)), elem);
   const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
@@ -184,8 +168,7 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   for (int r = 0; r < size_; ++r)
     all_shared = all_shared && static_cast<int64_t>(peer_buffers_[3 * r + 2]) >= 0;
   LocalChoice& c = local_choice_[all_shared ? 1 : 0][size_class];
-  const bool choose = can_choose && chosen;
-  const int algorithm = choose ? next(c) : can_choose && !all_shared ? 1 : 0;
+  const int algorithm = timed ? next(c) : can_choose && !all_shared ? 1 : 0;
   if (algorithm == 1) {
     DirectAllreduce(in, out, count, dtype, op, divisor, true);
   } else if (all_shared) {
@@ -194,7 +177,22 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   } else {
     StagedAllreduce(in, out, count, dtype, op, divisor, true);
   }
-  if (choose) Choose(&c, algorithm, MPI_Wtime() - start);
+  if (timed) Choose(&c, algorithm, MPI_Wtime() - start);
+}
+
+void MpiTransport::ReduceWithAreas(const char* own, char* out, int64_t at, int64_t len,
+                                   DataType dtype, ReduceOp op, int64_t divisor) {
+  const int n = size_;
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  for (int k = 1; k < n; ++k) {
+    const char* theirs = local_rounds_->data((rank_ + k) % n) + at * elem;
+    const char* acc = k == 1 ? own : out;
+    if (op == ReduceOp::kSum) {
+      SumOf(out, acc, theirs, len, dtype, k == n - 1 ? divisor : 1);
+    } else {
+      ReduceOf(out, acc, theirs, len, dtype, op);
+    }
+  }
 }
 
 void MpiTransport::StageSegments(const char* src, int64_t m, int64_t elem) {

@@ -107,10 +107,12 @@ class MpiTransport {
   // with the others); and how many allreduces took it so far.
   void set_shared(bool enabled) { shared_enabled_.store(enabled, std::memory_order_relaxed); }
   uint64_t shared_calls() const { return shared_calls_.load(std::memory_order_relaxed); }
-  // One-host allreduces up to this size may be staged (whichever of that and the direct path
-  // measured faster); above it the direct path runs. Measured at 2 ranks on the 2-core VM
-  // (bench/transport_vs_mpi.cc, 12 launches, in-place MPI / bluefog, out of place): 64 MiB
-  // staged 1.34-2.43x, direct 1.82-2.17x (docs/benchmarks.md).
+  // One-host allreduces up to this size take whichever of the paths through the areas (staged,
+  // or shared when every output is in the heap) and the direct path measured faster; above it
+  // the shared path when every output is in the heap, else the direct one. Measured at 2 ranks
+  // on the 2-core VM (bench/transport_vs_mpi.cc, in-place MPI / bluefog, out of place): 64 MiB
+  // staged 1.34-2.43x, direct 1.82-2.17x over 12 launches; shared 1.33-3.36x over 7
+  // (docs/benchmarks.md).
   static constexpr int64_t kStagedMaxBytes = int64_t{16} << 20;
   bool staged() const {
     return staged_enabled_ && local_rounds_ != nullptr && local_rounds_->data_bytes() > 0;
@@ -162,6 +164,10 @@ class MpiTransport {
   // caller's gather was the sync after that.
   void SharedAllreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                        int64_t divisor, bool staged_first);
+  // out[0, len) = own[0, len) reduced with elements [at, at + len) of every peer's area (the
+  // last reduction also divides by `divisor`); `out` may equal `own`.
+  void ReduceWithAreas(const char* own, char* out, int64_t at, int64_t len, DataType dtype,
+                       ReduceOp op, int64_t divisor);
   // Copies segments s != rank of the `m` elements at `src` (one step) into this rank's area.
   void StageSegments(const char* src, int64_t m, int64_t elem);
   // Elements of a call the staged and shared paths take per step.

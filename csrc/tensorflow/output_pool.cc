@@ -1,11 +1,10 @@
 #include "tensorflow/output_pool.h"
 
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
 
+#include "core/free_blocks.h"
 #include "mpi/shared_heap.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -27,22 +26,15 @@ class Pool {
   void* Take(size_t capacity) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = free_.find(capacity);
-      if (it != free_.end() && !it->second.empty()) {
-        void* block = it->second.back();
-        it->second.pop_back();
-        free_bytes_ -= capacity;
-        return block;
-      }
+      if (void* block = free_.Pop(capacity)) return block;
     }
     return std::aligned_alloc(kPage, capacity);
   }
   void Give(void* block, size_t capacity) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (free_bytes_ + capacity <= kMaxFreeBytes) {
-        free_[capacity].push_back(block);
-        free_bytes_ += capacity;
+      if (free_.bytes() + capacity <= kMaxFreeBytes) {
+        free_.Push(block, capacity);
         return;
       }
     }
@@ -51,8 +43,7 @@ class Pool {
 
  private:
   std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> free_;
-  size_t free_bytes_ = 0;
+  FreeBlocks free_;
 };
 
 // A block of the shared heap when one is running and has room (peers can then push into the
