@@ -119,11 +119,10 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
 
 // The one-host paths over the rounds' shared memory. One sync gathers every rank's input and
 // output addresses and where its output lies in the shared heap (-1: not there); it is the
-// first sync of whichever path runs, so choosing costs nothing. Then: every output in the heap,
-// the shared path or the direct one; otherwise the staged or the direct one; whichever measured
-// faster (Choose) up to kStagedMaxBytes, and above it the shared path or the direct one (the
-// choice's trials of a 64 MiB class made a page-fault test fail: 1638 faults per call); without
-// the direct path, the shared or staged one.
+// first sync of whichever path runs, so choosing costs nothing. Then, whichever measured faster
+// (Choose): every output in the heap, the shared path or the direct one, at every size;
+// otherwise the staged or the direct one up to kStagedMaxBytes, and above it the direct one.
+// Without the direct path, the shared or staged one.
 //
 // Which is faster depends on the state the VM's memory is in (at 2 ranks, 1 MiB: the staged
 // path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and 2.5-3x in the other; the
@@ -154,10 +153,9 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   // shared path's sync after that copy (one sync fewer per call). Every rank decides alike
   // then: the same history of agreed paths on all. When some output is not in the heap the
   // copy was for nothing, and harmless: nobody reads the areas until a path fills them again.
-  const bool timed = can_choose && bytes <= kStagedMaxBytes;  // above it, no timed choice
-  const double start = timed ? MPI_Wtime() : 0.0;
-  const bool staged_first =
-      offset >= 0 && areas_free_ && (!timed || next(local_choice_[1][size_class]) == 0);
+  const bool small = bytes <= kStagedMaxBytes;
+  const double start = can_choose && (small || offset >= 0) ? MPI_Wtime() : 0.0;
+  const bool staged_first = offset >= 0 && areas_free_ && next(local_choice_[1][size_class]) == 0;
   if (staged_first)
     StageSegments(static_cast<const char*>(in), std::min(count, StepElements(elem)), elem);
   const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
@@ -168,7 +166,8 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   for (int r = 0; r < size_; ++r)
     all_shared = all_shared && static_cast<int64_t>(peer_buffers_[3 * r + 2]) >= 0;
   LocalChoice& c = local_choice_[all_shared ? 1 : 0][size_class];
-  const int algorithm = timed ? next(c) : can_choose && !all_shared ? 1 : 0;
+  const bool timed = can_choose && (all_shared || small);
+  const int algorithm = timed ? next(c) : can_choose ? 1 : 0;
   if (algorithm == 1) {
     DirectAllreduce(in, out, count, dtype, op, divisor, true);
   } else if (all_shared) {

@@ -107,9 +107,9 @@ class MpiTransport {
   // with the others); and how many allreduces took it so far.
   void set_shared(bool enabled) { shared_enabled_.store(enabled, std::memory_order_relaxed); }
   uint64_t shared_calls() const { return shared_calls_.load(std::memory_order_relaxed); }
-  // One-host allreduces up to this size take whichever of the paths through the areas (staged,
-  // or shared when every output is in the heap) and the direct path measured faster; above it
-  // the shared path when every output is in the heap, else the direct one. Measured at 2 ranks
+  // One-host allreduces up to this size take whichever of the staged and the direct path
+  // measured faster; above it the direct one. (With every output in the heap, the shared and
+  // the direct path are timed at every size.) Measured at 2 ranks
   // on the 2-core VM (bench/transport_vs_mpi.cc, in-place MPI / bluefog, out of place): 64 MiB
   // staged 1.34-2.43x, direct 1.82-2.17x over 12 launches; shared 1.33-3.36x over 7
   // (docs/benchmarks.md).
