@@ -18,6 +18,7 @@ from bluefog.tensorflow.compression import check as compression_check
 from bluefog.tensorflow.op_library import (
     device_scope,
     eager_inline_attrs,
+    eager_name,
     forward_name,
     name_input,
     one_device,
@@ -70,6 +71,7 @@ def _check_scale(prescale_factor, postscale_factor, dtype: tf.DType, reduce_op: 
 # TensorFlow's eager fast path refuses for a float attribute, so every eager call took the slow
 # fallback path (about 30-100 us more per call).
 _UNSCALED = {"prescale_factor": 1.0, "postscale_factor": 1.0}
+_UNSCALED_INLINE = {**_UNSCALED, "eager_inline": True}
 
 
 def _scale_attrs(prescale_factor, postscale_factor) -> dict:
@@ -134,6 +136,14 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     ``ignore_name_scope`` is accepted for its signature: request names never include the
     TensorFlow name scope here.
     """
+    if (op is None and compression is Compression.none and not device and not device_dense
+            and not device_sparse and process_set is None and prescale_factor == 1.0
+            and postscale_factor == 1.0 and ignore_name_scope is False
+            and (average is True or average is False)):
+        name_tensor = eager_name(tensor, name, "allreduce")
+        if name_tensor is not None:  # the common eager call (op_library.eager_name)
+            return ops.bluefog_allreduce(tensor, tensor_name=name_tensor, average=average,
+                                         **_UNSCALED_INLINE)
     name = request_name("allreduce", name)
     device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope, "allreduce",
                              name)
@@ -315,6 +325,10 @@ def allgather(tensor: Union[tf.Tensor, tf.Variable], name: Optional[str] = None,
     Ranks may pass different sizes of dimension 0; rank and the other dimensions must match.
     ``process_set``: gather over that set's ranks only (in their order).
     """
+    if process_set is None and ignore_name_scope is False:
+        name_tensor = eager_name(tensor, name, "allgather")
+        if name_tensor is not None and tensor.shape.rank:  # op_library.eager_name
+            return ops.bluefog_allgather(tensor, tensor_name=name_tensor, eager_inline=True)
     name = request_name("allgather", name)
     _horovod_device("", "", "", ignore_name_scope, "allgather", name)
     tensor = to_tensor(tensor, "allgather", name)

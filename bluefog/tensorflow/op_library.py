@@ -103,6 +103,38 @@ _INLINE_ATTRS = {"eager_inline": True}
 _NO_ATTRS: dict = {}
 
 
+try:  # the type of eager tensors; a private name, so the lean path below is optional
+    from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
+except ImportError:  # pragma: no cover - every TensorFlow 2.16-2.21 has it
+    _EagerTensor = None
+
+_accepted: dict = {}
+
+
+def eager_name(tensor, name, op: str):
+    """For the lean path of an eager call with every other argument at its default: the name
+    input cached for ``name`` (by an earlier call through the full path), when ``tensor`` is an
+    eager tensor of a dtype ``op`` accepts, the call is eager and may run inline. Otherwise
+    None, and the caller takes its full path, which checks everything and reports what is wrong.
+
+    The checks the full path makes are each cheap, but together they cost about 8 us of an eager
+    call's 26 us above TensorFlow's own dispatch (measured on the development VM; see
+    docs/benchmarks.md). The cache's order is not refreshed here: a name used often is then
+    made again after 4096 others, which costs one call through the full path.
+    """
+    if type(tensor) is not _EagerTensor or type(name) is not str or not EAGER_INLINE["on"]:
+        return None
+    t = _name_tensors.get(name)
+    if t is None:
+        return None
+    allowed = _accepted.get(op)
+    if allowed is None:
+        allowed = _accepted[op] = op_rules.accepted_dtypes(op)
+    if tensor.dtype not in allowed or not tf.executing_eagerly():
+        return None
+    return t
+
+
 def eager_inline_attrs() -> dict:
     """``{"eager_inline": True}`` when executing eagerly (the caller waits for the result, so
     it may run the collective itself), else nothing: graph ops keep the attr's default."""

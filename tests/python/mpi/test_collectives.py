@@ -469,7 +469,9 @@ def test_eager_calls_take_tensorflows_fast_path(rank, size, op_name, monkeypatch
 
     monkeypatch.setattr(pywrap_tfe, "TFE_Py_FastPathExecute", spy)
     x = tf.constant([1.0, 2.0])
-    bf.allreduce(x, name=f"{op_name}.a")
+    for _ in range(2):  # the second call of a name takes the lean path (op_library.eager_name)
+        bf.allreduce(x, name=f"{op_name}.a")
+        bf.allgather(x, name=f"{op_name}.e2")
     bf.allreduce(x, average=False, op=bf.Max, name=f"{op_name}.b")
     bf.allreduce(tf.constant([1.0], tf.float64), prescale_factor=0.5, name=f"{op_name}.c")
     bf.grouped_allreduce([x, x * 2], name=f"{op_name}.d")
@@ -478,3 +480,39 @@ def test_eager_calls_take_tensorflows_fast_path(rank, size, op_name, monkeypatch
     bf.barrier()
     bf.neighbor_allreduce(x, name=f"{op_name}.g")
     assert not refused, refused
+
+
+def test_eager_lean_path_checks_what_the_full_path_checks(rank, size, op_name):
+    """A name's second eager call skips the wrapper's checks (op_library.eager_name) only when
+    every argument is one the checks would pass: other calls of the same name still get the full
+    path's errors, and the same name inside a tf.function still builds a graph op that does not
+    run inline."""
+    from bluefog.tensorflow import op_library
+
+    x = tf.constant([rank + 1.0, 2.0])
+    name = f"{op_name}.r"
+    for average in (False, True, False):
+        got = bf.allreduce(x, average=average, name=name).numpy()
+        total = size * (size + 1) / 2
+        np.testing.assert_allclose(got, [total / size if average else total,
+                                         2.0 if average else 2.0 * size])
+    assert op_library.eager_name(x, name, "allreduce") is not None, "the lean path was not taken"
+    # A dtype the op refuses, under a name the lean path knows: the full path's error.
+    with pytest.raises(TypeError, match=rf"rank {rank}: bluefog allreduce of tensor '{name}'"):
+        bf.allreduce(tf.constant([True]), name=name)
+    with pytest.raises(TypeError, match="average must be a bool"):
+        bf.allreduce(x, average=1, name=name)
+    # A graph: eager_inline stays off (the executor must not be blocked by one op).
+    fn = tf.function(lambda: bf.allreduce(x, average=False, name=name))
+    graph = fn.get_concrete_function().graph
+    ops = [o for o in graph.get_operations() if o.type == "BluefogAllreduce"]
+    assert ops and not any(o.get_attr("eager_inline") for o in ops)
+    np.testing.assert_allclose(fn().numpy(), [size * (size + 1) / 2, 2.0 * size])
+
+    g = f"{op_name}.g"
+    for _ in range(2):
+        np.testing.assert_array_equal(bf.allgather(tf.constant([[rank]]), name=g).numpy(),
+                                      [[r] for r in range(size)])
+    # A scalar under a known name: still the full path's error, not the op's.
+    with pytest.raises(ValueError, match=rf"rank {rank}: bluefog allgather of tensor '{g}'"):
+        bf.allgather(tf.constant(rank), name=g)
