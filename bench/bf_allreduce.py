@@ -28,6 +28,18 @@ from bluefog.common import basics  # noqa: E402
 from bluefog.tensorflow import op_library  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
+CHAIN = 8
+
+
+def chained(t, factor, name):
+    """CHAIN multiplications by `factor`, each followed by an allreduce of its result (a
+    temporary the kernel may reduce in place) when `name` is given."""
+    for k in range(CHAIN):
+        t = t * factor
+        if name:
+            t = bf.allreduce(t, average=False, name=f"{name}.{k}")
+    return t
+
 
 def sizes_up_to(max_bytes):
     b, out = 4, []
@@ -142,6 +154,7 @@ def main() -> None:
     for _ in range(300):
         bf.allreduce(warm, name="bench.warmup")
 
+    factor = tf.constant(1.0 / n)  # keeps a chain's values constant (see chained)
     for nbytes in sizes_up_to(args.max_bytes):
         x = tf.fill([nbytes // 4], float(me + 1))
         expected = n * (n + 1) / 2
@@ -158,6 +171,14 @@ def main() -> None:
         fn_temp = tf.function(
             lambda t, nb=nbytes: bf.allreduce(t * 2.0, average=False, name=f"t.{nb}"))
         fn_scale = tf.function(lambda t: t * 2.0)
+        # The same, as a training step pays it: CHAIN allreduces of temporaries in one function
+        # call, each feeding the next (so none fuse), against the function of the CHAIN
+        # multiplications alone; per call, (chain - its multiplications) / CHAIN. Calling a
+        # tf.function costs 0.3-0.6 ms on these VMs, which the single call above pays per
+        # allreduce and a step pays once. The factor is an input, so grappler cannot fold the
+        # multiplications together.
+        fn_chain = tf.function(lambda t, s, nb=nbytes: chained(t, s, f"c.{nb}"))
+        fn_chain_scale = tf.function(lambda t, s: chained(t, s, None))
         batches = {
             "bf_eager": per_call(eager),
             "bf_eager_handoff": per_call(handed_off(eager)),
@@ -171,12 +192,16 @@ def main() -> None:
             "bf_function": per_call(lambda x=x, fn=fn: fn(x)),
             "bf_function_temp": per_call(lambda x=x, fn=fn_temp: fn(x)),
             "tf_function_scale": per_call(lambda x=x, fn=fn_scale: fn(x)),
+            "bf_chain_temp": per_call(lambda x=x, fn=fn_chain: fn(x, factor)),
+            "tf_chain_scale": per_call(lambda x=x, fn=fn_chain_scale: fn(x, factor)),
         }
         if lib:
             batches["mpi_inproc"] = raw_mpi(lib, nbytes)
             batches["mpi_inproc_oop"] = raw_mpi(lib, nbytes, out_of_place=True)
+        got = fn_chain(x, factor).numpy()
+        assert np.allclose(got, expected / n), f"wrong chained allreduce result at {nbytes} bytes"
         for impl, t in timed(batches, args.budget, args.reps).items():
-            emit(impl=impl, bytes=nbytes, median_s=t)
+            emit(impl=impl, bytes=nbytes, median_s=t / CHAIN if "chain" in impl else t)
         # Page faults per call in steady state (fresh memory would fault on every page).
         for impl, step in (("bf_eager", eager), ("bf_function_temp", lambda x=x, f=fn_temp: f(x))):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

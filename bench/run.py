@@ -108,7 +108,9 @@ def main() -> None:
               f"(rank max), {n} ranks: " + "; ".join(
                   f"{fmt_size(b)}: tf.function with a temporary "
                   f"{fmt_time(by[('bf_function_temp', b)])} of which making it "
-                  f"{fmt_time(by[('tf_function_scale', b)])}, raw MPI in place "
+                  f"{fmt_time(by[('tf_function_scale', b)])}, per call in a chain of "
+                  f"{fmt_time(by[('bf_chain_temp', b)])} of which making it "
+                  f"{fmt_time(by[('tf_chain_scale', b)])}, raw MPI in place "
                   f"{fmt_time(by[('mpi_inproc', b)])}; faults eager "
                   f"{faults[('faults_bf_eager', b)]:.0f}, temporary "
                   f"{faults[('faults_bf_function_temp', b)]:.0f}"
