@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/logging.h"
 #include "core/reduce_kernels.h"
 #include "mpi/shared_heap.h"
 #include "mpi/transport.h"
@@ -128,12 +129,16 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
 // path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and 2.5-3x in the other; the
 // shared one 1.65-2.07x against direct 0.90-5.31x, from launch to launch), so each power-of-two
 // size class is decided by timing it, apart for calls with every output in the heap and the
-// rest: its first calls run the two in turns, kLocalBlock calls at a time (4 blocks), the first
-// kLocalWarm calls of a block untimed (they find the other path's data in cache, and were
-// measured up to 5x slower than the rest); then every rank takes the path whose median, the
-// slowest rank's, was lower (the medians are allgathered: all ranks choose alike). Every
-// local_recheck_calls_ calls of the class after that, it is decided again the same way (at
-// most 32 calls in 2048 + 32, half of them on the slower path).
+// rest: its first kLocalStartCalls calls go through the areas, untimed (the first calls of a
+// job run slower while ranks and pages settle: one launch timed the shared path's first block
+// at 4x its later calls, and chose the direct path, 2x slower, for good); then the two run in
+// turns, kLocalBlock calls at a time (4 blocks), the first kLocalWarm calls of a block untimed
+// (they find the other path's data in cache, and were measured up to 5x slower than the rest);
+// then every rank takes the path whose median, the slowest rank's, was lower (the medians are
+// allgathered: all ranks choose alike). kLocalFirstRecheck calls after the first choice, and
+// every local_recheck_calls_ calls of the class after later ones, it is decided again the same
+// way, without the untimed start (at most 32 calls in 2048 + 32 in steady state, half of them
+// on the slower path).
 void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                   ReduceOp op, int64_t divisor) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
@@ -145,7 +150,7 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
                              : -1;
   const bool can_choose = direct() && count >= size_;
   auto next = [&](const LocalChoice& c) {  // 0: through the areas, 1: direct
-    return !can_choose ? 0 : c.pick >= 0 ? c.pick : (c.trials / kLocalBlock) % 2;
+    return !can_choose ? 0 : c.pick >= 0 ? c.pick : c.start > 0 ? 0 : (c.trials / kLocalBlock) % 2;
   };
   // This output in the heap, the shared path next if every output is, and the areas free (the
   // last call through them took the shared path, which ends with a sync): copy the first step
@@ -206,8 +211,21 @@ void MpiTransport::StageSegments(const char* src, int64_t m, int64_t elem) {
 
 void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
   if (c->pick >= 0) {
-    // The state can change later (it did within launches): time both again now and then.
-    if (++c->since_pick >= local_recheck_calls_) *c = LocalChoice();
+    // The state can change later (it did within launches): time both again now and then,
+    // the first time soon (a choice made while the job was starting can be off; see
+    // LocalAllreduce), without the untimed start.
+    const int period =
+        c->picks == 1 ? std::min(kLocalFirstRecheck, local_recheck_calls_) : local_recheck_calls_;
+    if (++c->since_pick >= period) {
+      const int picks = c->picks;
+      *c = LocalChoice();
+      c->start = 0;
+      c->picks = picks;
+    }
+    return;
+  }
+  if (c->start > 0) {
+    --c->start;
     return;
   }
   const int in_block = c->trials % kLocalBlock;
@@ -227,6 +245,12 @@ void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
   for (int r = 0; r < size_; ++r)
     for (int a = 0; a < 2; ++a) slowest[a] = std::max(slowest[a], all[2 * r + a]);
   c->pick = slowest[1] < slowest[0] ? 1 : 0;
+  ++c->picks;
+  if (rank_ == 0)
+    BF_LOG(LogLevel::kDebug, "allreduce size class ", int64_t{1} << (c - local_choice_[0]) % 64,
+           " bytes", c >= local_choice_[1] ? " (outputs in the shared heap)" : "",
+           ": through the areas ", slowest[0] * 1e3, " ms, direct ", slowest[1] * 1e3,
+           " ms (slowest rank's medians); takes ", c->pick == 1 ? "direct" : "the areas");
 }
 
 int MpiTransport::SizeClass(int64_t bytes) {

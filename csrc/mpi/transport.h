@@ -121,6 +121,14 @@ class MpiTransport {
   // class) take: 0 staged (`shared`: every output in the shared heap, the shared path), 1
   // direct, -1 not decided yet (still timing both).
   int local_choice(int64_t bytes, bool shared = false) const;
+  // Calls of a class before its first choice: kLocalStartCalls on the path through the areas,
+  // then 4 blocks of kLocalBlock, the two paths in turns.
+  static constexpr int kLocalStartCalls = 16;
+  static constexpr int kLocalBlock = 8;  // calls of one one-host path in a row while choosing
+  static constexpr int kLocalChooseCalls = kLocalStartCalls + 4 * kLocalBlock;
+  // The first choice of a class is made again after this many calls (or set_local_recheck's,
+  // if fewer), later ones after local_recheck_calls_.
+  static constexpr int kLocalFirstRecheck = 256;
   // Tests only: decide again after this many calls of a class (2048).
   void set_local_recheck_for_testing(int calls) { local_recheck_calls_ = calls; }
   // Tests only: reads from `rank` fail (a bad address), as a kernel refusing them would.
@@ -209,14 +217,15 @@ class MpiTransport {
   // No peer reads this rank's staging area until a path fills it again: the last call through
   // the areas (if any) took the shared path, which ends with a sync.
   bool areas_free_ = true;
-  std::vector<char*> peer_outputs_;      // SharedAllreduce: every rank's output, in this mapping
-  static constexpr int kLocalBlock = 8;  // calls of one one-host path in a row while choosing
-  static constexpr int kLocalWarm = 3;   // of which untimed
+  std::vector<char*> peer_outputs_;     // SharedAllreduce: every rank's output, in this mapping
+  static constexpr int kLocalWarm = 3;  // of a block's calls, untimed
   static constexpr int kLocalTrials = 2 * (kLocalBlock - kLocalWarm);  // timed calls of each
   struct LocalChoice {
+    int start = kLocalStartCalls;  // untimed calls still to make before the trials
     int trials = 0;
     int pick = -1;
     int since_pick = 0;
+    int picks = 0;  // choices made so far
     double seconds[2][kLocalTrials] = {};
   };
   // Records a timed call of `algorithm` while choosing; chooses after the last one.

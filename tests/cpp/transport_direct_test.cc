@@ -88,13 +88,13 @@ TEST(TransportDirect, StagedMaxAndIntegerAverage) {
     ASSERT_EQ(ints[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n)) << i;
 }
 
-// With both paths on, a size class's first 32 calls time both in turns (exact all along);
-// then every rank has chosen the same one.
+// With both paths on, a size class's first kLocalChooseCalls calls (16 untimed, then both in
+// turns) are exact all along; then every rank has chosen the same one.
 TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   ASSERT_TRUE(transport->staged() && transport->direct());
   const int64_t count = (int64_t{1} << 21) + 5;  // 8 MiB + 20 bytes: no other test uses this class
   std::vector<float> in = Input(count), out(count, 0.0f);
-  for (int call = 0; call < 32; ++call) {
+  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call) {
     EXPECT_EQ(transport->local_choice(count * 4), -1) << call;
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
@@ -112,7 +112,7 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   for (int call = 0; call < 3; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   EXPECT_EQ(transport->local_choice(count * 4), -1);
-  for (int call = 0; call < 32; ++call)
+  for (int call = 0; call < 4 * MpiTransport::kLocalBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
   const int again = transport->local_choice(count * 4);
@@ -124,7 +124,12 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   // Every output in the heap: the class is timed apart (shared path against direct), and every
   // rank again takes the same.
   HeapBlock block(count);
-  for (int call = 0; call < 32; ++call) {
+  const uint64_t shared_before = transport->shared_calls();
+  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call) {
+    // The untimed start goes through the areas: here the shared path.
+    if (call == MpiTransport::kLocalStartCalls)
+      EXPECT_EQ(transport->shared_calls() - shared_before,
+                uint64_t{MpiTransport::kLocalStartCalls});
     EXPECT_EQ(transport->local_choice(count * 4, true), -1) << call;
     transport->AllreduceSum(in.data(), block.data, count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97)

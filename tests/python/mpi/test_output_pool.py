@@ -32,10 +32,12 @@ def test_large_allreduce_outputs_reuse_touched_memory(mode, rank, size, op_name)
 
     if mode == "function":
         fn, grouped = tf.function(fn), tf.function(grouped)
-    # Warm-up: each process faults in a peer's output block the first time it writes there
-    # (the shared path), and while the one-host paths are still being timed in turns some
-    # blocks are first written so only in the fourth iteration (docs/benchmarks.md).
-    for _ in range(8):
+    # Warm-up: each process faults in the pages of an output block the first time it writes
+    # there through its own mapping, and while the one-host paths are still being timed in
+    # turns (a size class's first 48 calls: 16 on the shared path, then both paths in turns;
+    # 3 calls per iteration here) some blocks are first written so late in that window
+    # (docs/benchmarks.md). Steady state starts after it.
+    for _ in range(17):
         fn(x)
         grouped(x)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
