@@ -129,16 +129,17 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
 // path 1.8x MPI and the direct one 0.9x in one state, 1.2-1.5x and 2.5-3x in the other; the
 // shared one 1.65-2.07x against direct 0.90-5.31x, from launch to launch), so each power-of-two
 // size class is decided by timing it, apart for calls with every output in the heap and the
-// rest: its first kLocalStartCalls calls go through the areas, untimed (the first calls of a
-// job run slower while ranks and pages settle: one launch timed the shared path's first block
-// at 4x its later calls, and chose the direct path, 2x slower, for good); then the two run in
-// turns, kLocalBlock calls at a time (4 blocks), the first kLocalWarm calls of a block untimed
-// (they find the other path's data in cache, and were measured up to 5x slower than the rest);
-// then every rank takes the path whose median, the slowest rank's, was lower (the medians are
-// allgathered: all ranks choose alike). kLocalFirstRecheck calls after the first choice, and
-// every local_recheck_calls_ calls of the class after later ones, it is decided again the same
-// way, without the untimed start (at most 32 calls in 2048 + 32 in steady state, half of them
-// on the slower path).
+// rest: its first kLocalStartCalls calls go through the areas, untimed (they take the one-time
+// page faults of areas and heap blocks); then the two run in turns, kLocalBlock calls at a time
+// (4 blocks), the first kLocalWarm calls of a block untimed (they find the other path's data in
+// cache, and were measured up to 5x slower than the rest); then every rank takes the path whose
+// median, the slowest rank's, was lower (the medians are allgathered: all ranks choose alike).
+// kLocalFirstRecheck calls after the first choice, and every local_recheck_calls_ calls of the
+// class after later ones, it is decided again the same way, without the untimed start (at most
+// 32 calls in 2048 + 32 in steady state, half of them on the slower path); and at once when the
+// watch (Choose) finds the path taken slower than the other was: the paths through the areas
+// fall into a state 2-5x slower and out of it within a launch (64 MiB: 11 ms, then 28 ms, where
+// the direct path took 14 ms; docs/benchmarks.md).
 void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, DataType dtype,
                                   ReduceOp op, int64_t divisor) {
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
@@ -213,10 +214,26 @@ void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
   if (c->pick >= 0) {
     // The state can change later (it did within launches): time both again now and then,
     // the first time soon (a choice made while the job was starting can be off; see
-    // LocalAllreduce), without the untimed start.
+    // LocalAllreduce), without the untimed start; and at once when the path taken has become
+    // slower than the other was (the watch: one small allgather every kLocalWatchCalls calls).
+    c->watch[c->since_pick % kLocalWatchCalls] = seconds;
     const int period =
         c->picks == 1 ? std::min(kLocalFirstRecheck, local_recheck_calls_) : local_recheck_calls_;
-    if (++c->since_pick >= period) {
+    bool again = ++c->since_pick >= period;
+    if (!again && c->since_pick % kLocalWatchCalls == 0) {
+      double* t = c->watch;
+      std::nth_element(t, t + kLocalWatchCalls / 2, t + kLocalWatchCalls);
+      const int worse = t[kLocalWatchCalls / 2] > local_worse_ * c->other_median ? 1 : 0;
+      std::vector<int> all(static_cast<size_t>(size_));
+      SmallAllgather(&worse, sizeof(worse), all.data());
+      again = std::find(all.begin(), all.end(), 1) != all.end();
+      if (again && rank_ == 0)
+        BF_LOG(LogLevel::kDebug, "allreduce size class ", int64_t{1} << (c - local_choice_[0]) % 64,
+               " bytes: the path taken now takes ", t[kLocalWatchCalls / 2] * 1e3,
+               " ms (median of ", kLocalWatchCalls, " calls on rank 0), the other took ",
+               c->other_median * 1e3, " ms; deciding again");
+    }
+    if (again) {
       const int picks = c->picks;
       *c = LocalChoice();
       c->start = 0;
@@ -245,6 +262,7 @@ void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
   for (int r = 0; r < size_; ++r)
     for (int a = 0; a < 2; ++a) slowest[a] = std::max(slowest[a], all[2 * r + a]);
   c->pick = slowest[1] < slowest[0] ? 1 : 0;
+  c->other_median = slowest[1 - c->pick];
   ++c->picks;
   if (rank_ == 0)
     BF_LOG(LogLevel::kDebug, "allreduce size class ", int64_t{1} << (c - local_choice_[0]) % 64,

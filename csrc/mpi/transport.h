@@ -129,8 +129,17 @@ class MpiTransport {
   // The first choice of a class is made again after this many calls (or set_local_recheck's,
   // if fewer), later ones after local_recheck_calls_.
   static constexpr int kLocalFirstRecheck = 256;
+  // After a choice, every kLocalWatchCalls calls of the class the ranks compare the median of
+  // those calls with the median the other path had in the trials; when on any rank it is more
+  // than kLocalWorse times that, the class is decided again at once (the state can change
+  // within a launch).
+  static constexpr int kLocalWatchCalls = 16;
+  static constexpr double kLocalWorse = 1.25;
   // Tests only: decide again after this many calls of a class (2048).
   void set_local_recheck_for_testing(int calls) { local_recheck_calls_ = calls; }
+  // Tests only: this rank's watch compares with the other path's median times `factor`
+  // (kLocalWorse outside tests; 0 makes it report every watch).
+  void set_local_worse_for_testing(double factor) { local_worse_ = factor; }
   // Tests only: reads from `rank` fail (a bad address), as a kernel refusing them would.
   void set_direct_fault_for_testing(int rank) { direct_fault_rank_for_testing_ = rank; }
   // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
@@ -225,7 +234,9 @@ class MpiTransport {
     int trials = 0;
     int pick = -1;
     int since_pick = 0;
-    int picks = 0;  // choices made so far
+    int picks = 0;                        // choices made so far
+    double other_median = 0;              // the slowest rank's trial median of the path not taken
+    double watch[kLocalWatchCalls] = {};  // the latest calls' seconds, since the choice
     double seconds[2][kLocalTrials] = {};
   };
   // Records a timed call of `algorithm` while choosing; chooses after the last one.
@@ -233,6 +244,7 @@ class MpiTransport {
   // [every output in the heap][power-of-two size class]
   LocalChoice local_choice_[2][64];
   int local_recheck_calls_ = 2048;  // calls of a class between two choices
+  double local_worse_ = kLocalWorse;
   // The exchange's buffers, and its shared memory when `one_host` (exchange.cc).
   void SetUpExchange(bool one_host);
   // exchange_send_ from every rank into exchange_recv_, over MPI.

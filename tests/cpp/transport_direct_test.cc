@@ -127,9 +127,10 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   const uint64_t shared_before = transport->shared_calls();
   for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call) {
     // The untimed start goes through the areas: here the shared path.
-    if (call == MpiTransport::kLocalStartCalls)
+    if (call == MpiTransport::kLocalStartCalls) {
       EXPECT_EQ(transport->shared_calls() - shared_before,
                 uint64_t{MpiTransport::kLocalStartCalls});
+    }
     EXPECT_EQ(transport->local_choice(count * 4, true), -1) << call;
     transport->AllreduceSum(in.data(), block.data, count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97)
@@ -140,6 +141,35 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   MPI_Allreduce(&shared, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&shared, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   EXPECT_EQ(lowest, highest);
+}
+
+// After a choice, a watch every kLocalWatchCalls calls: when the path taken has become slower
+// than the other one was on any rank (here forced on the last rank only), every rank decides
+// again at once, and again alike.
+TEST(TransportDirect, AChoiceThatGotSlowerIsMadeAgainOnEveryRank) {
+  ASSERT_TRUE(transport->staged() && transport->direct());
+  const int64_t count = (int64_t{3} << 18) + 3;  // 3 MiB + 12 bytes: no other test uses this class
+  std::vector<float> in = Input(count), out(count, 0.0f);
+  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call)
+    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+  ASSERT_NE(transport->local_choice(count * 4), -1);
+  // The slowest rank's medians decide the watch's reference, so an unforced watch may fire too
+  // on a noisy machine; forcing it on one rank must make every rank start the trials again.
+  if (info.rank == info.size - 1) transport->set_local_worse_for_testing(0.0);
+  for (int call = 0; call < MpiTransport::kLocalWatchCalls; ++call)
+    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+  transport->set_local_worse_for_testing(MpiTransport::kLocalWorse);
+  EXPECT_EQ(transport->local_choice(count * 4), -1);
+  for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
+  for (int call = 0; call < 4 * MpiTransport::kLocalBlock; ++call)
+    transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
+  const int again = transport->local_choice(count * 4);
+  EXPECT_TRUE(again == 0 || again == 1) << again;
+  int lowest = again, highest = again;
+  MPI_Allreduce(&again, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&again, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lowest, highest);
+  for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
 }
 
 TEST(TransportShared, HeapHandsOutBlocksOfThisRanksPart) {
