@@ -29,6 +29,10 @@ from bluefog.tensorflow import op_library  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
 CHAIN = 8
+# Calls of a size class until its path choice is past the first two decisions: 16 untimed,
+# 32 timed, the first choice, 256 calls, 32 timed again (MpiTransport::kLocalChooseCalls,
+# kLocalFirstRecheck), with some to spare.
+STEADY_CALLS = 350
 
 
 def chained(t, factor, name):
@@ -132,6 +136,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--budget", type=float, default=0.5)
     p.add_argument("--mpi-lib", help="bench/mpi_allreduce.cc built with -DBENCH_LIBRARY")
+    p.add_argument("--no-steady", action="store_true",
+                   help="time from a size's first calls, while its path is still being chosen")
     args = p.parse_args()
     bf.init()
     lib = None
@@ -200,6 +206,12 @@ def main() -> None:
             batches["mpi_inproc_oop"] = raw_mpi(lib, nbytes, out_of_place=True)
         got = fn_chain(x, factor).numpy()
         assert np.allclose(got, expected / n), f"wrong chained allreduce result at {nbytes} bytes"
+        if nbytes >= 1 << 20 and not args.no_steady:
+            # Steady state: past each one-host size class's first choice and the second one
+            # 256 calls later (csrc/mpi/transport.h), for outputs in the shared heap and for
+            # the rest, so that no timed batch holds the trials' calls on the slower path.
+            per_call(eager)(STEADY_CALLS)
+            unshared(per_call(eager))(STEADY_CALLS)
         for impl, t in timed(batches, args.budget, args.reps).items():
             emit(impl=impl, bytes=nbytes, median_s=t / CHAIN if "chain" in impl else t)
         # Page faults per call in steady state (fresh memory would fault on every page).
