@@ -108,9 +108,6 @@ try:  # the type of eager tensors; a private name, so the lean path below is opt
 except ImportError:  # pragma: no cover - every TensorFlow 2.16-2.21 has it
     _EagerTensor = None
 
-_accepted: dict = {}
-
-
 def eager_name(tensor, name, op: str):
     """For the lean path of an eager call with every other argument at its default: the name
     input cached for ``name`` (by an earlier call through the full path), when ``tensor`` is an
@@ -127,10 +124,7 @@ def eager_name(tensor, name, op: str):
     t = _name_tensors.get(name)
     if t is None:
         return None
-    allowed = _accepted.get(op)
-    if allowed is None:
-        allowed = _accepted[op] = op_rules.accepted_dtypes(op)
-    if tensor.dtype not in allowed or not tf.executing_eagerly():
+    if tensor.dtype not in op_rules.accepted_dtypes(op) or not tf.executing_eagerly():
         return None
     return t
 

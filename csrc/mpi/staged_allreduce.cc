@@ -20,6 +20,12 @@ namespace {
 // write reads it from cache.
 constexpr int64_t kPublishBytes = int64_t{64} << 10;
 
+// The median of t[0..n) (reorders them).
+double MedianOf(double* t, int n) {
+  std::nth_element(t, t + n / 2, t + n);
+  return t[n / 2];
+}
+
 }  // namespace
 
 // The buffer goes in steps of at most data_bytes(); each step's elements are split into n
@@ -221,17 +227,18 @@ void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
         c->picks == 1 ? std::min(kLocalFirstRecheck, local_recheck_calls_) : local_recheck_calls_;
     bool again = ++c->since_pick >= period;
     if (!again && c->since_pick % kLocalWatchCalls == 0) {
-      double* t = c->watch;
-      std::nth_element(t, t + kLocalWatchCalls / 2, t + kLocalWatchCalls);
-      const int worse = t[kLocalWatchCalls / 2] > local_worse_ * c->other_median ? 1 : 0;
-      std::vector<int> all(static_cast<size_t>(size_));
-      SmallAllgather(&worse, sizeof(worse), all.data());
-      again = std::find(all.begin(), all.end(), 1) != all.end();
+      // Every rank's median of these calls over what it may reach: more than 1 on any rank
+      // decides again.
+      const double median = MedianOf(c->watch, kLocalWatchCalls);
+      const double ratio = median / (local_worse_ * c->other_median);
+      choice_all_.resize(static_cast<size_t>(size_));
+      SmallAllgather(&ratio, sizeof(ratio), choice_all_.data());
+      again = *std::max_element(choice_all_.begin(), choice_all_.end()) > 1.0;
       if (again && rank_ == 0)
-        BF_LOG(LogLevel::kDebug, "allreduce size class ", int64_t{1} << (c - local_choice_[0]) % 64,
-               " bytes: the path taken now takes ", t[kLocalWatchCalls / 2] * 1e3,
-               " ms (median of ", kLocalWatchCalls, " calls on rank 0), the other took ",
-               c->other_median * 1e3, " ms; deciding again");
+        BF_LOG(LogLevel::kDebug, "allreduce size class ", ClassBytes(c),
+               " bytes: the path taken now takes ", median * 1e3, " ms (median of ",
+               kLocalWatchCalls, " calls on rank 0), the other took ", c->other_median * 1e3,
+               " ms; deciding again");
     }
     if (again) {
       const int picks = c->picks;
@@ -250,25 +257,25 @@ void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
     c->seconds[algorithm][(c->trials / (2 * kLocalBlock)) * (kLocalBlock - kLocalWarm) + in_block -
                           kLocalWarm] = seconds;
   if (++c->trials < 4 * kLocalBlock) return;
-  double medians[2];
-  for (int a = 0; a < 2; ++a) {
-    double* t = c->seconds[a];
-    std::nth_element(t, t + kLocalTrials / 2, t + kLocalTrials);
-    medians[a] = t[kLocalTrials / 2];
-  }
-  std::vector<double> all(2 * static_cast<size_t>(size_));
-  SmallAllgather(medians, sizeof(medians), all.data());
+  const double medians[2] = {MedianOf(c->seconds[0], kLocalTrials),
+                             MedianOf(c->seconds[1], kLocalTrials)};
+  choice_all_.resize(2 * static_cast<size_t>(size_));
+  SmallAllgather(medians, sizeof(medians), choice_all_.data());
   double slowest[2] = {0, 0};
   for (int r = 0; r < size_; ++r)
-    for (int a = 0; a < 2; ++a) slowest[a] = std::max(slowest[a], all[2 * r + a]);
+    for (int a = 0; a < 2; ++a) slowest[a] = std::max(slowest[a], choice_all_[2 * r + a]);
   c->pick = slowest[1] < slowest[0] ? 1 : 0;
   c->other_median = slowest[1 - c->pick];
   ++c->picks;
   if (rank_ == 0)
-    BF_LOG(LogLevel::kDebug, "allreduce size class ", int64_t{1} << (c - local_choice_[0]) % 64,
-           " bytes", c >= local_choice_[1] ? " (outputs in the shared heap)" : "",
-           ": through the areas ", slowest[0] * 1e3, " ms, direct ", slowest[1] * 1e3,
+    BF_LOG(LogLevel::kDebug, "allreduce size class ", ClassBytes(c), " bytes",
+           c >= local_choice_[1] ? " (outputs in the shared heap)" : "", ": through the areas ",
+           slowest[0] * 1e3, " ms, direct ", slowest[1] * 1e3,
            " ms (slowest rank's medians); takes ", c->pick == 1 ? "direct" : "the areas");
+}
+
+int64_t MpiTransport::ClassBytes(const LocalChoice* c) const {
+  return int64_t{1} << (c - local_choice_[0]) % 64;
 }
 
 int MpiTransport::SizeClass(int64_t bytes) {

@@ -239,6 +239,9 @@ class MpiTransport {
     double watch[kLocalWatchCalls] = {};  // the latest calls' seconds, since the choice
     double seconds[2][kLocalTrials] = {};
   };
+  // The smallest size of `c`'s power-of-two class (for messages).
+  int64_t ClassBytes(const LocalChoice* c) const;
+  std::vector<double> choice_all_;  // every rank's medians (or watch ratios), reused
   // Records a timed call of `algorithm` while choosing; chooses after the last one.
   void Choose(LocalChoice* c, int algorithm, double seconds);
   // [every output in the heap][power-of-two size class]

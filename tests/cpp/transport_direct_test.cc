@@ -29,6 +29,15 @@ float Expected(int64_t i) {
   return static_cast<float>(n * (i % 17) + n * (n - 1) / 2);
 }
 
+// A size class's choice, checked to be a path (0 or 1) and the same on every rank.
+void ExpectChosenAlike(int choice) {
+  EXPECT_TRUE(choice == 0 || choice == 1) << choice;
+  int lowest = choice, highest = choice;
+  MPI_Allreduce(&choice, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&choice, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lowest, highest);
+}
+
 std::vector<float> Input(int64_t count) {
   std::vector<float> in(count);
   for (int64_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 17 + info.rank);
@@ -99,12 +108,7 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
   }
-  const int mine = transport->local_choice(count * 4);
-  EXPECT_TRUE(mine == 0 || mine == 1) << mine;
-  int lowest = mine, highest = mine;
-  MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  EXPECT_EQ(lowest, highest);
+  ExpectChosenAlike(transport->local_choice(count * 4));
   transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
   // Decided again after set calls (2048 outside tests), again alike on every rank.
@@ -115,11 +119,7 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   for (int call = 0; call < 4 * MpiTransport::kLocalBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
-  const int again = transport->local_choice(count * 4);
-  EXPECT_TRUE(again == 0 || again == 1) << again;
-  MPI_Allreduce(&again, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&again, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  EXPECT_EQ(lowest, highest);
+  ExpectChosenAlike(transport->local_choice(count * 4));
   transport->set_local_recheck_for_testing(2048);
   // Every output in the heap: the class is timed apart (shared path against direct), and every
   // rank again takes the same.
@@ -136,11 +136,7 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
     for (int64_t i = 0; i < count; i += 97)
       ASSERT_EQ(block.data[i], Expected(i)) << call << " " << i;
   }
-  const int shared = transport->local_choice(count * 4, true);
-  EXPECT_TRUE(shared == 0 || shared == 1) << shared;
-  MPI_Allreduce(&shared, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&shared, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  EXPECT_EQ(lowest, highest);
+  ExpectChosenAlike(transport->local_choice(count * 4, true));
 }
 
 // After a choice, a watch every kLocalWatchCalls calls: when the path taken has become slower
@@ -163,12 +159,7 @@ TEST(TransportDirect, AChoiceThatGotSlowerIsMadeAgainOnEveryRank) {
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
   for (int call = 0; call < 4 * MpiTransport::kLocalBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
-  const int again = transport->local_choice(count * 4);
-  EXPECT_TRUE(again == 0 || again == 1) << again;
-  int lowest = again, highest = again;
-  MPI_Allreduce(&again, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&again, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  EXPECT_EQ(lowest, highest);
+  ExpectChosenAlike(transport->local_choice(count * 4));
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
 }
 

@@ -24,7 +24,8 @@ ROOT=${TF_MATRIX_DIR:-$REPO/build/tf-matrix}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 # The smoke suite: the seed's collectives and their gradients (eager, tf.function, v1 graphs),
 # Keras 3 model.fit with DistributedOptimizer and the callbacks, DistributedGradientTape.
-SMOKE=(tests/python/mpi/test_collectives.py tests/python/mpi/test_gradients.py
+SMOKE=(tests/python/mpi/test_collectives.py tests/python/mpi/test_eager_calls.py
+       tests/python/mpi/test_gradients.py
        tests/python/mpi/test_keras.py tests/python/mpi/test_optimizers.py
        tests/python/mpi/test_v1_optimizer.py tests/python/mpi/test_broadcast_variables.py)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

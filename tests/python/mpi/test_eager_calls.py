@@ -1,0 +1,117 @@
+"""Eager calls of the collectives: run on the calling thread from several Python threads at
+once, through TensorFlow's eager fast path, and through the wrapper's lean path for a name seen
+before, which must leave every check and error of the full path in place."""
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bluefog.tensorflow as bf
+
+
+@pytest.fixture
+def op_name(request):
+    """A request name unique to this test, identical on every rank."""
+    return "ec." + request.node.name
+
+
+def test_eager_collectives_from_several_threads(rank, size, op_name):
+    """Eager calls may run their collective on the calling thread (BLUEFOG_EAGER_INLINE): with
+    three Python threads calling at once, each in its own order, every result must still be
+    right, whichever thread ended up running the rounds."""
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            for k in range(15):
+                x = tf.constant([rank + k + 10.0 * t] * (k + 1))
+                s = bf.allreduce(x, average=False, name=f"{op_name}.{t}.s{k}").numpy()
+                g = bf.allgather(tf.constant([[rank, k]]), name=f"{op_name}.{t}.g{k}").numpy()
+                b = bf.broadcast(tf.constant([rank * 1.0, k]), root_rank=k % size,
+                                 name=f"{op_name}.{t}.b{k}").numpy()
+                results[(t, k)] = (s, g, b)
+        except Exception as e:  # reported below, with the thread's name
+            errors.append(f"thread {t}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert not any(th.is_alive() for th in threads), "an eager collective did not finish"
+    for (t, k), (s, g, b) in results.items():
+        np.testing.assert_array_equal(s, [size * (k + 10.0 * t) + size * (size - 1) / 2] * (k + 1))
+        np.testing.assert_array_equal(g, [[r, k] for r in range(size)])
+        np.testing.assert_array_equal(b, [k % size, k])
+    assert len(results) == 45
+
+
+def test_eager_calls_take_tensorflows_fast_path(rank, size, op_name, monkeypatch):
+    """TensorFlow's eager fast path refuses some attribute values (an int for a float
+    attribute) and then re-runs the op through a slow fallback, 30-100 us more per call: every
+    eager call of the collectives must take the fast path."""
+    from tensorflow.python import pywrap_tfe
+
+    fast = pywrap_tfe.TFE_Py_FastPathExecute
+    refused = []
+
+    def spy(*args):
+        try:
+            return fast(*args)
+        except Exception as e:
+            if type(e).__name__ == "_FallbackException":
+                refused.append(f"{args[1]}: {e}")
+            raise
+
+    monkeypatch.setattr(pywrap_tfe, "TFE_Py_FastPathExecute", spy)
+    x = tf.constant([1.0, 2.0])
+    for _ in range(2):  # the second call of a name takes the lean path (op_library.eager_name)
+        bf.allreduce(x, name=f"{op_name}.a")
+        bf.allgather(x, name=f"{op_name}.e2")
+    bf.allreduce(x, average=False, op=bf.Max, name=f"{op_name}.b")
+    bf.allreduce(tf.constant([1.0], tf.float64), prescale_factor=0.5, name=f"{op_name}.c")
+    bf.grouped_allreduce([x, x * 2], name=f"{op_name}.d")
+    bf.allgather(x, name=f"{op_name}.e")
+    bf.broadcast(x, 0, name=f"{op_name}.f")
+    bf.barrier()
+    bf.neighbor_allreduce(x, name=f"{op_name}.g")
+    assert not refused, refused
+
+
+def test_eager_lean_path_checks_what_the_full_path_checks(rank, size, op_name):
+    """A name's second eager call skips the wrapper's checks (op_library.eager_name) only when
+    every argument is one the checks would pass: other calls of the same name still get the full
+    path's errors, and the same name inside a tf.function still builds a graph op that does not
+    run inline."""
+    from bluefog.tensorflow import op_library
+
+    x = tf.constant([rank + 1.0, 2.0])
+    name = f"{op_name}.r"
+    for average in (False, True, False):
+        got = bf.allreduce(x, average=average, name=name).numpy()
+        total = size * (size + 1) / 2
+        np.testing.assert_allclose(got, [total / size if average else total,
+                                         2.0 if average else 2.0 * size])
+    assert op_library.eager_name(x, name, "allreduce") is not None, "the lean path was not taken"
+    # A dtype the op refuses, under a name the lean path knows: the full path's error.
+    with pytest.raises(TypeError, match=rf"rank {rank}: bluefog allreduce of tensor '{name}'"):
+        bf.allreduce(tf.constant([True]), name=name)
+    with pytest.raises(TypeError, match="average must be a bool"):
+        bf.allreduce(x, average=1, name=name)
+    # A graph: eager_inline stays off (the executor must not be blocked by one op).
+    fn = tf.function(lambda: bf.allreduce(x, average=False, name=name))
+    graph = fn.get_concrete_function().graph
+    ops = [o for o in graph.get_operations() if o.type == "BluefogAllreduce"]
+    assert ops and not any(o.get_attr("eager_inline") for o in ops)
+    np.testing.assert_allclose(fn().numpy(), [size * (size + 1) / 2, 2.0 * size])
+
+    g = f"{op_name}.g"
+    for _ in range(2):
+        np.testing.assert_array_equal(bf.allgather(tf.constant([[rank]]), name=g).numpy(),
+                                      [[r] for r in range(size)])
+    # A scalar under a known name: still the full path's error, not the op's.
+    with pytest.raises(ValueError, match=rf"rank {rank}: bluefog allgather of tensor '{g}'"):
+        bf.allgather(tf.constant(rank), name=g)
