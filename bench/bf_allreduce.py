@@ -25,7 +25,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import bluefog.tensorflow as bf  # noqa: E402
 from bluefog.common import basics  # noqa: E402
-from bluefog.tensorflow import op_library  # noqa: E402
+from bluefog.tensorflow import eager_calls, op_library  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
 CHAIN = 8
@@ -102,6 +102,18 @@ def handed_off(step):
             step()
         finally:
             op_library.EAGER_INLINE["on"] = True
+    return run
+
+
+def through_op(step):
+    """`step` with eager allreduces through the TensorFlow op instead of the C API (as before
+    the direct eager call, bluefog/tensorflow/eager_calls.py): the same process, interleaved."""
+    def run():
+        eager_calls.DIRECT["on"] = False
+        try:
+            step()
+        finally:
+            eager_calls.DIRECT["on"] = True
     return run
 
 
@@ -187,6 +199,7 @@ def main() -> None:
         fn_chain_scale = tf.function(lambda t, s: chained(t, s, None))
         batches = {
             "bf_eager": per_call(eager),
+            "bf_eager_op": per_call(through_op(eager)),
             "bf_eager_handoff": per_call(handed_off(eager)),
             "bf_eager_unshared": unshared(per_call(eager)),
             # How eager calls ran before 2026-12-01: the op's generated wrapper with its default

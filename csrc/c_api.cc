@@ -1,10 +1,16 @@
 #include "c_api.h"
 
+#include <atomic>
+#include <condition_variable>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/op_rules.h"
+#include "core/output_blocks.h"
 #include "core/runtime.h"
 
 namespace {
@@ -29,6 +35,49 @@ int IfRunning(F&& getter) {
   const bluefog::Runtime& rt = bluefog::Runtime::Get();
   return rt.running() ? getter(rt.info()) : -1;
 }
+
+// The output blocks handed out to Python (bluefog_take_output), by address.
+class TakenBlocks {
+ public:
+  static TakenBlocks& Get() {
+    static TakenBlocks* blocks = new TakenBlocks;  // Python may give blocks back at exit
+    return *blocks;
+  }
+  void* Take(size_t bytes) {
+    bluefog::OutputBlock block = bluefog::TakeOutputBlock(bytes);
+    if (block.data == nullptr) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    void* data = block.data;
+    taken_.emplace(data, std::move(block));
+    return data;
+  }
+  bool Give(void* data) {
+    bluefog::OutputBlock block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = taken_.find(data);
+      if (it == taken_.end()) return false;
+      block = std::move(it->second);
+      taken_.erase(it);
+    }
+    bluefog::GiveOutputBlock(block);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<void*, bluefog::OutputBlock> taken_;
+};
+
+// One eager request's completion, which the caller waits for.
+struct Completion {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  bluefog::Status status;
+};
+
+std::atomic<long long> g_eager_allreduces{0};
 
 }  // namespace
 
@@ -66,6 +115,58 @@ int bluefog_cross_size(void) {
   return IfRunning([](const auto& i) { return i.cross_size; });
 }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
+
+void* bluefog_take_output(long long bytes) {
+  void* data = nullptr;
+  Guard([&] {
+    data = TakenBlocks::Get().Take(static_cast<size_t>(bytes < 0 ? 0 : bytes));
+    if (data == nullptr)
+      g_last_error = "bluefog: could not allocate an output of " + std::to_string(bytes) + " bytes";
+  });
+  return data;
+}
+
+int bluefog_give_output(void* data) { return TakenBlocks::Get().Give(data) ? 0 : -1; }
+
+int bluefog_eager_allreduce(const char* name, int dtype, const long long* shape, int ndim,
+                            const void* input, void* output, int average) {
+  using bluefog::Status;
+  using bluefog::StatusCode;
+  ++g_eager_allreduces;
+  Status status;
+  const int code = Guard([&] {
+    bluefog::Request request;
+    request.meta.op = bluefog::OpType::kAllreduce;
+    request.meta.name = name;
+    if (dtype < 0 || dtype >= bluefog::kNumDataTypes) {
+      status = Status(StatusCode::kInvalidArgument, "unknown dtype value");
+      return;
+    }
+    request.meta.dtype = static_cast<bluefog::DataType>(dtype);
+    request.meta.shape.assign(shape, shape + ndim);
+    request.meta.average = average != 0;
+    request.input = input;
+    request.output = output;
+    auto completion = std::make_shared<Completion>();
+    request.done = [completion](const Status& s) {
+      std::lock_guard<std::mutex> lock(completion->mutex);
+      completion->status = s;
+      completion->done = true;
+      completion->cv.notify_one();
+    };
+    status = bluefog::Runtime::Get().Enqueue(std::move(request), /*drive=*/true);
+    if (!status.ok()) return;
+    std::unique_lock<std::mutex> lock(completion->mutex);
+    completion->cv.wait(lock, [&] { return completion->done; });
+    status = completion->status;
+  });
+  if (code != 0) return static_cast<int>(StatusCode::kInternal);
+  if (status.ok()) return 0;
+  g_last_error = status.message();
+  return static_cast<int>(status.code());
+}
+
+long long bluefog_eager_allreduce_calls(void) { return g_eager_allreduces.load(); }
 int bluefog_start_timeline(const char* path) {
   return Guard([&] {
     BF_ENFORCE(bluefog::Runtime::Get().running(), bluefog::StatusCode::kPrecondition,

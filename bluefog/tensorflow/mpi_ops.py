@@ -13,6 +13,7 @@ import tensorflow as tf
 from bluefog.common import basics
 from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow import adasum as _adasum
+from bluefog.tensorflow import eager_calls
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
 from bluefog.tensorflow.op_library import (
@@ -142,6 +143,9 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
             and (average is True or average is False)):
         name_tensor = eager_name(tensor, name, "allreduce")
         if name_tensor is not None:  # the common eager call (op_library.eager_name)
+            out = eager_calls.allreduce(tensor, name, average)
+            if out is not None:
+                return out
             return ops.bluefog_allreduce(tensor, tensor_name=name_tensor, average=average,
                                          **_UNSCALED_INLINE)
     name = request_name("allreduce", name)

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from bluefog.common import basics
 
-__all__ = ["NUMERIC_DTYPES", "FLOAT_DTYPES", "ALL_DTYPES", "OpRule", "OP_RULES",
+__all__ = ["NUMERIC_DTYPES", "FLOAT_DTYPES", "ALL_DTYPES", "CORE_DTYPES", "OpRule", "OP_RULES",
            "accepted_dtypes", "tf_op_types", "rank_str", "op_error_prefix", "check_dtype",
            "to_tensor"]
 
@@ -31,6 +31,9 @@ NUMERIC_DTYPES = frozenset([tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf
 FLOAT_DTYPES = frozenset([tf.float16, tf.bfloat16, tf.float32, tf.float64])
 # Every dtype the runtime can move: what the ops that only copy data accept.
 ALL_DTYPES = NUMERIC_DTYPES | {tf.bool}
+# The C++ core's DataType enum (csrc/core/types.h), by value: what the C API takes.
+CORE_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+               tf.bfloat16, tf.float32, tf.float64, tf.bool)
 
 
 @dataclasses.dataclass(frozen=True)

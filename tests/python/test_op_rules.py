@@ -14,8 +14,7 @@ from bluefog.common import basics
 from bluefog.tensorflow import op_library, op_rules
 
 # The core's enums (csrc/core/types.h), by value.
-CORE_DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
-               tf.bfloat16, tf.float32, tf.float64, tf.bool]
+CORE_DTYPES = list(op_rules.CORE_DTYPES)
 # OpType value -> the Python ops that submit requests of that type.
 CORE_OP_TYPES = {
     0: ["allreduce", "grouped_allreduce"],

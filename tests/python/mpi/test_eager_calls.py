@@ -10,6 +10,8 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 
+from conftest import needs_ranks
+
 
 @pytest.fixture
 def op_name(request):
@@ -18,16 +20,18 @@ def op_name(request):
 
 
 def test_eager_collectives_from_several_threads(rank, size, op_name):
-    """Eager calls may run their collective on the calling thread (BLUEFOG_EAGER_INLINE): with
-    three Python threads calling at once, each in its own order, every result must still be
-    right, whichever thread ended up running the rounds."""
+    """Eager calls may run their collective on the calling thread (BLUEFOG_EAGER_INLINE), through
+    the op or through the C API (eager_calls): with three Python threads calling at once, each
+    in its own order, every result must still be right, whichever thread ended up running the
+    rounds."""
     results, errors = {}, []
 
     def worker(t):
         try:
             for k in range(15):
                 x = tf.constant([rank + k + 10.0 * t] * (k + 1))
-                s = bf.allreduce(x, average=False, name=f"{op_name}.{t}.s{k}").numpy()
+                for _ in range(2):  # the second call of a name goes through the C API
+                    s = bf.allreduce(x, average=False, name=f"{op_name}.{t}.s{k}").numpy()
                 g = bf.allgather(tf.constant([[rank, k]]), name=f"{op_name}.{t}.g{k}").numpy()
                 b = bf.broadcast(tf.constant([rank * 1.0, k]), root_rank=k % size,
                                  name=f"{op_name}.{t}.b{k}").numpy()
@@ -115,3 +119,113 @@ def test_eager_lean_path_checks_what_the_full_path_checks(rank, size, op_name):
     # A scalar under a known name: still the full path's error, not the op's.
     with pytest.raises(ValueError, match=rf"rank {rank}: bluefog allgather of tensor '{g}'"):
         bf.allgather(tf.constant(rank), name=g)
+
+
+# ------------------------------------------ eager allreduces through the C API (eager_calls)
+
+
+def _both_paths(call):
+    """call() through the C API and through the TensorFlow op, with the number of C API calls
+    the first made."""
+    from bluefog.tensorflow import eager_calls
+
+    before = eager_calls.calls()
+    direct = call()
+    taken = eager_calls.calls() - before
+    eager_calls.DIRECT["on"] = False
+    try:
+        through_op = call()
+    finally:
+        eager_calls.DIRECT["on"] = True
+    return direct, through_op, taken
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32,
+                                   tf.int64, tf.uint8], ids=lambda d: d.name)
+def test_direct_eager_allreduce_matches_the_op(dtype, rank, size, op_name):
+    """A name's later eager allreduces run through the C API (no TensorFlow op dispatch): the
+    same bits as the op, for every shape (scalar, matrix, an output block of 1 MiB and more with
+    an odd element count), sum and average, and the result is a CPU tensor of the input's dtype
+    and shape."""
+    for shape in ([], [3, 5], [(1 << 20) // dtype.size + 7]):
+        n = int(np.prod(shape)) if shape else 1
+        x = tf.cast(tf.reshape(tf.range(n) % 5 + rank + 1, shape), dtype)
+        for average in (False, True):
+            name = f"{op_name}.{len(shape)}.{average}"
+            bf.allreduce(x, average=average, name=name)  # the first call of a name: the op
+            direct, through_op, taken = _both_paths(
+                lambda x=x, a=average, nm=name: bf.allreduce(x, average=a, name=nm))
+            assert taken == 1, f"shape {shape}: the C API path was not taken"
+            assert direct.dtype == dtype and direct.shape == x.shape, direct
+            assert direct.device.endswith("CPU:0"), direct.device
+            np.testing.assert_array_equal(direct.numpy(), through_op.numpy())
+            if not average:
+                want = (np.arange(n) % 5).reshape(shape) * size + size * (size + 1) // 2
+                np.testing.assert_array_equal(direct.numpy().astype(np.float64), want)
+
+
+def test_direct_eager_outputs_are_reused_blocks(rank, size, op_name):
+    """An output of 1 MiB or more is an output block of the core, shared with the tensor (not
+    copied): each result held keeps its own block, and a dropped result's block is handed out
+    again, so a loop of calls touches no fresh memory."""
+    import gc
+
+    x = tf.fill([1 << 18], float(rank + 1))
+
+    def address(t):
+        return t._numpy().__array_interface__["data"][0]
+
+    bf.allreduce(x, average=False, name=op_name)
+    held = [bf.allreduce(x, average=False, name=op_name) for _ in range(3)]
+    addresses = [address(t) for t in held]
+    assert len(set(addresses)) == 3, addresses
+    assert all(a % 4096 == 0 for a in addresses), addresses  # blocks, page-aligned
+    for t in held:
+        np.testing.assert_array_equal(t.numpy(), size * (size + 1) / 2)
+    del held, t
+    gc.collect()
+    again = [address(bf.allreduce(x, average=False, name=op_name)) for _ in range(3)]
+    assert set(again) <= set(addresses), (again, addresses)
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize("kind", ["shape", "dtype"])
+def test_direct_eager_mismatch_fails_on_every_rank(kind, rank, size, op_name):
+    """A mismatch under a name every rank has used before (so the call goes through the C API):
+    the op's error on every rank, naming the tensor and each rank's value, and the next call
+    works."""
+    from bluefog.tensorflow import eager_calls
+
+    good = tf.zeros([2])
+    bf.allreduce(good, average=False, name=op_name)
+    if kind == "shape":
+        bad, words = tf.zeros([2] if rank == 0 else [3]), ["shape", "rank 0 has [2]", "has [3]"]
+    else:
+        bad = tf.zeros([2], tf.float32 if rank == 0 else tf.int32)
+        words = ["dtype", "rank 0 has float32", "has int32"]
+    before = eager_calls.calls()
+    with pytest.raises(tf.errors.FailedPreconditionError) as info:
+        bf.allreduce(bad, average=False, name=op_name)
+    assert eager_calls.calls() == before + 1, "the C API path was not taken"
+    message = str(info.value)
+    assert op_name in message and "allreduce" in message, message
+    for word in words:
+        assert word in message, (word, message)
+    np.testing.assert_array_equal(
+        bf.allreduce(tf.fill([2], float(rank)), average=False, name=op_name).numpy(),
+        [size * (size - 1) / 2] * 2)
+
+
+def test_direct_eager_leaves_recorded_calls_to_the_op(rank, size, op_name):
+    """Under a gradient tape the call takes the op, so that the tape records it: the gradient of
+    a summed allreduce is the sum of the ranks' upstream gradients."""
+    from bluefog.tensorflow import eager_calls
+
+    x = tf.constant([1.0, 2.0])
+    bf.allreduce(x, average=False, name=op_name)
+    before = eager_calls.calls()
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = bf.allreduce(x, average=False, name=op_name)
+    assert eager_calls.calls() == before, "a recorded call went through the C API"
+    np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [size, size])

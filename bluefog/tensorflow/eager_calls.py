@@ -1,0 +1,120 @@
+"""Eager allreduces without TensorFlow's op dispatch.
+
+An eager ``bf.allreduce`` that takes the lean path (``op_library.eager_name``: an eager tensor
+on the CPU, a name seen before, every other argument at its default) runs the same request
+through the C API instead of the ``BluefogAllreduce`` kernel: the input's memory is read where
+it is (``EagerTensor._numpy()`` shares it), the output is an output block of the core
+(``bluefog_take_output``: the shared heap's when it has room, so that peers push their parts
+straight into it) or, below 1 MiB, a new array, and the result is an eager tensor over that
+memory. TensorFlow's dispatch of one op cost 12-66 us on the development VM, as much as the
+collective of 1 MiB in some launches; this costs about 10 us (docs/benchmarks.md).
+
+Everything else the op does happens in C++ as before: the same request, the same rounds (run by
+the calling thread when nothing else is pending), the same errors, raised as the same
+``tf.errors`` classes. A call that a gradient tape may record, or on another device, takes the
+op, so that gradients and placement are TensorFlow's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from bluefog.common import basics
+from bluefog.tensorflow import op_rules
+
+try:  # private modules: without them every call takes the op
+    from tensorflow.python.eager import record as _record
+    from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
+except ImportError:  # pragma: no cover - every TensorFlow 2.16-2.21 has them
+    _record = _EagerTensor = None
+
+# Switched off by tests and benchmarks to time or check the op's own path (on every rank).
+DIRECT = {"on": _record is not None}
+
+_CORE_DTYPE = {dtype: value for value, dtype in enumerate(op_rules.CORE_DTYPES)}
+# The C API's StatusCode values -> the errors the op raises (tensorflow/bridge.cc, ToTfStatus).
+_ERRORS = {1: tf.errors.InvalidArgumentError, 2: tf.errors.FailedPreconditionError,
+           3: tf.errors.AbortedError, 4: tf.errors.InternalError}
+_POOLED_BYTES = 1 << 20  # core/output_blocks.h, kPooledOutputBytes
+_ALIGN = 64  # TensorFlow shares (does not copy) a numpy array aligned to this many bytes
+_MAX_CACHED = 256
+
+_shapes: dict = {}
+_block_types: dict = {}
+
+
+def _give_back(block) -> None:
+    lib = basics._lib
+    if lib is not None:
+        lib.bluefog_give_output(block.ptr)
+
+
+def _block_type(nbytes: int):
+    """A ctypes array type of ``nbytes`` bytes whose instances give their block back to the
+    core when the last array over them is gone."""
+    t = _block_types.get(nbytes)
+    if t is None:
+        t = type("OutputBlock", (ctypes.c_char * nbytes,),
+                 {"__slots__": ("ptr",), "__del__": _give_back})
+        if len(_block_types) < _MAX_CACHED:
+            _block_types[nbytes] = t
+    return t
+
+
+def _shape_arg(shape: tuple):
+    arg = _shapes.get(shape)
+    if arg is None:
+        arg = (ctypes.c_longlong * max(len(shape), 1))(*shape)
+        if len(_shapes) < _MAX_CACHED:
+            _shapes[shape] = arg
+    return arg
+
+
+def _output(lib, nbytes: int, np_dtype, shape: tuple):
+    """(array, address) of a new output of ``nbytes`` bytes."""
+    if nbytes >= _POOLED_BYTES:
+        ptr = lib.bluefog_take_output(nbytes)
+        if not ptr:
+            raise tf.errors.ResourceExhaustedError(
+                None, None, lib.bluefog_last_error().decode("utf-8", "replace"))
+        block = _block_type(nbytes).from_address(ptr)
+        block.ptr = ptr
+        return np.frombuffer(block, np_dtype).reshape(shape), ptr
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    base = raw.__array_interface__["data"][0]
+    start = -base % _ALIGN
+    return raw[start:start + nbytes].view(np_dtype).reshape(shape), base + start
+
+
+def allreduce(tensor, name: str, average: bool) -> Optional[tf.Tensor]:
+    """The allreduce of ``tensor`` (an eager tensor of a dtype allreduce accepts, checked by
+    the caller) under ``name``, or None when the call must take the op instead."""
+    if not DIRECT["on"] or _record.could_possibly_record():
+        return None
+    device = tensor.device
+    if not device.endswith("CPU:0"):
+        return None
+    dtype = tensor.dtype
+    lib = basics._lib
+    data = tensor._numpy()
+    nbytes = data.nbytes
+    if lib is None or nbytes == 0:
+        return None
+    shape = data.shape
+    out, out_ptr = _output(lib, nbytes, data.dtype, shape)
+    code = lib.bluefog_eager_allreduce(name.encode(), _CORE_DTYPE[dtype], _shape_arg(shape),
+                                       len(shape), data.__array_interface__["data"][0], out_ptr,
+                                       average)
+    if code:
+        message = lib.bluefog_last_error().decode("utf-8", "replace")
+        raise _ERRORS.get(code, tf.errors.UnknownError)(None, None, message)
+    return _EagerTensor(out, device, dtype.as_datatype_enum)
+
+
+def calls() -> int:
+    """How many allreduces this process ran here (for tests)."""
+    return basics._load().bluefog_eager_allreduce_calls()
