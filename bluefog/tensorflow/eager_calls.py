@@ -75,10 +75,13 @@ def _shape_arg(shape: tuple):
 
 
 def _address(array: np.ndarray) -> int:
-    """The address of ``array``'s first byte (a third of ``__array_interface__``'s cost)."""
-    if array.flags.writeable:
+    """The address of ``array``'s first byte: through the buffer protocol (a third of
+    ``__array_interface__``'s cost) where the array offers a writable buffer; bfloat16 arrays
+    offer none, read-only ones no writable one."""
+    try:
         return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    return array.__array_interface__["data"][0]
+    except (TypeError, ValueError):
+        return array.__array_interface__["data"][0]
 
 
 def _output(lib, nbytes: int, np_dtype, shape: tuple):
