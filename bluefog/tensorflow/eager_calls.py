@@ -1,13 +1,15 @@
 """Eager allreduces without TensorFlow's op dispatch.
 
-An eager ``bf.allreduce`` that takes the lean path (``op_library.eager_name``: an eager tensor
-on the CPU, a name seen before, every other argument at its default) runs the same request
-through the C API instead of the ``BluefogAllreduce`` kernel: the input's memory is read where
-it is (``EagerTensor._numpy()`` shares it), the output is an output block of the core
+An eager ``bf.allreduce`` of a CPU tensor with every argument but ``name`` and ``average`` at
+its default (the lean path, ``op_library.eager_name``, for a name seen before; the full path's
+checks first for a new name or an unnamed call) runs the same request through the C API instead
+of the ``BluefogAllreduce`` kernel: the input's memory is read where it is
+(``EagerTensor._numpy()`` shares it), the output is an output block of the core
 (``bluefog_take_output``: the shared heap's when it has room, so that peers push their parts
 straight into it) or, below 1 MiB, a new array, and the result is an eager tensor over that
 memory. TensorFlow's dispatch of one op cost 12-66 us on the development VM, as much as the
-collective of 1 MiB in some launches; this costs about 10 us (docs/benchmarks.md).
+collective of 1 MiB in some launches; this costs about 7 us (docs/design.md, "Eager calls run
+their own rounds"; docs/benchmarks.md).
 
 Everything else the op does happens in C++ as before: the same request, the same rounds (run by
 the calling thread when nothing else is pending), the same errors, raised as the same
@@ -31,6 +33,7 @@ try:  # private modules: without them every call takes the op
     from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 except ImportError:  # pragma: no cover - every TensorFlow 2.16-2.21 has them
     _record = _EagerTensor = None
+EagerTensor = _EagerTensor
 
 # Switched off by tests and benchmarks to time or check the op's own path (on every rank).
 DIRECT = {"on": _record is not None}
@@ -101,8 +104,9 @@ def _output(lib, nbytes: int, np_dtype, shape: tuple):
 
 
 def allreduce(tensor, name: str, average: bool) -> Optional[tf.Tensor]:
-    """The allreduce of ``tensor`` (an eager tensor of a dtype allreduce accepts, checked by
-    the caller) under ``name``, or None when the call must take the op instead."""
+    """The allreduce of ``tensor`` (an eager tensor of a dtype allreduce accepts, passed while
+    executing eagerly: both checked by the caller) under ``name``, or None when the call must
+    take the op instead."""
     if not DIRECT["on"] or _record.could_possibly_record():
         return None
     device = tensor.device

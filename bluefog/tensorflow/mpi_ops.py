@@ -181,7 +181,13 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     check_dtype(tensor, "allreduce", name)
     if compression is Compression.none and not device and op is None and not scaled and \
             not set_attrs:
-        # the common path, lean
+        # the common path, lean; eager CPU tensors (unnamed calls too) through the C API
+        if type(tensor) is eager_calls.EagerTensor and tf.executing_eagerly():
+            out = eager_calls.allreduce(tensor, name, average)
+            if out is not None:
+                if ".noname." not in name:
+                    name_input(name)  # the name's later calls take the lean path (eager_name)
+                return out
         return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average,
                                      **_UNSCALED, **eager_inline_attrs())
     if scaled:

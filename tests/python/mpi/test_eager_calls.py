@@ -229,3 +229,22 @@ def test_direct_eager_leaves_recorded_calls_to_the_op(rank, size, op_name):
         y = bf.allreduce(x, average=False, name=op_name)
     assert eager_calls.calls() == before, "a recorded call went through the C API"
     np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [size, size])
+
+
+def test_direct_eager_unnamed_calls_and_traced_captures(rank, size):
+    """Unnamed eager allreduces go through the C API too (after the full path's checks); an
+    eager tensor captured while a tf.function is traced builds the op instead, and runs it on
+    every call of the function."""
+    from bluefog.tensorflow import eager_calls
+
+    x = tf.constant([rank + 1.0, 1.0])
+    before = eager_calls.calls()
+    got = bf.allreduce(x, average=False).numpy()
+    assert eager_calls.calls() == before + 1, "the C API path was not taken"
+    np.testing.assert_array_equal(got, [size * (size + 1) / 2, size])
+    fn = tf.function(lambda: bf.allreduce(x, average=False))
+    graph = fn.get_concrete_function().graph
+    assert [o for o in graph.get_operations() if o.type == "BluefogAllreduce"]
+    for _ in range(2):
+        np.testing.assert_array_equal(fn().numpy(), [size * (size + 1) / 2, size])
+    assert eager_calls.calls() == before + 1, "a traced call went through the C API"
