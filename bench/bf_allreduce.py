@@ -93,28 +93,28 @@ def timed(batches: dict, budget: float, reps: int) -> dict:
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
-def handed_off(step):
-    """`step` with eager collectives handed to the background thread (as before
-    BLUEFOG_EAGER_INLINE): the same process, so the two are interleaved."""
+def switched_off(step, switch: dict):
+    """`step` with one of bluefog's Python switches ({"on": bool}) off while it runs: the same
+    process, so the two ways are interleaved."""
     def run():
-        op_library.EAGER_INLINE["on"] = False
+        switch["on"] = False
         try:
             step()
         finally:
-            op_library.EAGER_INLINE["on"] = True
+            switch["on"] = True
     return run
+
+
+def handed_off(step):
+    """`step` with eager collectives handed to the background thread (as before
+    BLUEFOG_EAGER_INLINE)."""
+    return switched_off(step, op_library.EAGER_INLINE)
 
 
 def through_op(step):
     """`step` with eager allreduces through the TensorFlow op instead of the C API (as before
-    the direct eager call, bluefog/tensorflow/eager_calls.py): the same process, interleaved."""
-    def run():
-        eager_calls.DIRECT["on"] = False
-        try:
-            step()
-        finally:
-            eager_calls.DIRECT["on"] = True
-    return run
+    the direct eager call, bluefog/tensorflow/eager_calls.py)."""
+    return switched_off(step, eager_calls.DIRECT)
 
 
 def unshared(run):
