@@ -78,9 +78,10 @@ def _shape_arg(shape: tuple):
 
 
 def _address(array: np.ndarray) -> int:
-    """The address of ``array``'s first byte: through the buffer protocol (a third of
-    ``__array_interface__``'s cost) where the array offers a writable buffer; bfloat16 arrays
-    offer none, read-only ones no writable one."""
+    """The address of ``array``'s first byte (an ndarray, which owns or views that memory: a
+    numpy scalar's ``__array_interface__`` describes a temporary copy): through the buffer
+    protocol (a third of ``__array_interface__``'s cost) where the array offers a writable
+    buffer; bfloat16 arrays offer none, read-only ones no writable one."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(array))
     except (TypeError, ValueError):
@@ -114,6 +115,8 @@ def allreduce(tensor, name: str, average: bool) -> Optional[tf.Tensor]:
         return None  # another device, or another task's: the op places it
     lib = basics._lib
     data = tensor._numpy()
+    if type(data) is not np.ndarray:  # a scalar tensor gives a numpy scalar: hold an array,
+        data = np.asarray(data)  # whose memory stays valid until the call returns
     nbytes = data.nbytes
     if lib is None or nbytes == 0:
         return None

@@ -248,3 +248,22 @@ def test_direct_eager_unnamed_calls_and_traced_captures(rank, size):
     for _ in range(2):
         np.testing.assert_array_equal(fn().numpy(), [size * (size + 1) / 2, size])
     assert eager_calls.calls() == before + 1, "a traced call went through the C API"
+
+
+def test_direct_eager_scalars_from_several_threads(rank, size, op_name):
+    """Scalars through the C API from four threads at once: a scalar tensor's ``_numpy()`` is a
+    numpy scalar, whose ``__array_interface__`` points into a temporary copy; read after that
+    copy was freed, the threads' inputs got mixed up (caught by the stress run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def job(it, k):
+        x = tf.constant(np.float64(rank * 10 + k + it))
+        return bf.allreduce(x, average=False, name=f"{op_name}.{it}.{k}").numpy()
+
+    with ThreadPoolExecutor(4) as pool:
+        for it in range(30):
+            futures = [pool.submit(job, it, k) for k in range(6)]
+            for k, f in enumerate(futures):
+                got = f.result(timeout=120)
+                assert got.shape == () and got == size * (k + it) + 10 * size * (size - 1) // 2, \
+                    (it, k, got)
