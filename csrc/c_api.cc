@@ -78,6 +78,8 @@ struct Completion {
 };
 
 std::atomic<long long> g_eager_allreduces{0};
+// bluefog_eager_allreduce's answer when BLUEFOG_EAGER_C_API=0.
+constexpr int kEagerUseTheOp = 5;
 
 }  // namespace
 
@@ -132,6 +134,8 @@ int bluefog_eager_allreduce(const char* name, int dtype, const long long* shape,
                             const void* input, void* output, int average) {
   using bluefog::Status;
   using bluefog::StatusCode;
+  if (bluefog::Runtime::Get().running() && !bluefog::Runtime::Get().eager_c_api())
+    return kEagerUseTheOp;
   ++g_eager_allreduces;
   Status status;
   const int code = Guard([&] {

@@ -48,7 +48,8 @@ int bluefog_give_output(void* data);
 // `output` (as many bytes, not overlapping it) as the BluefogAllreduce kernel does, the calling
 // thread running the rounds when nothing else is pending, and waits for it. Returns 0, or the
 // failure's StatusCode (1 invalid argument, 2 failed precondition, 3 aborted, 4 internal) with
-// the message in bluefog_last_error().
+// the message in bluefog_last_error(), or 5 without running anything when BLUEFOG_EAGER_C_API=0
+// (the caller then takes the op).
 int bluefog_eager_allreduce(const char* name, int dtype, const long long* shape, int ndim,
                             const void* input, void* output, int average);
 // How many bluefog_eager_allreduce calls this process made (for tests).

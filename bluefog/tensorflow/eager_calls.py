@@ -35,13 +35,15 @@ except ImportError:  # pragma: no cover - every TensorFlow 2.16-2.21 has them
     _record = _EagerTensor = None
 EagerTensor = _EagerTensor
 
-# Switched off by tests and benchmarks to time or check the op's own path (on every rank).
+# Switched off by tests and benchmarks to time or check the op's own path (on every rank), and
+# for good by the first call when BLUEFOG_EAGER_C_API=0.
 DIRECT = {"on": _record is not None}
 
 # TensorFlow's DataType enum value -> the core's (op_rules.CORE_DTYPES is in the core's order).
 _CORE_DTYPE = {dtype.as_datatype_enum: value for value, dtype in enumerate(op_rules.CORE_DTYPES)}
 _ERRORS = {1: tf.errors.InvalidArgumentError, 2: tf.errors.FailedPreconditionError,
            3: tf.errors.AbortedError, 4: tf.errors.InternalError}
+_USE_THE_OP = 5  # bluefog_eager_allreduce without running anything (BLUEFOG_EAGER_C_API=0)
 _POOLED_BYTES = 1 << 20  # core/output_blocks.h, kPooledOutputBytes
 _ALIGN = 64  # TensorFlow shares (does not copy) a numpy array aligned to this many bytes
 _MAX_CACHED = 256
@@ -125,6 +127,9 @@ def allreduce(tensor, name: str, average: bool) -> Optional[tf.Tensor]:
     out, out_ptr = _output(lib, nbytes, data.dtype, shape)
     code = lib.bluefog_eager_allreduce(name.encode(), _CORE_DTYPE[enum], _shape_arg(shape),
                                        len(shape), _address(data), out_ptr, average)
+    if code == _USE_THE_OP:  # BLUEFOG_EAGER_C_API=0: the op from now on
+        DIRECT["on"] = False
+        return None
     if code:
         message = lib.bluefog_last_error().decode("utf-8", "replace")
         raise _ERRORS.get(code, tf.errors.UnknownError)(None, None, message)

@@ -67,6 +67,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.shared_outputs_bytes = ParseBytes("BLUEFOG_SHARED_OUTPUTS", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
+  if (const char* v = lookup("BLUEFOG_EAGER_C_API"))
+    config.eager_c_api = ParseBool("BLUEFOG_EAGER_C_API", v);
   if (const char* v = lookup("BLUEFOG_INLINE_THRESHOLD"))
     config.inline_threshold_bytes = ParseBytes("BLUEFOG_INLINE_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_CACHE_CAPACITY"))

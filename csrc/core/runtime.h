@@ -32,6 +32,8 @@ class Runtime {
   void Shutdown();
 
   bool running() const;
+  // BLUEFOG_EAGER_C_API (read at Init).
+  bool eager_c_api() const { return config_.eager_c_api; }
   // This rank in the whole job.
   const TransportInfo& info() const { return info_; }
   // Whether large allreduces over every rank run hierarchically (several hosts).

@@ -40,6 +40,9 @@ TEST(Config, OpenMpiLaunchVariables) {
 TEST(Config, EagerInlineSwitch) {
   EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_INLINE", "0"}}).eager_inline);
   EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_INLINE", "sometimes"}}), BluefogError);
+  EXPECT_TRUE(FromMap({}).eager_c_api);
+  EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_C_API", "0"}}).eager_c_api);
+  EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_C_API", "maybe"}}), BluefogError);
 }
 
 TEST(Config, HierarchicalAllreduceSwitch) {

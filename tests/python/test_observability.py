@@ -1,4 +1,5 @@
-"""Timeline files and stall handling, each in a job of its own (they are configured at init)."""
+"""Timeline files, stall handling and the eager C API switch, each in a job of its own (they are
+configured at init)."""
 
 import glob
 import json
@@ -98,3 +99,22 @@ def test_start_and_stop_timeline_at_run_time(tmp_path):
         assert all(e["pid"] == rank for e in events)
         names = [e["name"] for e in events if e["ph"] == "X"]
         assert names.count("FORWARD") == 2 and names.count('BACK"WARD') == 1, names
+
+
+def test_eager_c_api_switched_off_takes_the_op():
+    """BLUEFOG_EAGER_C_API=0: eager allreduces take the TensorFlow op (no call through the C
+    API), with the same results; on by default."""
+    code = """
+        from bluefog.tensorflow import eager_calls
+        bf.init()
+        for k in range(3):
+            got = bf.allreduce(tf.constant([bf.rank() + k, 1.0]), average=False, name="sw")
+            assert got.numpy().tolist() == [1.0 + 2 * k, 2.0], got
+        print("C API CALLS", eager_calls.calls(), flush=True)
+        """
+    off = _job(code, np=2, env={"BLUEFOG_EAGER_C_API": "0"})
+    assert off.returncode == 0, off.tail()
+    assert off.output.count("C API CALLS 0") == 2, off.tail()
+    on = _job(code, np=2, env={})
+    assert on.returncode == 0, on.tail()
+    assert on.output.count("C API CALLS 3") == 2, on.tail()
