@@ -1,7 +1,6 @@
 #include "c_api.h"
 
 #include <atomic>
-#include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -67,14 +66,6 @@ class TakenBlocks {
  private:
   std::mutex mutex_;
   std::unordered_map<void*, bluefog::OutputBlock> taken_;
-};
-
-// One eager request's completion, which the caller waits for.
-struct Completion {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  bluefog::Status status;
 };
 
 std::atomic<long long> g_eager_allreduces{0};
@@ -151,18 +142,7 @@ int bluefog_eager_allreduce(const char* name, int dtype, const long long* shape,
     request.meta.average = average != 0;
     request.input = input;
     request.output = output;
-    auto completion = std::make_shared<Completion>();
-    request.done = [completion](const Status& s) {
-      std::lock_guard<std::mutex> lock(completion->mutex);
-      completion->status = s;
-      completion->done = true;
-      completion->cv.notify_one();
-    };
-    status = bluefog::Runtime::Get().Enqueue(std::move(request), /*drive=*/true);
-    if (!status.ok()) return;
-    std::unique_lock<std::mutex> lock(completion->mutex);
-    completion->cv.wait(lock, [&] { return completion->done; });
-    status = completion->status;
+    status = bluefog::Runtime::Get().EnqueueAndWait(std::move(request), /*drive=*/true);
   });
   if (code != 0) return static_cast<int>(StatusCode::kInternal);
   if (status.ok()) return 0;

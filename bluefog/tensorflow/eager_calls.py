@@ -110,17 +110,17 @@ def allreduce(tensor, name: str, average: bool) -> Optional[tf.Tensor]:
     """The allreduce of ``tensor`` (an eager tensor of a dtype allreduce accepts, passed while
     executing eagerly: both checked by the caller) under ``name``, or None when the call must
     take the op instead."""
-    if not DIRECT["on"] or _record.could_possibly_record():
+    lib = basics._lib
+    if lib is None or not DIRECT["on"] or _record.could_possibly_record():
         return None
     device = tensor.device
     if not (device.endswith("CPU:0") and device.startswith("/job:localhost/")):
         return None  # another device, or another task's: the op places it
-    lib = basics._lib
     data = tensor._numpy()
     if type(data) is not np.ndarray:  # a scalar tensor gives a numpy scalar: hold an array,
         data = np.asarray(data)  # whose memory stays valid until the call returns
     nbytes = data.nbytes
-    if lib is None or nbytes == 0:
+    if nbytes == 0:
         return None
     shape = data.shape
     enum = tensor._datatype_enum()

@@ -204,9 +204,15 @@ std::vector<int> Runtime::SetRanks(int id) {
   return it == sets_.end() ? std::vector<int>() : it->second.ranks;
 }
 
-int Runtime::RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks) {
+Status Runtime::EnqueueAndWait(Request request, bool drive) {
   std::promise<Status> promise;
   std::future<Status> result = promise.get_future();
+  request.done = [&promise](const Status& s) { promise.set_value(s); };
+  Status queued = Enqueue(std::move(request), drive);
+  return queued.ok() ? result.get() : queued;
+}
+
+int Runtime::RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks) {
   int32_t id = -1;
   Request request;
   request.meta.name = name;
@@ -214,10 +220,7 @@ int Runtime::RunSetRequest(OpType op, const std::string& name, std::vector<int32
   request.meta.dtype = DataType::kInt32;
   request.meta.send_ranks = std::move(ranks);
   request.output = &id;
-  request.done = [&promise](const Status& s) { promise.set_value(s); };
-  Status queued = Enqueue(std::move(request));
-  if (!queued.ok()) throw BluefogError(queued.code(), queued.message());
-  Status status = result.get();
+  Status status = EnqueueAndWait(std::move(request));
   if (!status.ok()) throw BluefogError(status.code(), status.message());
   return id;
 }

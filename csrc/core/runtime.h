@@ -58,6 +58,9 @@ class Runtime {
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the
   // global set only; a process set's channel may be removed while a caller would drive it).
   Status Enqueue(Request request, bool drive = false);
+  // Enqueue, then waits for the request to finish (its `done` is this function's): the status
+  // of either.
+  Status EnqueueAndWait(Request request, bool drive = false);
 
   // Process sets. Every rank must register (and remove) the same sets in the same order;
   // these block until every rank has. Throw BluefogError (disagreement, unknown set, ...).
