@@ -178,6 +178,10 @@ int bluefog_set_shared_allreduce(int on) {
   rt.SetSharedAllreduce(on != 0);
   return 0;
 }
+long long bluefog_set_streaming_stores(long long bytes) {
+  if (bytes < 0) return -1;
+  return bluefog::MpiTransport::set_streaming_store_bytes(bytes);
+}
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end) {
   bluefog::Runtime& rt = bluefog::Runtime::Get();
   if (!rt.running()) return -1;

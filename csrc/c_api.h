@@ -29,6 +29,9 @@ int bluefog_set_inline_threshold(long long bytes);
 // (for tests and benchmarks); -1 when not initialized.
 long long bluefog_shared_allreduces(void);
 int bluefog_set_shared_allreduce(int on);
+// Sets BLUEFOG_STREAMING_STORES (bytes; 0: never) for this process from now on (benchmarks
+// compare both ways); returns the previous value, or -1 (and changes nothing) for a negative one.
+long long bluefog_set_streaming_stores(long long bytes);
 // Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns
 // like bluefog_timeline_enabled.
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end);

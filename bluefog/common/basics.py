@@ -56,6 +56,8 @@ def _load() -> ctypes.CDLL:
                 ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                 ctypes.c_void_p, ctypes.c_int]
             lib.bluefog_eager_allreduce_calls.restype = ctypes.c_longlong
+            lib.bluefog_set_streaming_stores.argtypes = [ctypes.c_longlong]
+            lib.bluefog_set_streaming_stores.restype = ctypes.c_longlong
             _lib = lib
         return _lib
 

@@ -65,6 +65,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.staged_allreduce_bytes = ParseBytes("BLUEFOG_STAGED_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_SHARED_OUTPUTS"))
     config.shared_outputs_bytes = ParseBytes("BLUEFOG_SHARED_OUTPUTS", v);
+  if (const char* v = lookup("BLUEFOG_STREAMING_STORES"))
+    config.streaming_store_bytes = ParseBytes("BLUEFOG_STREAMING_STORES", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
   if (const char* v = lookup("BLUEFOG_EAGER_C_API"))

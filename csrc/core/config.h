@@ -31,6 +31,10 @@ struct Config {
   // With those data areas: this many bytes per rank of the same segment hold large allreduce
   // outputs, so that every rank can push its reduced part into its peers' outputs (0: none).
   int64_t shared_outputs_bytes = int64_t{256} << 20;
+  // One-host allreduces of at least this many bytes through the data areas (staged and shared
+  // paths), out of place, write their outputs with non-temporal stores, which neither read each
+  // output line's old contents first nor fill the cache with the output (0: never).
+  int64_t streaming_store_bytes = int64_t{8} << 20;
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;

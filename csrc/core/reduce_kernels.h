@@ -29,5 +29,10 @@ void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor);
 // equal `out`.
 void ScaleAdd(void* out, const void* in, int64_t count, DataType dtype, double weight,
               bool accumulate);
+// memcpy with non-temporal stores on x86-64: the destination's lines are written past the
+// caches, without first reading their old contents (a plain store reads each line it writes),
+// and are not left in cache. Ends with a store fence, so a later release (a sync) publishes
+// them. Plain memcpy elsewhere. For outputs larger than what stays in cache.
+void StreamCopy(void* dst, const void* src, size_t bytes);
 
 }  // namespace bluefog

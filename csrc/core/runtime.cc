@@ -81,6 +81,7 @@ void Runtime::Main(std::promise<void>* started) {
     transport_.set_local_rounds(config_.local_rounds);
     transport_.set_staged_allreduce_bytes(config_.staged_allreduce_bytes);
     transport_.set_shared_heap_bytes(config_.shared_outputs_bytes);
+    MpiTransport::set_streaming_store_bytes(config_.streaming_store_bytes);
     info_ = transport_.Init();
     transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
     transport_.set_hierarchical(config_.hierarchical_allreduce);

@@ -20,6 +20,8 @@ namespace {
 // write reads it from cache.
 constexpr int64_t kPublishBytes = int64_t{64} << 10;
 
+void PlainCopy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
 // The median of t[0..n) (reorders them).
 double MedianOf(double* t, int n) {
   std::nth_element(t, t + n / 2, t + n);
@@ -52,6 +54,9 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
   const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  const bool stream = Streams(in, out, count * elem);
+  char* piece = stream ? Piece() : nullptr;
+  void (*put)(void*, const void*, size_t) = stream ? StreamCopy : PlainCopy;
   for (int64_t lo = 0; lo < count; lo += step) {
     const int64_t m = std::min(step, count - lo);
     auto begin = [&](int k) { return m * k / n; };
@@ -61,15 +66,18 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
     local_rounds_->Exchange(nullptr);
     for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
+      const size_t bytes = static_cast<size_t>(len * elem);
       char* d = dst + (lo + i) * elem;
-      ReduceWithAreas(src + (lo + i) * elem, d, i, len, dtype, op, divisor);
-      std::memcpy(mine + i * elem, d, static_cast<size_t>(len * elem));
+      // Streaming: summed in cache, then streamed into the output (its old contents unread).
+      ReduceWithAreas(src + (lo + i) * elem, stream ? piece : d, i, len, dtype, op, divisor);
+      if (stream) StreamCopy(d, piece, bytes);
+      std::memcpy(mine + i * elem, stream ? piece : d, bytes);
     }
     local_rounds_->Exchange(nullptr);
     for (int k = 1; k < n; ++k) {
       const int s = (rank_ + k) % n;
-      std::memcpy(dst + (lo + begin(s)) * elem, local_rounds_->data(s) + begin(s) * elem,
-                  static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
+      put(dst + (lo + begin(s)) * elem, local_rounds_->data(s) + begin(s) * elem,
+          static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
     }
   }
   areas_free_ = false;  // peers may still be copying out of this rank's area
@@ -103,6 +111,8 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
     peer_outputs_[r] = heap.part(r) + static_cast<int64_t>(peer_buffers_[3 * r + 2]);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  const bool stream = Streams(in, out, count * elem);
+  char* piece = stream ? Piece() : nullptr;
   for (int64_t lo = 0; lo < count; lo += step) {
     const int64_t m = std::min(step, count - lo);
     auto begin = [&](int k) { return m * k / n; };
@@ -113,11 +123,18 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
     }
     for (int64_t i = begin(rank_); i < begin(rank_ + 1); i += publish) {
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
+      const size_t bytes = static_cast<size_t>(len * elem);
       char* d = dst + (lo + i) * elem;
-      ReduceWithAreas(src + (lo + i) * elem, d, i, len, dtype, op, divisor);
-      for (int k = 1; k < n; ++k)
-        std::memcpy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, d,
-                    static_cast<size_t>(len * elem));
+      if (stream) {  // summed in cache, then streamed into every output
+        ReduceWithAreas(src + (lo + i) * elem, piece, i, len, dtype, op, divisor);
+        StreamCopy(d, piece, bytes);
+        for (int k = 1; k < n; ++k)
+          StreamCopy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, piece, bytes);
+      } else {
+        ReduceWithAreas(src + (lo + i) * elem, d, i, len, dtype, op, divisor);
+        for (int k = 1; k < n; ++k)
+          std::memcpy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, d, bytes);
+      }
     }
   }
   local_rounds_->Exchange(nullptr);
@@ -204,6 +221,13 @@ void MpiTransport::ReduceWithAreas(const char* own, char* out, int64_t at, int64
       ReduceOf(out, acc, theirs, len, dtype, op);
     }
   }
+}
+
+char* MpiTransport::Piece() {
+  // Aligned like the areas, so that the sums read and write whole lines.
+  if (piece_.empty()) piece_.resize(static_cast<size_t>(kPublishBytes) + 64);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(piece_.data());
+  return piece_.data() + (64 - at % 64) % 64;
 }
 
 void MpiTransport::StageSegments(const char* src, int64_t m, int64_t elem) {

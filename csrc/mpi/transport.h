@@ -107,6 +107,13 @@ class MpiTransport {
   // with the others); and how many allreduces took it so far.
   void set_shared(bool enabled) { shared_enabled_.store(enabled, std::memory_order_relaxed); }
   uint64_t shared_calls() const { return shared_calls_.load(std::memory_order_relaxed); }
+  // One-host allreduces through the data areas (staged and shared paths) of at least this many
+  // bytes write their outputs with non-temporal stores (StreamCopy): the outputs' old contents
+  // are not read first, and the outputs do not push the inputs and areas out of cache (0: never;
+  // BLUEFOG_STREAMING_STORES). Process-wide, any thread, any time; ranks need not agree (it
+  // changes how a rank stores, not what). Returns the previous value.
+  static int64_t set_streaming_store_bytes(int64_t bytes);
+  static int64_t streaming_store_bytes();
   // One-host allreduces up to this size take whichever of the staged and the direct path
   // measured faster; above it the direct one. (With every output in the heap, the shared and
   // the direct path are timed at every size.) Measured at 2 ranks
@@ -226,7 +233,13 @@ class MpiTransport {
   // No peer reads this rank's staging area until a path fills it again: the last call through
   // the areas (if any) took the shared path, which ends with a sync.
   bool areas_free_ = true;
-  std::vector<char*> peer_outputs_;     // SharedAllreduce: every rank's output, in this mapping
+  std::vector<char*> peer_outputs_;  // SharedAllreduce: every rank's output, in this mapping
+  // The staged and shared paths' summed piece (kPublishBytes) when they stream their outputs.
+  std::vector<char> piece_;
+  char* Piece();
+  // Whether an allreduce of `bytes` streams its outputs (set_streaming_store_bytes): only out
+  // of place, since in place the output's lines were just read into cache as the input.
+  static bool Streams(const void* in, const void* out, int64_t bytes);
   static constexpr int kLocalWarm = 3;  // of a block's calls, untimed
   static constexpr int kLocalTrials = 2 * (kLocalBlock - kLocalWarm);  // timed calls of each
   struct LocalChoice {

@@ -55,6 +55,10 @@ TEST(Config, HierarchicalAllreduceSwitch) {
   EXPECT_EQ(FromMap({{"BLUEFOG_STAGED_ALLREDUCE", "0"}}).staged_allreduce_bytes, 0);
   EXPECT_EQ(FromMap({{"BLUEFOG_STAGED_ALLREDUCE", "1048576"}}).staged_allreduce_bytes, 1048576);
   EXPECT_THROW(FromMap({{"BLUEFOG_STAGED_ALLREDUCE", "1M"}}), BluefogError);
+  EXPECT_EQ(FromMap({}).streaming_store_bytes, 8 << 20);
+  EXPECT_EQ(FromMap({{"BLUEFOG_STREAMING_STORES", "0"}}).streaming_store_bytes, 0);
+  EXPECT_EQ(FromMap({{"BLUEFOG_STREAMING_STORES", "4194304"}}).streaming_store_bytes, 4194304);
+  EXPECT_THROW(FromMap({{"BLUEFOG_STREAMING_STORES", "-1"}}), BluefogError);
 }
 
 TEST(Config, ParsesValues) {

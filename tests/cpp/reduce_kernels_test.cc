@@ -187,5 +187,24 @@ TEST(ReduceKernels, BoolHasNoSum) {
   EXPECT_THROW(SumInto(a, b, 1, DataType::kBool), BluefogError);
 }
 
+// Every destination alignment within a line and every length up to a few lines (head, whole
+// streamed lines, tail), and a large copy: the bytes memcpy would write, none outside them.
+TEST(ReduceKernels, StreamCopyWritesExactlyTheBytes) {
+  std::vector<unsigned char> src(4096 + 64), dst(4096 + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (size_t at = 0; at < 64; ++at) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{127},
+                         size_t{200}, size_t{4096}}) {
+      std::fill(dst.begin(), dst.end(), 0xEE);
+      StreamCopy(dst.data() + 64 + at, src.data() + (at * 5) % 64, bytes);
+      for (size_t i = 0; i < dst.size(); ++i) {
+        const bool inside = i >= 64 + at && i < 64 + at + bytes;
+        ASSERT_EQ(dst[i], inside ? src[(at * 5) % 64 + i - 64 - at] : 0xEE)
+            << "at " << at << " bytes " << bytes << " index " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bluefog

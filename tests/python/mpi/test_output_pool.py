@@ -99,3 +99,29 @@ def test_fused_allreduces_take_the_shared_path(rank, size, op_name):
         assert taken >= 1, f"rank {rank}: no fused allreduce of 5 x 8 tensors took the shared path"
     else:
         assert taken == 0
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_streamed_outputs_are_exact_whoever_streams(average, rank, size, op_name):
+    """Large out-of-place outputs are written with streaming stores from
+    BLUEFOG_STREAMING_STORES bytes (8 MiB); each rank decides alone, so ranks that disagree
+    (here rank 0 streams every size, the others none, then the default everywhere) still get
+    the exact sum or average, element by element, over uneven segments."""
+    core = basics._load()
+    n = (2 << 20) + 5  # 8 MiB + 20 bytes
+    x = tf.constant(np.arange(n, dtype=np.float32) % 251 + rank)
+    want = size * (np.arange(n, dtype=np.float32) % 251) + size * (size - 1) / 2
+    if average:
+        want = want / size
+    before = core.bluefog_set_streaming_stores(1 if rank == 0 else 0)
+    assert before == 8 << 20
+    try:
+        for _ in range(3):
+            got = bf.allreduce(x, average=average, name=op_name).numpy()
+            np.testing.assert_array_equal(got, want.astype(np.float32))
+    finally:
+        assert core.bluefog_set_streaming_stores(before) == (1 if rank == 0 else 0)
+    for _ in range(3):
+        got = bf.allreduce(x, average=average, name=op_name).numpy()
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+    assert np.array_equal(x.numpy(), np.arange(n, dtype=np.float32) % 251 + rank)
