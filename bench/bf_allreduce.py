@@ -132,6 +132,21 @@ def unshared(run):
     return batch
 
 
+def plain_stores(run):
+    """A batch runner with streaming stores off for the batch (BLUEFOG_STREAMING_STORES=0:
+    outputs written with plain stores, as before 2026-12-02): the same process, so the two are
+    interleaved."""
+    core = basics._load()
+
+    def batch(iters: int) -> float:
+        before = core.bluefog_set_streaming_stores(0)
+        try:
+            return run(iters)
+        finally:
+            core.bluefog_set_streaming_stores(before)
+    return batch
+
+
 def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
     """A batch runner for `calls` raw MPI_Allreduce of `nbytes` each, looped in C++."""
     def run(iters: int) -> float:
@@ -202,6 +217,7 @@ def main() -> None:
             "bf_eager_op": per_call(through_op(eager)),
             "bf_eager_handoff": per_call(handed_off(eager)),
             "bf_eager_unshared": unshared(per_call(eager)),
+            "bf_eager_plain": plain_stores(per_call(eager)),
             # How eager calls ran before 2026-12-01: the op's generated wrapper with its default
             # (int) scale attributes, which TensorFlow's fast path refuses (slow fallback), and
             # the request handed to the background thread.

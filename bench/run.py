@@ -160,6 +160,14 @@ def main() -> None:
         if n == 2:
             floors.append(("2 ranks: 4-byte eager overhead < 100 us", over < 100e-6,
                            fmt_time(over)))
+    footprint = os.path.join(ROOT, "build", "cpp", "store_footprint_bench")
+    if os.path.exists(footprint):  # one process, no communication (make cpp-build)
+        rows = records([footprint], 300)
+        print("\nKeeping the input, one process summing two buffers (no communication; time over "
+              "the in-place sum's): " + "; ".join(
+                  f"{fmt_size(r['bytes'])} in place {fmt_time(r['in_place_s'])}, out of place "
+                  f"{r['plain_s'] / r['in_place_s']:.2f}x, streamed "
+                  f"{r['streamed_s'] / r['in_place_s']:.2f}x" for r in rows))
     comp = records(MPIRUN + ["-np", "2", PY, "bench/compression.py", "--mib", "16"], 600)[0]
     ms = comp["median_ms"]
     print(f"\nGradient compression, 2 ranks on this machine, 8 float32 tensors of 16 MiB in all "

@@ -8,7 +8,10 @@
 // (whichever of the two measured faster on the size's first calls, up to 16 MiB; the direct one
 // above), the shared path (outputs in the shared heap, as TensorFlow outputs of 1 MiB and up
 // are) and the default for such outputs (whichever of it and the direct path measured faster),
-// out of place and in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s").
+// out of place and in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s"); and the
+// out-of-place staged and shared paths with outputs always written with streaming stores
+// ("_streamed") and always with plain ones ("_plain"), BLUEFOG_STREAMING_STORES deciding for
+// the others.
 #include <mpi.h>
 
 #include <algorithm>
@@ -24,36 +27,61 @@
 
 namespace {
 
+// How a variant's outputs are stored: as BLUEFOG_STREAMING_STORES says (8 MiB and up by
+// default), always with streaming stores, or always with plain ones.
+enum Stores { kConfigured, kStreamed, kPlain };
+
 struct Variant {
   const char* name;
   bool direct, staged, in_place, shared;
+  Stores stores;
 };
 
 constexpr Variant kVariants[] = {
-    {"ring", false, false, false, false},          {"direct", true, false, false, false},
-    {"direct_in_place", true, false, true, false}, {"staged", false, true, false, false},
-    {"staged_in_place", false, true, true, false}, {"default", true, true, false, false},
-    {"default_in_place", true, true, true, false}, {"shared", false, true, false, true},
-    {"shared_in_place", false, true, true, true},  {"default_shared", true, true, false, true},
+    {"ring", false, false, false, false, kConfigured},
+    {"direct", true, false, false, false, kConfigured},
+    {"direct_in_place", true, false, true, false, kConfigured},
+    {"staged", false, true, false, false, kConfigured},
+    {"staged_in_place", false, true, true, false, kConfigured},
+    {"default", true, true, false, false, kConfigured},
+    {"default_in_place", true, true, true, false, kConfigured},
+    {"shared", false, true, false, true, kConfigured},
+    {"shared_in_place", false, true, true, true, kConfigured},
+    {"default_shared", true, true, false, true, kConfigured},
+    {"staged_streamed", false, true, false, false, kStreamed},
+    {"staged_plain", false, true, false, false, kPlain},
+    {"shared_streamed", false, true, false, true, kStreamed},
+    {"shared_plain", false, true, false, true, kPlain},
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+constexpr long long kSizes[] = {1LL << 20,  4LL << 20,  8LL << 20,
+                                16LL << 20, 32LL << 20, 64LL << 20};
 
 }  // namespace
 
 int main() {
   bluefog::MpiTransport transport;
   // The runtime's variables that shape the transport (BLUEFOG_LOCAL_ROUNDS,
-  // BLUEFOG_STAGED_ALLREDUCE), as the runtime applies them.
+  // BLUEFOG_STAGED_ALLREDUCE, BLUEFOG_STREAMING_STORES), as the runtime applies them.
   const bluefog::Config config = bluefog::Config::FromEnvironment();
   transport.set_local_rounds(config.local_rounds);
   transport.set_staged_allreduce_bytes(config.staged_allreduce_bytes);
-  transport.set_shared_heap_bytes(config.shared_outputs_bytes);
+  // The heap must hold a block of every size for each shared variant (its blocks are never
+  // merged, so a size's freed blocks do not make room for a larger one): more than the default
+  // BLUEFOG_SHARED_OUTPUTS.
+  int64_t all_sizes = 0;
+  for (long long bytes : kSizes) all_sizes += bytes;
+  int shared_variants = 0;
+  for (const Variant& v : kVariants) shared_variants += v.shared ? 1 : 0;
+  transport.set_shared_heap_bytes(
+      std::max<int64_t>(config.shared_outputs_bytes, shared_variants * all_sizes + (1 << 20)));
   const bluefog::TransportInfo info = transport.Init();
+  const int64_t configured_stores = config.streaming_store_bytes;
   const std::shared_ptr<bluefog::SharedHeap> heap = transport.shared_heap();
   constexpr int kReps = 9;
   const bool direct_possible = transport.direct();
   const bool staged_possible = transport.staged();
-  for (long long bytes : {1LL << 20, 4LL << 20, 16LL << 20, 64LL << 20}) {
+  for (long long bytes : kSizes) {
     const long long count = bytes / 4;
     // Every variant has buffers of its own: a batch runs slower on buffers another variant
     // touched last, so sharing would favour some pairs.
@@ -93,6 +121,10 @@ int main() {
           transport.set_direct(v.direct);
           transport.set_staged(v.staged);
           transport.set_shared(v.shared);
+          bluefog::MpiTransport::set_streaming_store_bytes(v.stores == kStreamed ? 1
+                                                           : v.stores == kPlain
+                                                               ? 0
+                                                               : configured_stores);
           float* in = v.shared && v.in_place && blocks[which] ? blocks[which] : ins[which].data();
           float* out = v.in_place                  ? in
                        : v.shared && blocks[which] ? blocks[which]
