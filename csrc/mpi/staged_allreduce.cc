@@ -184,17 +184,24 @@ void MpiTransport::LocalAllreduce(const void* in, void* out, int64_t count, Data
   // copy was for nothing, and harmless: nobody reads the areas until a path fills them again.
   const bool small = bytes <= kStagedMaxBytes;
   const double start = can_choose && (small || offset >= 0) ? MPI_Wtime() : 0.0;
-  const bool staged_first = offset >= 0 && areas_free_ && next(local_choice_[1][size_class]) == 0;
+  const bool staged_first =
+      offset >= 0 && areas_free_ && next(local_choice_[kLocalShared][size_class]) == 0;
   if (staged_first)
     StageSegments(static_cast<const char*>(in), std::min(count, StepElements(elem)), elem);
   const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
                             static_cast<uint64_t>(offset)};
   peer_buffers_.resize(3 * static_cast<size_t>(size_));
   SmallAllgather(mine, sizeof(mine), peer_buffers_.data());
-  bool all_shared = true;
-  for (int r = 0; r < size_; ++r)
+  bool all_shared = true, all_in_place = true;
+  for (int r = 0; r < size_; ++r) {
     all_shared = all_shared && static_cast<int64_t>(peer_buffers_[3 * r + 2]) >= 0;
-  LocalChoice& c = local_choice_[all_shared ? 1 : 0][size_class];
+    all_in_place = all_in_place && peer_buffers_[3 * r] == peer_buffers_[3 * r + 1];
+  }
+  // (Every output in the heap is timed as one kind, in place or not: `staged_first` above was
+  // decided from that kind's choice before the gather, and must be alike on every rank.)
+  LocalChoice& c = local_choice_[all_shared     ? kLocalShared
+                                 : all_in_place ? kLocalInPlace
+                                                : kLocalOutOfPlace][size_class];
   const bool timed = can_choose && (all_shared || small);
   const int algorithm = timed ? next(c) : can_choose ? 1 : 0;
   if (algorithm == 1) {
@@ -293,8 +300,10 @@ void MpiTransport::Choose(LocalChoice* c, int algorithm, double seconds) {
   ++c->picks;
   if (rank_ == 0)
     BF_LOG(LogLevel::kDebug, "allreduce size class ", ClassBytes(c), " bytes",
-           c >= local_choice_[1] ? " (outputs in the shared heap)" : "", ": through the areas ",
-           slowest[0] * 1e3, " ms, direct ", slowest[1] * 1e3,
+           c >= local_choice_[kLocalInPlace]  ? " (in place)"
+           : c >= local_choice_[kLocalShared] ? " (outputs in the shared heap)"
+                                              : "",
+           ": through the areas ", slowest[0] * 1e3, " ms, direct ", slowest[1] * 1e3,
            " ms (slowest rank's medians); takes ", c->pick == 1 ? "direct" : "the areas");
 }
 
@@ -308,8 +317,8 @@ int MpiTransport::SizeClass(int64_t bytes) {
   return size_class;
 }
 
-int MpiTransport::local_choice(int64_t bytes, bool shared) const {
-  return local_choice_[shared ? 1 : 0][SizeClass(bytes)].pick;
+int MpiTransport::local_choice(int64_t bytes, LocalKind kind) const {
+  return local_choice_[kind][SizeClass(bytes)].pick;
 }
 
 }  // namespace bluefog

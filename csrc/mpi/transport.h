@@ -124,10 +124,14 @@ class MpiTransport {
   bool staged() const {
     return staged_enabled_ && local_rounds_ != nullptr && local_rounds_->data_bytes() > 0;
   }
+  // The calls a one-host path choice is made for, apart (the best path differs between them):
+  // every output in the shared heap; otherwise every rank in place (input == output), or not.
+  // Decided from the buffers every rank gathered, so every rank files a call alike.
+  enum LocalKind { kLocalOutOfPlace = 0, kLocalShared = 1, kLocalInPlace = 2, kLocalKinds = 3 };
   // When both one-host paths are on, which one allreduces of `bytes` (their power-of-two size
-  // class) take: 0 staged (`shared`: every output in the shared heap, the shared path), 1
-  // direct, -1 not decided yet (still timing both).
-  int local_choice(int64_t bytes, bool shared = false) const;
+  // class) of `kind` take: 0 through the areas (staged; with every output in the heap, the
+  // shared path), 1 direct, -1 not decided yet (still timing both).
+  int local_choice(int64_t bytes, LocalKind kind = kLocalOutOfPlace) const;
   // Calls of a class before its first choice: kLocalStartCalls on the path through the areas,
   // then 4 blocks of kLocalBlock, the two paths in turns.
   static constexpr int kLocalStartCalls = 16;
@@ -257,8 +261,8 @@ class MpiTransport {
   std::vector<double> choice_all_;  // every rank's medians (or watch ratios), reused
   // Records a timed call of `algorithm` while choosing; chooses after the last one.
   void Choose(LocalChoice* c, int algorithm, double seconds);
-  // [every output in the heap][power-of-two size class]
-  LocalChoice local_choice_[2][64];
+  // [LocalKind][power-of-two size class]
+  LocalChoice local_choice_[kLocalKinds][64];
   int local_recheck_calls_ = 2048;  // calls of a class between two choices
   double local_worse_ = kLocalWorse;
   // The exchange's buffers, and its shared memory when `one_host` (exchange.cc).
