@@ -117,34 +117,34 @@ def through_op(step):
     return switched_off(step, eager_calls.DIRECT)
 
 
-def unshared(run):
-    """A batch runner with the shared path off for the batch (large eager outputs then take the
-    staged or the direct path, as before 2026-12-02): the same process, so the two are
-    interleaved."""
-    core = basics._load()
-
+def core_switched(run, off, on):
+    """A batch runner with one of the core's switches off for the batch (`off()` before it,
+    `on()` after): the same process, so the two ways are interleaved."""
     def batch(iters: int) -> float:
-        core.bluefog_set_shared_allreduce(0)
+        off()
         try:
             return run(iters)
         finally:
-            core.bluefog_set_shared_allreduce(1)
+            on()
     return batch
+
+
+def unshared(run):
+    """`run` with the shared path off (large eager outputs then take the staged or the direct
+    path, as before 2026-12-02)."""
+    core = basics._load()
+    return core_switched(run, lambda: core.bluefog_set_shared_allreduce(0),
+                         lambda: core.bluefog_set_shared_allreduce(1))
 
 
 def plain_stores(run):
-    """A batch runner with streaming stores off for the batch (BLUEFOG_STREAMING_STORES=0:
-    outputs written with plain stores, as before 2026-12-02): the same process, so the two are
-    interleaved."""
+    """`run` with streaming stores off (BLUEFOG_STREAMING_STORES=0: outputs written with plain
+    stores, as before 2026-12-02)."""
     core = basics._load()
-
-    def batch(iters: int) -> float:
-        before = core.bluefog_set_streaming_stores(0)
-        try:
-            return run(iters)
-        finally:
-            core.bluefog_set_streaming_stores(before)
-    return batch
+    before = core.bluefog_set_streaming_stores(0)  # the configured threshold, restored after
+    core.bluefog_set_streaming_stores(before)
+    return core_switched(run, lambda: core.bluefog_set_streaming_stores(0),
+                         lambda: core.bluefog_set_streaming_stores(before))
 
 
 def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):

@@ -1,13 +1,16 @@
 // The allreduces among ranks of one host through data areas in the rounds' shared-memory
 // segment (LocalRounds), with plain loads and stores: staged (MpiTransport::StagedAllreduce)
-// and shared (outputs in the shared heap, SharedAllreduce); and the timed choice between those
+// and shared (outputs in the shared heap, SharedAllreduce), whose large out-of-place outputs are
+// written with streaming stores (BLUEFOG_STREAMING_STORES); and the timed choice between those
 // and the direct path (LocalAllreduce). See docs/design.md, step 5 of "One request, end to end".
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
+#include "core/config.h"
 #include "core/logging.h"
 #include "core/reduce_kernels.h"
 #include "mpi/shared_heap.h"
@@ -20,7 +23,10 @@ namespace {
 // write reads it from cache.
 constexpr int64_t kPublishBytes = int64_t{64} << 10;
 
+using CopyFn = void (*)(void*, const void*, size_t);
 void PlainCopy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+std::atomic<int64_t> g_streaming_store_bytes{Config().streaming_store_bytes};
 
 // The median of t[0..n) (reorders them).
 double MedianOf(double* t, int n) {
@@ -54,9 +60,10 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
   const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  // Streaming: each piece is summed into the scratch (in cache) and streamed into the output.
   const bool stream = Streams(in, out, count * elem);
-  char* piece = stream ? Piece() : nullptr;
-  void (*put)(void*, const void*, size_t) = stream ? StreamCopy : PlainCopy;
+  char* piece = stream ? Scratch(kPublishBytes) : nullptr;
+  const CopyFn put = stream ? StreamCopy : PlainCopy;
   for (int64_t lo = 0; lo < count; lo += step) {
     const int64_t m = std::min(step, count - lo);
     auto begin = [&](int k) { return m * k / n; };
@@ -68,10 +75,10 @@ void MpiTransport::StagedAllreduce(const void* in, void* out, int64_t count, Dat
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
       const size_t bytes = static_cast<size_t>(len * elem);
       char* d = dst + (lo + i) * elem;
-      // Streaming: summed in cache, then streamed into the output (its old contents unread).
-      ReduceWithAreas(src + (lo + i) * elem, stream ? piece : d, i, len, dtype, op, divisor);
-      if (stream) StreamCopy(d, piece, bytes);
-      std::memcpy(mine + i * elem, stream ? piece : d, bytes);
+      char* sum = stream ? piece : d;
+      ReduceWithAreas(src + (lo + i) * elem, sum, i, len, dtype, op, divisor);
+      if (stream) StreamCopy(d, sum, bytes);
+      std::memcpy(mine + i * elem, sum, bytes);
     }
     local_rounds_->Exchange(nullptr);
     for (int k = 1; k < n; ++k) {
@@ -111,8 +118,10 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
     peer_outputs_[r] = heap.part(r) + static_cast<int64_t>(peer_buffers_[3 * r + 2]);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  // Streaming: each piece is summed into the scratch (in cache) and streamed into every output.
   const bool stream = Streams(in, out, count * elem);
-  char* piece = stream ? Piece() : nullptr;
+  char* piece = stream ? Scratch(kPublishBytes) : nullptr;
+  const CopyFn put = stream ? StreamCopy : PlainCopy;
   for (int64_t lo = 0; lo < count; lo += step) {
     const int64_t m = std::min(step, count - lo);
     auto begin = [&](int k) { return m * k / n; };
@@ -125,16 +134,10 @@ void MpiTransport::SharedAllreduce(const void* in, void* out, int64_t count, Dat
       const int64_t len = std::min(publish, begin(rank_ + 1) - i);
       const size_t bytes = static_cast<size_t>(len * elem);
       char* d = dst + (lo + i) * elem;
-      if (stream) {  // summed in cache, then streamed into every output
-        ReduceWithAreas(src + (lo + i) * elem, piece, i, len, dtype, op, divisor);
-        StreamCopy(d, piece, bytes);
-        for (int k = 1; k < n; ++k)
-          StreamCopy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, piece, bytes);
-      } else {
-        ReduceWithAreas(src + (lo + i) * elem, d, i, len, dtype, op, divisor);
-        for (int k = 1; k < n; ++k)
-          std::memcpy(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, d, bytes);
-      }
+      char* sum = stream ? piece : d;
+      ReduceWithAreas(src + (lo + i) * elem, sum, i, len, dtype, op, divisor);
+      if (stream) StreamCopy(d, sum, bytes);
+      for (int k = 1; k < n; ++k) put(peer_outputs_[(rank_ + k) % n] + (lo + i) * elem, sum, bytes);
     }
   }
   local_rounds_->Exchange(nullptr);
@@ -230,11 +233,15 @@ void MpiTransport::ReduceWithAreas(const char* own, char* out, int64_t at, int64
   }
 }
 
-char* MpiTransport::Piece() {
-  // Aligned like the areas, so that the sums read and write whole lines.
-  if (piece_.empty()) piece_.resize(static_cast<size_t>(kPublishBytes) + 64);
-  const uintptr_t at = reinterpret_cast<uintptr_t>(piece_.data());
-  return piece_.data() + (64 - at % 64) % 64;
+int64_t MpiTransport::set_streaming_store_bytes(int64_t bytes) {
+  return g_streaming_store_bytes.exchange(bytes, std::memory_order_relaxed);
+}
+int64_t MpiTransport::streaming_store_bytes() {
+  return g_streaming_store_bytes.load(std::memory_order_relaxed);
+}
+bool MpiTransport::Streams(const void* in, const void* out, int64_t bytes) {
+  const int64_t from = streaming_store_bytes();
+  return in != out && from > 0 && bytes >= from;
 }
 
 void MpiTransport::StageSegments(const char* src, int64_t m, int64_t elem) {

@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstring>
 
-#include "core/config.h"
 #include "core/reduce_kernels.h"
 #include "core/status.h"
 #include "mpi/comm_handle.h"
@@ -74,21 +73,6 @@ void MpiTransport::Check(int code, const char* call) const {
   int len = 0;
   MPI_Error_string(code, text, &len);
   throw BluefogError(StatusCode::kInternal, Concat(call, " failed: ", std::string(text, len)));
-}
-
-namespace {
-std::atomic<int64_t> g_streaming_store_bytes{Config().streaming_store_bytes};
-}  // namespace
-
-int64_t MpiTransport::set_streaming_store_bytes(int64_t bytes) {
-  return g_streaming_store_bytes.exchange(bytes, std::memory_order_relaxed);
-}
-int64_t MpiTransport::streaming_store_bytes() {
-  return g_streaming_store_bytes.load(std::memory_order_relaxed);
-}
-bool MpiTransport::Streams(const void* in, const void* out, int64_t bytes) {
-  const int64_t from = streaming_store_bytes();
-  return in != out && from > 0 && bytes >= from;
 }
 
 char* MpiTransport::Scratch(int64_t bytes) {

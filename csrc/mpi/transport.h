@@ -238,9 +238,6 @@ class MpiTransport {
   // the areas (if any) took the shared path, which ends with a sync.
   bool areas_free_ = true;
   std::vector<char*> peer_outputs_;  // SharedAllreduce: every rank's output, in this mapping
-  // The staged and shared paths' summed piece (kPublishBytes) when they stream their outputs.
-  std::vector<char> piece_;
-  char* Piece();
   // Whether an allreduce of `bytes` streams its outputs (set_streaming_store_bytes): only out
   // of place, since in place the output's lines were just read into cache as the input.
   static bool Streams(const void* in, const void* out, int64_t bytes);
@@ -277,8 +274,9 @@ class MpiTransport {
   std::vector<int> counts_;
   std::vector<int> displs_;
   std::vector<char> requests_;  // MPI_Request storage, reused
-  // Chunks received or read from peers by the ring, the direct and the two-host algorithms
-  // (one runs at a time); grown once, so no per-call faults.
+  // Chunks received or read from peers by the ring, the direct and the two-host algorithms,
+  // and the pieces the staged and shared paths sum before streaming them (one runs at a time);
+  // grown once, so no per-call faults.
   std::vector<char> scratch_;
   char* Scratch(int64_t bytes);
   int64_t ring_threshold_bytes_ = int64_t{1} << 20;
