@@ -237,7 +237,7 @@ def main() -> None:
         assert np.allclose(got, expected / n), f"wrong chained allreduce result at {nbytes} bytes"
         if nbytes >= 1 << 20 and not args.no_steady:
             # Steady state: past each one-host size class's first choice and the second one
-            # 256 calls later (csrc/mpi/transport.h), for outputs in the shared heap and for
+            # 256 calls later (csrc/transport/mpi/transport.h), for outputs in the shared heap and for
             # the rest, so that no timed batch holds the trials' calls on the slower path.
             per_call(eager)(STEADY_CALLS)
             unshared(per_call(eager))(STEADY_CALLS)

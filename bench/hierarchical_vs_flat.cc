@@ -18,7 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "mpi/transport.h"
+#include "transport/mpi/transport.h"
 
 int main(int argc, char** argv) {
   bluefog::MpiTransport transport;

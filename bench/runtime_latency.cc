@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "mpi/shared_heap.h"
-#include "mpi/transport.h"
+#include "transport/mpi/shared_heap.h"
+#include "transport/mpi/transport.h"
 
 namespace {
 

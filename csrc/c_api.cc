@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/op_rules.h"
-#include "core/output_blocks.h"
-#include "core/runtime.h"
+#include "runtime/output_blocks.h"
+#include "runtime/runtime.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 #include "tensorflow/bridge.h"
 
 #include "core/op_rules.h"
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 namespace bluefog {
 namespace tf_bridge {

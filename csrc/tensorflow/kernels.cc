@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/op_rules.h"
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "tensorflow/bridge.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/output_pool.h"

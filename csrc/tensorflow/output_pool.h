@@ -3,7 +3,7 @@
 // docs/design.md.
 #pragma once
 
-#include "core/output_blocks.h"
+#include "runtime/output_blocks.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace bluefog {

@@ -8,7 +8,7 @@
 #include <future>
 #include <vector>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 namespace bluefog {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "runtime_test_util.h"
 
 namespace bluefog {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "runtime_test_util.h"
 
 namespace bluefog {

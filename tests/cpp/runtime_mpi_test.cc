@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/reduce_kernels.h"
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 #include "runtime_test_util.h"
 

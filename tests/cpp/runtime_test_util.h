@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 namespace bluefog {
 namespace testing_util {

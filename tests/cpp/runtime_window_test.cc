@@ -5,7 +5,7 @@
 #include <future>
 #include <vector>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 #include "runtime_test_util.h"
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/status.h"
-#include "mpi/shared_heap.h"
-#include "mpi/transport.h"
+#include "transport/mpi/shared_heap.h"
+#include "transport/mpi/transport.h"
 
 namespace bluefog {
 namespace {

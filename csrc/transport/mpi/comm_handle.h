@@ -1,5 +1,5 @@
-// MPI handles kept in opaque words (`void*` members), so that headers outside csrc/mpi need not
-// include mpi.h. Not part of any interface.
+// MPI handles kept in opaque words (`void*` members), so that headers outside csrc/transport/mpi
+// need not include mpi.h. Not part of any interface.
 #pragma once
 
 #include <mpi.h>

@@ -1,4 +1,4 @@
-#include "mpi/transport.h"
+#include "transport/mpi/transport.h"
 
 #include <mpi.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
-#include "mpi/comm_handle.h"
+#include "transport/mpi/comm_handle.h"
 
 namespace bluefog {
 namespace {

@@ -13,8 +13,8 @@
 #include "core/config.h"
 #include "core/logging.h"
 #include "core/reduce_kernels.h"
-#include "mpi/shared_heap.h"
-#include "mpi/transport.h"
+#include "transport/mpi/shared_heap.h"
+#include "transport/mpi/transport.h"
 
 namespace bluefog {
 namespace {

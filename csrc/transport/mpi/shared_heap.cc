@@ -1,4 +1,4 @@
-#include "mpi/shared_heap.h"
+#include "transport/mpi/shared_heap.h"
 
 #include <sys/mman.h>
 

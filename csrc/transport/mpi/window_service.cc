@@ -1,4 +1,4 @@
-#include "mpi/window_service.h"
+#include "transport/mpi/window_service.h"
 
 #include <mpi.h>
 
@@ -6,7 +6,7 @@
 #include <climits>
 #include <cstring>
 
-#include "mpi/window_internal.h"
+#include "transport/mpi/window_internal.h"
 
 namespace bluefog {
 

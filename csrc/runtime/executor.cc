@@ -1,4 +1,4 @@
-#include "core/executor.h"
+#include "runtime/executor.h"
 
 #include <algorithm>
 #include <chrono>

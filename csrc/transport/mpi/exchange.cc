@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "core/status.h"
-#include "mpi/comm_handle.h"
-#include "mpi/transport.h"
+#include "transport/mpi/comm_handle.h"
+#include "transport/mpi/transport.h"
 
 namespace bluefog {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/output_blocks.h"
+#include "runtime/output_blocks.h"
 
 #include <cstdlib>
 #include <mutex>

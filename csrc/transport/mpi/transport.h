@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/types.h"
-#include "mpi/local_rounds.h"
+#include "transport/mpi/local_rounds.h"
 
 namespace bluefog {
 

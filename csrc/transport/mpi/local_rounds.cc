@@ -1,4 +1,4 @@
-#include "mpi/local_rounds.h"
+#include "transport/mpi/local_rounds.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -15,7 +15,7 @@
 #include <random>
 #include <string>
 
-#include "mpi/comm_handle.h"
+#include "transport/mpi/comm_handle.h"
 
 namespace bluefog {
 

@@ -1,4 +1,4 @@
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 #include <sched.h>
 

@@ -1,4 +1,4 @@
-#include "core/channel.h"
+#include "runtime/channel.h"
 
 #include <algorithm>
 #include <chrono>

@@ -6,8 +6,8 @@
 #include <chrono>
 #include <thread>
 
-#include "mpi/window_internal.h"
-#include "mpi/window_service.h"
+#include "transport/mpi/window_internal.h"
+#include "transport/mpi/window_service.h"
 
 namespace bluefog {
 

@@ -2,8 +2,8 @@
 // ranks each request names, combined in C++ over persistent buffers.
 #include <cstring>
 
-#include "core/executor.h"
 #include "core/reduce_kernels.h"
+#include "runtime/executor.h"
 
 namespace bluefog {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "mpi/comm_handle.h"
-#include "mpi/window_service.h"
+#include "transport/mpi/comm_handle.h"
+#include "transport/mpi/window_service.h"
 
 namespace bluefog {
 namespace window_internal {

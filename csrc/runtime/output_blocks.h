@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "mpi/shared_heap.h"
+#include "transport/mpi/shared_heap.h"
 
 namespace bluefog {
 

@@ -17,13 +17,13 @@
 
 #include "core/config.h"
 #include "core/coordinator.h"
-#include "core/executor.h"
 #include "core/request.h"
 #include "core/response_cache.h"
 #include "core/stall_report.h"
 #include "core/timeline.h"
 #include "core/wire.h"
-#include "mpi/transport.h"
+#include "runtime/executor.h"
+#include "transport/mpi/transport.h"
 
 namespace bluefog {
 

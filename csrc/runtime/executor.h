@@ -13,7 +13,7 @@
 #include "core/fusion.h"
 #include "core/request.h"
 #include "core/timeline.h"
-#include "mpi/transport.h"
+#include "transport/mpi/transport.h"
 
 namespace bluefog {
 

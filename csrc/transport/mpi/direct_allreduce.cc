@@ -15,8 +15,8 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
-#include "mpi/comm_handle.h"
-#include "mpi/transport.h"
+#include "transport/mpi/comm_handle.h"
+#include "transport/mpi/transport.h"
 
 namespace bluefog {
 namespace {

@@ -13,12 +13,12 @@
 #include <thread>
 #include <vector>
 
-#include "core/channel.h"
 #include "core/config.h"
 #include "core/request.h"
 #include "core/timeline.h"
-#include "mpi/transport.h"
-#include "mpi/window_service.h"
+#include "runtime/channel.h"
+#include "transport/mpi/transport.h"
+#include "transport/mpi/window_service.h"
 
 namespace bluefog {
 
