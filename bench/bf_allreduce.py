@@ -30,8 +30,8 @@ from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
 CHAIN = 8
 # Calls of a size class until its path choice is past the first two decisions: 16 untimed,
-# 32 timed, the first choice, 256 calls, 32 timed again (MpiTransport::kLocalChooseCalls,
-# kLocalFirstRecheck), with some to spare.
+# 32 timed, the first choice, 256 calls, 32 timed again (PathChooser::kChooseCalls,
+# kFirstRecheck in core/path_chooser.h), with some to spare.
 STEADY_CALLS = 350
 
 
@@ -132,19 +132,16 @@ def core_switched(run, off, on):
 def unshared(run):
     """`run` with the shared path off (large eager outputs then take the staged or the direct
     path, as before 2026-12-02)."""
-    core = basics._load()
-    return core_switched(run, lambda: core.bluefog_set_shared_allreduce(0),
-                         lambda: core.bluefog_set_shared_allreduce(1))
+    return core_switched(run, lambda: basics._tune("shared", 0),
+                         lambda: basics._tune("shared", 1))
 
 
 def plain_stores(run):
     """`run` with streaming stores off (BLUEFOG_STREAMING_STORES=0: outputs written with plain
     stores, as before 2026-12-02)."""
-    core = basics._load()
-    before = core.bluefog_set_streaming_stores(0)  # the configured threshold, restored after
-    core.bluefog_set_streaming_stores(before)
-    return core_switched(run, lambda: core.bluefog_set_streaming_stores(0),
-                         lambda: core.bluefog_set_streaming_stores(before))
+    before = basics._tuning("streaming_stores")  # the configured threshold, restored after
+    return core_switched(run, lambda: basics._tune("streaming_stores", 0),
+                         lambda: basics._tune("streaming_stores", before))
 
 
 def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
@@ -237,7 +234,7 @@ def main() -> None:
         assert np.allclose(got, expected / n), f"wrong chained allreduce result at {nbytes} bytes"
         if nbytes >= 1 << 20 and not args.no_steady:
             # Steady state: past each one-host size class's first choice and the second one
-            # 256 calls later (csrc/transport/mpi/transport.h), for outputs in the shared heap and for
+            # 256 calls later (core/path_chooser.h), for outputs in the shared heap and for
             # the rest, so that no timed batch holds the trials' calls on the slower path.
             per_call(eager)(STEADY_CALLS)
             unshared(per_call(eager))(STEADY_CALLS)

@@ -53,14 +53,12 @@ def loop(step):
 
 
 def without_round_data(run):
-    core = basics._load()
-
     def wrapped(calls):
-        core.bluefog_set_inline_threshold(ctypes.c_longlong(0))
+        before = basics._tune("inline_threshold", 0)
         try:
             run(calls)
         finally:
-            core.bluefog_set_inline_threshold(ctypes.c_longlong(1024))
+            basics._tune("inline_threshold", before)
     return wrapped
 
 

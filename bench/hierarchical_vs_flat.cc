@@ -1,6 +1,6 @@
-// The hierarchical allreduce (MpiTransport with set_hierarchical(true)) against the flat ring
-// over all ranks (set_hierarchical(false)), against MPI_Allreduce and against its first version
-// (set_two_host_split(false): a two-rank ring across the hosts), in one process, batches
+// The hierarchical allreduce (MpiCommunicator, Tuning::hierarchical on) against the flat ring
+// over all ranks (off), against MPI_Allreduce and against its first version
+// (Tuning::two_host_split off: a two-rank ring across the hosts), in one process, batches
 // interleaved repetition by repetition. Meant for jobs over several hosts with the same number
 // of ranks on each (bench/netns/ makes pretend hosts with a rate-limited link):
 //
@@ -18,13 +18,13 @@
 #include <cstdlib>
 #include <vector>
 
-#include "transport/mpi/transport.h"
+#include "transport/mpi/mpi_communicator.h"
 
 int main(int argc, char** argv) {
-  bluefog::MpiTransport transport;
+  bluefog::MpiCommunicator transport;
   const bluefog::TransportInfo info = transport.Init();
-  transport.set_ring_threshold_bytes(1);  // every size here goes the large-buffer way
-  if (!transport.hierarchical()) {
+  transport.tuning().ring_threshold_bytes = 1;  // every size here goes the large-buffer way
+  if (!transport.paths().hierarchical) {
     if (info.rank == 0)
       std::fprintf(stderr,
                    "hierarchical_bench: needs several hosts with the same number (> 1) of ranks "
@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
     std::vector<double> times[4];
     for (int rep = 0; rep < reps + 1; ++rep) {  // rep 0 warms up
       for (int which : {0, 1, 2, 3}) {
-        transport.set_hierarchical(which == 0 || which == 3);
-        transport.set_two_host_split(which == 0);
+        transport.tuning().hierarchical = which == 0 || which == 3;
+        transport.tuning().two_host_split = which == 0;
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
         for (int i = 0; i < iters; ++i) {

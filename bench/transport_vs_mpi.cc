@@ -1,4 +1,4 @@
-// bluefog's large-buffer allreduce (MpiTransport::AllreduceSum) by path, against
+// bluefog's large-buffer allreduce (MpiCommunicator::AllreduceSum) by path, against
 // MPI_Allreduce, both from C++ on buffers allocated once, their batches interleaved repetition
 // by repetition so all see the same machine. No TensorFlow, no negotiation: this isolates the
 // algorithms from bluefog's per-call cost. Built by `make bench` (target transport_bench), run
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "transport/mpi/shared_heap.h"
-#include "transport/mpi/transport.h"
+#include "transport/mpi/mpi_communicator.h"
+#include "transport/shared_heap.h"
 
 namespace {
 
@@ -60,12 +60,10 @@ constexpr long long kSizes[] = {1LL << 20,  4LL << 20,  8LL << 20,
 }  // namespace
 
 int main() {
-  bluefog::MpiTransport transport;
   // The runtime's variables that shape the transport (BLUEFOG_LOCAL_ROUNDS,
   // BLUEFOG_STAGED_ALLREDUCE, BLUEFOG_STREAMING_STORES), as the runtime applies them.
   const bluefog::Config config = bluefog::Config::FromEnvironment();
-  transport.set_local_rounds(config.local_rounds);
-  transport.set_staged_allreduce_bytes(config.staged_allreduce_bytes);
+  bluefog::TransportOptions options = bluefog::TransportOptions::FromConfig(config);
   // The heap must hold a block of every size for each shared variant (its blocks are never
   // merged, so a size's freed blocks do not make room for a larger one): more than the default
   // BLUEFOG_SHARED_OUTPUTS.
@@ -73,14 +71,16 @@ int main() {
   for (long long bytes : kSizes) all_sizes += bytes;
   int shared_variants = 0;
   for (const Variant& v : kVariants) shared_variants += v.shared ? 1 : 0;
-  transport.set_shared_heap_bytes(
-      std::max<int64_t>(config.shared_outputs_bytes, shared_variants * all_sizes + (1 << 20)));
+  options.shared_heap_bytes =
+      std::max<int64_t>(config.shared_outputs_bytes, shared_variants * all_sizes + (1 << 20));
+  bluefog::MpiCommunicator transport(options);
   const bluefog::TransportInfo info = transport.Init();
+  bluefog::Tuning& tuning = transport.tuning();
   const int64_t configured_stores = config.streaming_store_bytes;
   const std::shared_ptr<bluefog::SharedHeap> heap = transport.shared_heap();
   constexpr int kReps = 9;
-  const bool direct_possible = transport.direct();
-  const bool staged_possible = transport.staged();
+  const bool direct_possible = transport.paths().direct;
+  const bool staged_possible = transport.paths().staged;
   for (long long bytes : kSizes) {
     const long long count = bytes / 4;
     // Every variant has buffers of its own: a batch runs slower on buffers another variant
@@ -118,13 +118,12 @@ int main() {
                           MPI_COMM_WORLD);
         } else {
           const Variant& v = kVariants[which];
-          transport.set_direct(v.direct);
-          transport.set_staged(v.staged);
-          transport.set_shared(v.shared);
-          bluefog::MpiTransport::set_streaming_store_bytes(v.stores == kStreamed ? 1
-                                                           : v.stores == kPlain
-                                                               ? 0
-                                                               : configured_stores);
+          tuning.direct = v.direct;
+          tuning.staged = v.staged;
+          tuning.shared = v.shared;
+          tuning.streaming_store_bytes = v.stores == kStreamed ? 1
+                                         : v.stores == kPlain  ? 0
+                                                               : configured_stores;
           float* in = v.shared && v.in_place && blocks[which] ? blocks[which] : ins[which].data();
           float* out = v.in_place                  ? in
                        : v.shared && blocks[which] ? blocks[which]

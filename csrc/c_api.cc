@@ -162,25 +162,20 @@ int bluefog_timeline_enabled(void) {
   bluefog::Runtime& rt = bluefog::Runtime::Get();
   return rt.running() ? (rt.timeline_enabled() ? 1 : 0) : -1;
 }
-int bluefog_set_inline_threshold(long long bytes) {
-  bluefog::Runtime& rt = bluefog::Runtime::Get();
-  if (!rt.running() || bytes < 0) return -1;
-  rt.SetInlineThreshold(bytes);
-  return 0;
+int bluefog_tuning_get(const char* knob, long long* value) {
+  return Guard([&] {
+    BF_ENFORCE(bluefog::Runtime::Get().running(), bluefog::StatusCode::kPrecondition,
+               "tuning: bluefog is not initialized; call bf.init() first");
+    *value = bluefog::Runtime::Get().GetTuning(knob);
+  });
 }
-long long bluefog_shared_allreduces(void) {
-  bluefog::Runtime& rt = bluefog::Runtime::Get();
-  return rt.running() ? static_cast<long long>(rt.shared_allreduces()) : -1;
-}
-int bluefog_set_shared_allreduce(int on) {
-  bluefog::Runtime& rt = bluefog::Runtime::Get();
-  if (!rt.running()) return -1;
-  rt.SetSharedAllreduce(on != 0);
-  return 0;
-}
-long long bluefog_set_streaming_stores(long long bytes) {
-  if (bytes < 0) return -1;
-  return bluefog::MpiTransport::set_streaming_store_bytes(bytes);
+int bluefog_tuning_set(const char* knob, long long value, long long* before) {
+  return Guard([&] {
+    BF_ENFORCE(bluefog::Runtime::Get().running(), bluefog::StatusCode::kPrecondition,
+               "tuning: bluefog is not initialized; call bf.init() first");
+    const long long was = bluefog::Runtime::Get().SetTuning(knob, value);
+    if (before) *before = was;
+  });
 }
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end) {
   bluefog::Runtime& rt = bluefog::Runtime::Get();

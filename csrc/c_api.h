@@ -22,16 +22,14 @@ int bluefog_start_timeline(const char* path);
 int bluefog_stop_timeline(void);
 // 1 when a timeline is recording, 0 when not, -1 when bluefog is not running.
 int bluefog_timeline_enabled(void);
-// BLUEFOG_INLINE_THRESHOLD from now on, on this rank (for benchmarks); -1 when not initialized.
-int bluefog_set_inline_threshold(long long bytes);
-// Allreduces (over every rank) that ran on the shared path so far (outputs in the shared heap,
-// BLUEFOG_SHARED_OUTPUTS), and switching that path off (0) and on (1) on this rank from now on
-// (for tests and benchmarks); -1 when not initialized.
-long long bluefog_shared_allreduces(void);
-int bluefog_set_shared_allreduce(int on);
-// Sets BLUEFOG_STREAMING_STORES (bytes; 0: never) for this process from now on (benchmarks
-// compare both ways); returns the previous value, or -1 (and changes nothing) for a negative one.
-long long bluefog_set_streaming_stores(long long bytes);
+// The run-time switches of benches and tests, by name (transport/options.h's Tuning:
+// ring_threshold, hierarchical, two_host_split, direct, staged, shared, streaming_stores,
+// recheck_calls, worse_percent, direct_fault_rank, and the count shared_calls, read-only; and
+// inline_threshold, BLUEFOG_INLINE_THRESHOLD of every channel). get: the value into *value;
+// set: from now on on this rank, the value before into *before (may be NULL). 0, or -1 when
+// not initialized or for an unknown knob (bluefog_last_error names those that exist).
+int bluefog_tuning_get(const char* knob, long long* value);
+int bluefog_tuning_set(const char* knob, long long value, long long* before);
 // Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns
 // like bluefog_timeline_enabled.
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end);

@@ -45,7 +45,6 @@ def _load() -> ctypes.CDLL:
             lib.bluefog_last_error.restype = ctypes.c_char_p
             lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
             lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
-            lib.bluefog_shared_allreduces.restype = ctypes.c_longlong
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                                       ctypes.c_int]
@@ -56,8 +55,9 @@ def _load() -> ctypes.CDLL:
                 ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                 ctypes.c_void_p, ctypes.c_int]
             lib.bluefog_eager_allreduce_calls.restype = ctypes.c_longlong
-            lib.bluefog_set_streaming_stores.argtypes = [ctypes.c_longlong]
-            lib.bluefog_set_streaming_stores.restype = ctypes.c_longlong
+            lib.bluefog_tuning_get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
+            lib.bluefog_tuning_set.argtypes = [ctypes.c_char_p, ctypes.c_longlong,
+                                               ctypes.POINTER(ctypes.c_longlong)]
             _lib = lib
         return _lib
 
@@ -69,6 +69,21 @@ class BluefogError(RuntimeError):
 def _check(code: int) -> None:
     if code != 0:
         raise BluefogError(_load().bluefog_last_error().decode("utf-8", "replace"))
+
+
+def _tuning(knob: str) -> int:
+    """A run-time switch of the core by name, for tests and benchmarks (csrc/c_api.h lists
+    them: streaming_stores, shared, shared_calls, inline_threshold, ...)."""
+    value = ctypes.c_longlong()
+    _check(_load().bluefog_tuning_get(knob.encode(), ctypes.byref(value)))
+    return value.value
+
+
+def _tune(knob: str, value: int) -> int:
+    """Sets a run-time switch of the core on this rank from now on; returns the value before."""
+    before = ctypes.c_longlong()
+    _check(_load().bluefog_tuning_set(knob.encode(), int(value), ctypes.byref(before)))
+    return before.value
 
 
 def init(process_sets=None) -> None:

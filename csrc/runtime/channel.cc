@@ -28,7 +28,7 @@ bool IsRuntimeOp(OpType op) {
 
 }  // namespace
 
-Channel::Channel(int id, const Config& config, MpiTransport* transport, const TransportInfo& info,
+Channel::Channel(int id, const Config& config, Communicator* transport, const TransportInfo& info,
                  std::vector<int> world_ranks, Timeline* timeline)
     : id_(id),
       config_(config),
@@ -343,10 +343,10 @@ void Channel::KeepDataThatFits(RoundMessage* message) {
       }
   if (data.empty()) return;
   const size_t total = EncodeRound(*message).size();
-  if (total <= MpiTransport::kExchangeSlotBytes) return;
+  if (total <= Communicator::kExchangeSlotBytes) return;
   const size_t base = total - data_cost;
   size_t room =
-      base < MpiTransport::kExchangeSlotBytes ? MpiTransport::kExchangeSlotBytes - base : 0;
+      base < Communicator::kExchangeSlotBytes ? Communicator::kExchangeSlotBytes - base : 0;
   for (std::string* d : data) {
     if (DataCost(d->size()) <= room) {
       room -= DataCost(d->size());

@@ -23,7 +23,7 @@
 #include "core/timeline.h"
 #include "core/wire.h"
 #include "runtime/executor.h"
-#include "transport/mpi/transport.h"
+#include "transport/communicator.h"
 
 namespace bluefog {
 
@@ -32,7 +32,7 @@ class Channel : private RequestTable {
   // `transport` is this channel's communicator (already initialized); `info` its rank and size
   // in it; `world_ranks[i]` is the job-wide rank of its rank i (for messages). `timeline` may be
   // null (only the world channel writes one).
-  Channel(int id, const Config& config, MpiTransport* transport, const TransportInfo& info,
+  Channel(int id, const Config& config, Communicator* transport, const TransportInfo& info,
           std::vector<int> world_ranks, Timeline* timeline);
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -102,7 +102,7 @@ class Channel : private RequestTable {
   const int id_;
   const Config config_;
   std::atomic<int64_t> inline_threshold_;
-  MpiTransport* transport_;
+  Communicator* transport_;
   const TransportInfo info_;
   const std::vector<int> world_ranks_;
   Timeline no_timeline_;

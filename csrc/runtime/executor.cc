@@ -285,7 +285,7 @@ void Executor::Alltoall(const Response& response) {
   char* out =
       static_cast<char*>(AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status));
   const char* in = static_cast<const char*>(req->input);
-  std::vector<MpiTransport::PeerBuffer> sends, recvs;
+  std::vector<PeerBuffer> sends, recvs;
   int64_t send_offset = 0, recv_offset = 0;
   for (int j = 0; j < info_.size; ++j) {
     const int64_t send_bytes = meta.splits[j] * row_bytes;

@@ -13,7 +13,8 @@
 #include "core/fusion.h"
 #include "core/request.h"
 #include "core/timeline.h"
-#include "transport/mpi/transport.h"
+#include "transport/communicator.h"
+#include "transport/shared_heap.h"
 
 namespace bluefog {
 
@@ -30,7 +31,7 @@ class RequestTable {
 
 class Executor {
  public:
-  Executor(MpiTransport* transport, RequestTable* requests, Timeline* timeline)
+  Executor(Communicator* transport, RequestTable* requests, Timeline* timeline)
       : transport_(transport), requests_(requests), timeline_(timeline) {}
   ~Executor() {
     if (fusion_block_) fusion_heap_->Give(fusion_block_, fusion_block_bytes_);
@@ -72,7 +73,7 @@ class Executor {
   void* AllocateOutput(Request* req, const std::vector<int64_t>& shape, int64_t bytes,
                        std::vector<char>* scratch, Status* status);
 
-  MpiTransport* transport_;
+  Communicator* transport_;
   RequestTable* requests_;
   Timeline* timeline_;
   TransportInfo info_;

@@ -35,7 +35,7 @@ void Executor::NeighborAllreduces(const Response* group, size_t n) {
     if (neighbor_buffer_.size() < (nrecv + nscaled) * total)
       neighbor_buffer_.resize((nrecv + nscaled) * total);
     char* scratch = neighbor_buffer_.data();
-    std::vector<MpiTransport::PeerBuffer> sends, recvs;
+    std::vector<PeerBuffer> sends, recvs;
     for (size_t j = 0; j < nrecv; ++j)
       recvs.push_back({recv_ranks[j], scratch + j * total, static_cast<int64_t>(total)});
     for (size_t j = 0; j < send_ranks.size(); ++j) {
@@ -74,7 +74,7 @@ void Executor::NeighborAllgather(const Response& response) {
   std::vector<char> scratch;
   char* out =
       static_cast<char*>(AllocateOutput(req, shape, shape[0] * row_bytes, &scratch, &status));
-  std::vector<MpiTransport::PeerBuffer> sends, recvs;
+  std::vector<PeerBuffer> sends, recvs;
   int64_t offset = 0;
   for (int32_t src : meta.recv_ranks) {
     const int64_t b = response.first_dims[src] * row_bytes;
@@ -96,7 +96,7 @@ void Executor::NeighborAllgatherGrad(const Response& response) {
   const int64_t row_bytes = RowBytes(meta);
   const int64_t out_bytes = meta.shape[0] * row_bytes;
   const char* in = static_cast<const char*>(req->input);
-  std::vector<MpiTransport::PeerBuffer> sends, recvs;
+  std::vector<PeerBuffer> sends, recvs;
   int64_t offset = 0;
   for (int32_t dst : meta.send_ranks) {
     const int64_t b = response.first_dims[dst] * row_bytes;

@@ -9,6 +9,7 @@
 #include "core/logging.h"
 #include "core/op_rules.h"
 #include "core/validation.h"
+#include "transport/mpi/mpi_communicator.h"
 
 namespace bluefog {
 namespace {
@@ -78,14 +79,10 @@ void Runtime::Shutdown() {
 void Runtime::Main(std::promise<void>* started) {
   try {
     YieldWhenOversubscribed(config_);
-    transport_.set_local_rounds(config_.local_rounds);
-    transport_.set_staged_allreduce_bytes(config_.staged_allreduce_bytes);
-    transport_.set_shared_heap_bytes(config_.shared_outputs_bytes);
-    MpiTransport::set_streaming_store_bytes(config_.streaming_store_bytes);
-    info_ = transport_.Init();
-    transport_.set_ring_threshold_bytes(config_.ring_threshold_bytes);
-    transport_.set_hierarchical(config_.hierarchical_allreduce);
-    transport_.set_direct(config_.direct_allreduce);
+    auto mpi = std::make_unique<MpiCommunicator>(TransportOptions::FromConfig(config_));
+    info_ = mpi->Init();
+    transport_ = std::move(mpi);
+    inline_threshold_ = config_.inline_threshold_bytes;
   } catch (...) {
     started->set_exception(std::current_exception());
     return;
@@ -100,17 +97,18 @@ void Runtime::Main(std::promise<void>* started) {
   }
   std::vector<int> everyone(info_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
-  world_ = std::make_unique<Channel>(0, config_, &transport_, info_, everyone, &timeline_);
-  windows_.Attach(transport_.raw_comm(), info_.rank, info_.size);
+  world_ = std::make_unique<Channel>(0, config_, transport_.get(), info_, everyone, &timeline_);
+  windows_.Attach(transport_->native_handle(), info_.rank, info_.size);
   world_->set_runtime_hook(
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
-  BF_LOG(LogLevel::kDebug, "initialized: size ", info_.size, ", local size ", info_.local_size,
-         ", hierarchical allreduce ", transport_.hierarchical() ? "on" : "off",
-         ", direct allreduce ", transport_.direct() ? "on" : "off", ", staged allreduce ",
-         transport_.staged() ? "on" : "off", ", shared outputs ",
-         transport_.shared_heap() ? "on" : "off", ", rounds through ",
-         transport_.local_rounds() ? "shared memory" : "MPI");
+  const TransportPaths paths = transport_->paths();
+  BF_LOG(LogLevel::kDebug, "initialized (", transport_->backend(), "): size ", info_.size,
+         ", local size ", info_.local_size, ", hierarchical allreduce ",
+         paths.hierarchical ? "on" : "off", ", direct allreduce ", paths.direct ? "on" : "off",
+         ", staged allreduce ", paths.staged ? "on" : "off", ", shared outputs ",
+         paths.shared_heap ? "on" : "off", ", rounds through ",
+         paths.local_rounds ? "shared memory" : "the backend");
 
   bool clean = world_->Run();
   // Every rank stops its process sets after the same final round of the global channel.
@@ -141,7 +139,7 @@ void Runtime::Main(std::promise<void>* started) {
   }
   windows_.Stop(reason, clean);
   timeline_.Close();
-  if (clean) transport_.Shutdown();
+  if (clean) transport_->Shutdown();
 }
 
 Status Runtime::Enqueue(Request request, bool drive) {
@@ -272,8 +270,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     auto me = std::find(set.ranks.begin(), set.ranks.end(), info_.rank);
     if (me != set.ranks.end()) {
       // Collective over the set's ranks only: they all handle this response now.
-      set.transport = transport_.CreateSubset(set.ranks, id);
-      set.transport->set_ring_threshold_bytes(config_.ring_threshold_bytes);
+      set.transport = transport_->CreateSubset(set.ranks, id);
       TransportInfo info = info_;
       info.rank = static_cast<int>(me - set.ranks.begin());
       info.size = static_cast<int>(set.ranks.size());
@@ -307,11 +304,27 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
   return id;
 }
 
-void Runtime::SetInlineThreshold(int64_t bytes) {
-  if (world_) world_->set_inline_threshold(bytes);
-  std::lock_guard<std::mutex> lock(sets_mutex_);
-  for (auto& [id, set] : sets_)
-    if (set.channel) set.channel->set_inline_threshold(bytes);
+int64_t Runtime::GetTuning(const std::string& knob) {
+  if (knob == "inline_threshold") return inline_threshold_.load();
+  int64_t value = 0;
+  BF_ENFORCE(transport_->tuning().Get(knob, &value), StatusCode::kInvalidArgument, "no knob '",
+             knob, "'; there are inline_threshold, ", Tuning::kKnobNames);
+  return value;
+}
+
+int64_t Runtime::SetTuning(const std::string& knob, int64_t value) {
+  if (knob == "inline_threshold") {
+    BF_ENFORCE(value >= 0, StatusCode::kInvalidArgument, "inline_threshold must be >= 0");
+    if (world_) world_->set_inline_threshold(value);
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    for (auto& [id, set] : sets_)
+      if (set.channel) set.channel->set_inline_threshold(value);
+    return inline_threshold_.exchange(value);
+  }
+  int64_t before = 0;
+  BF_ENFORCE(transport_->tuning().Set(knob, value, &before), StatusCode::kInvalidArgument,
+             "no knob '", knob, "' to set; there are inline_threshold, ", Tuning::kKnobNames);
+  return before;
 }
 
 }  // namespace bluefog

@@ -17,7 +17,7 @@
 #include "core/request.h"
 #include "core/timeline.h"
 #include "runtime/channel.h"
-#include "transport/mpi/transport.h"
+#include "transport/communicator.h"
 #include "transport/mpi/window_service.h"
 
 namespace bluefog {
@@ -36,23 +36,22 @@ class Runtime {
   bool eager_c_api() const { return config_.eager_c_api; }
   // This rank in the whole job.
   const TransportInfo& info() const { return info_; }
-  // Whether large allreduces over every rank run hierarchically (several hosts).
-  bool hierarchical_allreduce() const { return transport_.hierarchical(); }
-  // Whether large allreduces over every rank read the peers' buffers directly (one host).
-  bool direct_allreduce() const { return transport_.direct(); }
-  // Whether the global channel's negotiation rounds go through shared memory (one host).
-  bool local_rounds() const { return transport_.local_rounds(); }
-  bool staged_allreduce() const { return transport_.staged(); }
-  // Allreduces over every rank that pushed into outputs in the shared heap so far, and switching
-  // that path off and on (benchmarks); see MpiTransport::set_shared_heap_bytes.
-  uint64_t shared_allreduces() const { return transport_.shared_calls(); }
-  void SetSharedAllreduce(bool on) { transport_.set_shared(on); }
+  // The allreduce paths the global communicator can take (communicator.h).
+  TransportPaths paths() const { return transport_->paths(); }
+  // Which backend runs the job ("mpi").
+  const char* backend() const { return transport_->backend(); }
+  // The switches benches and tests turn at run time (transport/options.h); while running.
+  Tuning& tuning() { return transport_->tuning(); }
   // Requests of every rank's channel completed from the bytes sent in a negotiation round
   // (Executor::CompleteInline) so far; for tests.
   size_t completed_inline() const { return world_ ? world_->completed_inline() : 0; }
-  // Changes BLUEFOG_INLINE_THRESHOLD of every channel this rank has now (benchmarks compare
-  // both ways in one process; ranks need not agree, see Channel::set_inline_threshold).
-  void SetInlineThreshold(int64_t bytes);
+  // The run-time switches of benches and tests, by name: the global communicator's Tuning
+  // (transport/options.h), and "inline_threshold", BLUEFOG_INLINE_THRESHOLD of every channel
+  // this rank has now (ranks need not agree, see Channel::set_inline_threshold). Throw
+  // BluefogError(kInvalidArgument) for an unknown knob, naming those that exist.
+  int64_t GetTuning(const std::string& knob);
+  // Returns the value before.
+  int64_t SetTuning(const std::string& knob, int64_t value);
 
   // Validates locally and queues on the request's process set. A non-ok status means the
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the
@@ -101,7 +100,8 @@ class Runtime {
 
   Config config_;
   TransportInfo info_;
-  MpiTransport transport_;
+  std::unique_ptr<Communicator> transport_;   // set by the background thread before Init returns
+  std::atomic<int64_t> inline_threshold_{0};  // what SetTuning last set (config's at first)
   Timeline timeline_;
   WindowService windows_;
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
@@ -110,7 +110,7 @@ class Runtime {
 
   struct ProcessSet {
     std::vector<int> ranks;                   // job-wide, ascending
-    std::unique_ptr<MpiTransport> transport;  // members only
+    std::unique_ptr<Communicator> transport;  // members only
     std::unique_ptr<Channel> channel;         // members only
   };
   std::mutex sets_mutex_;  // guards sets_ and next_set_id_

@@ -22,7 +22,7 @@ using namespace testing_util;
 TEST(RuntimeMpi, HierarchicalAllreduceWhereExpected) {
   // Set by the two-pretend-hosts test: its allreduces must take the hierarchical path.
   const bool expected = std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") != nullptr;
-  EXPECT_EQ(Runtime::Get().hierarchical_allreduce(), expected);
+  EXPECT_EQ(Runtime::Get().paths().hierarchical, expected);
   // Those two hosts run two ranks each (0, 1 and 2, 3); otherwise everything is on one host.
   const TransportInfo& info = Runtime::Get().info();
   EXPECT_TRUE(info.homogeneous);
@@ -143,7 +143,7 @@ TEST(RuntimeMpi, DirectAllreduceWhereExpected) {
   const bool expected = Size() > 1 && std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") == nullptr &&
                         !(off != nullptr && std::string(off) == "0") &&
                         !(expect != nullptr && std::string(expect) == "0");
-  EXPECT_EQ(Runtime::Get().direct_allreduce(), expected);
+  EXPECT_EQ(Runtime::Get().paths().direct, expected);
 }
 
 // Rounds go through shared memory wherever every rank is on one host and could map rank 0's
@@ -155,7 +155,7 @@ TEST(RuntimeMpi, LocalRoundsWhereExpected) {
   const bool expected = Size() > 1 && std::getenv("BLUEFOG_EXPECT_HIERARCHICAL") == nullptr &&
                         !(off != nullptr && std::string(off) == "0") &&
                         !(expect != nullptr && std::string(expect) == "0");
-  EXPECT_EQ(Runtime::Get().local_rounds(), expected);
+  EXPECT_EQ(Runtime::Get().paths().local_rounds, expected);
   // The segment has no name in any file system (a memfd), so a killed job leaves none behind.
   std::ifstream maps("/proc/self/maps");
   std::string line;
@@ -165,7 +165,7 @@ TEST(RuntimeMpi, LocalRoundsWhereExpected) {
   EXPECT_EQ(mapped, expected);
   // The staged allreduce where the rounds have their segment, unless BLUEFOG_STAGED_ALLREDUCE=0.
   const char* staged = std::getenv("BLUEFOG_STAGED_ALLREDUCE");
-  EXPECT_EQ(Runtime::Get().staged_allreduce(),
+  EXPECT_EQ(Runtime::Get().paths().staged,
             expected && !(staged != nullptr && std::atoll(staged) == 0));
 }
 

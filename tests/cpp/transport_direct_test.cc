@@ -1,6 +1,6 @@
-// The direct allreduce of MpiTransport (peers' buffers read in place) over real MPI on one
-// host, without the runtime: run under mpirun with 3 ranks. Expected values are closed-form
-// functions of (rank, size, index).
+// The one-host allreduces of MpiCommunicator (direct, staged, shared; the path chooser) (peers'
+// buffers read in place) over real MPI on one host, without the runtime: run under mpirun with 3
+// ranks. Expected values are closed-form functions of (rank, size, index).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,14 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "core/path_chooser.h"
 #include "core/status.h"
-#include "transport/mpi/shared_heap.h"
-#include "transport/mpi/transport.h"
+#include "transport/mpi/allreduce/algorithms.h"
+#include "transport/mpi/mpi_communicator.h"
+#include "transport/shared_heap.h"
 
 namespace bluefog {
 namespace {
 
-MpiTransport* transport = nullptr;
+MpiCommunicator* transport = nullptr;
 TransportInfo info;
 
 // Sum over ranks r of (i % 17 + r): n * (i % 17) + n (n - 1) / 2, exact in float32.
@@ -57,8 +59,8 @@ struct HeapBlock {
 };
 
 TEST(TransportDirect, OnWithinOneHost) {
-  EXPECT_EQ(transport->direct(), info.size > 1);
-  EXPECT_EQ(transport->staged(), info.size > 1);
+  EXPECT_EQ(transport->paths().direct, info.size > 1);
+  EXPECT_EQ(transport->paths().staged, info.size > 1);
 }
 
 // Both paths (the staged one through the shared segment, and the direct one):
@@ -66,7 +68,7 @@ TEST(TransportDirect, OnWithinOneHost) {
 // alternating between the two area sets, the last one shorter than n segments of equal size).
 TEST(TransportDirect, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
   for (bool staged : {true, false}) {
-    transport->set_staged(staged);
+    transport->tuning().staged = staged;
     for (int64_t count : {int64_t{1} << 18, (int64_t{1} << 20) + 2 * info.size + 1}) {
       std::vector<float> in = Input(count), out(count, -1.0f), buf = Input(count);
       transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
@@ -78,13 +80,13 @@ TEST(TransportDirect, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
       EXPECT_EQ(in, Input(count)) << staged;  // out of place leaves the input alone
     }
   }
-  transport->set_staged(true);
+  transport->tuning().staged = true;
 }
 
 // The staged path's other reductions and its average: the max over ranks of (i % 17 + r) and
 // the truncated integer mean of (i % 5) * 3 + r, over a buffer of several steps.
 TEST(TransportDirect, StagedMaxAndIntegerAverage) {
-  ASSERT_TRUE(transport->staged());
+  ASSERT_TRUE(transport->paths().staged);
   const int n = info.size;
   const int64_t count = (int64_t{1} << 19) + 3;
   std::vector<float> in = Input(count), out(count, 0.0f);
@@ -97,13 +99,13 @@ TEST(TransportDirect, StagedMaxAndIntegerAverage) {
     ASSERT_EQ(ints[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n)) << i;
 }
 
-// With both paths on, a size class's first kLocalChooseCalls calls (16 untimed, then both in
-// turns) are exact all along; then every rank has chosen the same one.
+// With both paths on, a size class's first PathChooser::kChooseCalls calls (16 untimed, then both
+// in turns) are exact all along; then every rank has chosen the same one.
 TEST(TransportDirect, EveryRankChoosesTheSamePath) {
-  ASSERT_TRUE(transport->staged() && transport->direct());
+  ASSERT_TRUE(transport->paths().staged && transport->paths().direct);
   const int64_t count = (int64_t{1} << 21) + 5;  // 8 MiB + 20 bytes: no other test uses this class
   std::vector<float> in = Input(count), out(count, 0.0f);
-  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call) {
+  for (int call = 0; call < PathChooser::kChooseCalls; ++call) {
     EXPECT_EQ(transport->local_choice(count * 4), -1) << call;
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
@@ -112,52 +114,52 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
   // Decided again after set calls (2048 outside tests), again alike on every rank.
-  transport->set_local_recheck_for_testing(4);
+  transport->tuning().recheck_calls = 4;
   for (int call = 0; call < 3; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   EXPECT_EQ(transport->local_choice(count * 4), -1);
-  for (int call = 0; call < 4 * MpiTransport::kLocalBlock; ++call)
+  for (int call = 0; call < 4 * PathChooser::kBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
   ExpectChosenAlike(transport->local_choice(count * 4));
-  transport->set_local_recheck_for_testing(2048);
+  transport->tuning().recheck_calls = 2048;
   // Every output in the heap: the class is timed apart (shared path against direct), and every
   // rank again takes the same.
   HeapBlock block(count);
-  const uint64_t shared_before = transport->shared_calls();
-  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call) {
+  const uint64_t shared_before = transport->tuning().shared_calls.load();
+  for (int call = 0; call < PathChooser::kChooseCalls; ++call) {
     // The untimed start goes through the areas: here the shared path.
-    if (call == MpiTransport::kLocalStartCalls) {
-      EXPECT_EQ(transport->shared_calls() - shared_before,
-                uint64_t{MpiTransport::kLocalStartCalls});
+    if (call == PathChooser::kStartCalls) {
+      EXPECT_EQ(transport->tuning().shared_calls.load() - shared_before,
+                uint64_t{PathChooser::kStartCalls});
     }
-    EXPECT_EQ(transport->local_choice(count * 4, MpiTransport::kLocalShared), -1) << call;
+    EXPECT_EQ(transport->local_choice(count * 4, OneHostAllreduce::kShared), -1) << call;
     transport->AllreduceSum(in.data(), block.data, count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97)
       ASSERT_EQ(block.data[i], Expected(i)) << call << " " << i;
   }
-  ExpectChosenAlike(transport->local_choice(count * 4, MpiTransport::kLocalShared));
+  ExpectChosenAlike(transport->local_choice(count * 4, OneHostAllreduce::kShared));
 }
 
-// After a choice, a watch every kLocalWatchCalls calls: when the path taken has become slower
-// than the other one was on any rank (here forced on the last rank only), every rank decides
+// After a choice, a watch every PathChooser::kWatchCalls calls: when the path taken has become
+// slower than the other one was on any rank (here forced on the last rank only), every rank decides
 // again at once, and again alike.
 TEST(TransportDirect, AChoiceThatGotSlowerIsMadeAgainOnEveryRank) {
-  ASSERT_TRUE(transport->staged() && transport->direct());
+  ASSERT_TRUE(transport->paths().staged && transport->paths().direct);
   const int64_t count = (int64_t{3} << 18) + 3;  // 3 MiB + 12 bytes: no other test uses this class
   std::vector<float> in = Input(count), out(count, 0.0f);
-  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call)
+  for (int call = 0; call < PathChooser::kChooseCalls; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   ASSERT_NE(transport->local_choice(count * 4), -1);
   // The slowest rank's medians decide the watch's reference, so an unforced watch may fire too
   // on a noisy machine; forcing it on one rank must make every rank start the trials again.
-  if (info.rank == info.size - 1) transport->set_local_worse_for_testing(0.0);
-  for (int call = 0; call < MpiTransport::kLocalWatchCalls; ++call)
+  if (info.rank == info.size - 1) transport->tuning().worse = 0.0;
+  for (int call = 0; call < PathChooser::kWatchCalls; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
-  transport->set_local_worse_for_testing(MpiTransport::kLocalWorse);
+  transport->tuning().worse = PathChooser::kWorse;
   EXPECT_EQ(transport->local_choice(count * 4), -1);
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
-  for (int call = 0; call < 4 * MpiTransport::kLocalBlock; ++call)
+  for (int call = 0; call < 4 * PathChooser::kBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   ExpectChosenAlike(transport->local_choice(count * 4));
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
@@ -192,10 +194,10 @@ TEST(TransportShared, ExactInPlaceAndOutOfPlaceOverUnevenSegments) {
     HeapBlock out(count), buf(count);
     ASSERT_TRUE(out.data && buf.data);
     std::copy(in.begin(), in.end(), buf.data);
-    const uint64_t before = transport->shared_calls();
+    const uint64_t before = transport->tuning().shared_calls.load();
     transport->AllreduceSum(in.data(), out.data, count, DataType::kFloat32);
     transport->AllreduceSum(buf.data, buf.data, count, DataType::kFloat32);
-    EXPECT_EQ(transport->shared_calls() - before, 2u);
+    EXPECT_EQ(transport->tuning().shared_calls.load() - before, 2u);
     for (int64_t i = 0; i < count; ++i) {
       ASSERT_EQ(out.data[i], Expected(i)) << count << " " << i;
       ASSERT_EQ(buf.data[i], Expected(i)) << count << " " << i;
@@ -227,19 +229,19 @@ TEST(TransportShared, OneOutputOutsideTheHeapTurnsItOffForThatCall) {
   HeapBlock block(count);
   std::vector<float> own(count, -1.0f);
   float* out = info.rank == 1 ? own.data() : block.data;
-  const uint64_t before = transport->shared_calls();
+  const uint64_t before = transport->tuning().shared_calls.load();
   for (int call = 0; call < 3; ++call) {
     transport->AllreduceSum(in.data(), out, count, DataType::kFloat32);
     for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
   }
-  EXPECT_EQ(transport->shared_calls(), before);
+  EXPECT_EQ(transport->tuning().shared_calls.load(), before);
   // Then every output in the heap again (the areas were left to the staged path's readers, so
   // this call stages after the gather, the next one before it): the shared path, exact.
   for (int call = 0; call < 2; ++call) {
     transport->AllreduceSum(in.data(), block.data, count, DataType::kFloat32);
     for (int64_t i = 0; i < count; ++i) ASSERT_EQ(block.data[i], Expected(i)) << call << " " << i;
   }
-  EXPECT_EQ(transport->shared_calls(), before + 2);
+  EXPECT_EQ(transport->tuning().shared_calls.load(), before + 2);
 }
 
 // In-place calls are timed apart from out-of-place ones, whose best path differs (at 8 MiB and
@@ -247,19 +249,20 @@ TEST(TransportShared, OneOutputOutsideTheHeapTurnsItOffForThatCall) {
 // 0.62-0.76x and 0.67-0.76x): a class's in-place calls choose for in place only, alike on every
 // rank. A call in place on some ranks only is an out-of-place one. Exact all along.
 TEST(TransportDirect, InPlaceCallsAreTimedApart) {
-  ASSERT_TRUE(transport->staged() && transport->direct());
-  // 16 MiB: no other test uses this class, and no larger size is timed (kStagedMaxBytes).
+  ASSERT_TRUE(transport->paths().staged && transport->paths().direct);
+  // 16 MiB: no other test uses this class, and no larger size is timed
+  // (OneHostAllreduce::kAreasMaxBytes).
   const int64_t count = int64_t{1} << 22;
   std::vector<float> buf(count), in = Input(count), out(count);
-  for (int call = 0; call < MpiTransport::kLocalChooseCalls; ++call) {
-    EXPECT_EQ(transport->local_choice(count * 4, MpiTransport::kLocalInPlace), -1) << call;
+  for (int call = 0; call < PathChooser::kChooseCalls; ++call) {
+    EXPECT_EQ(transport->local_choice(count * 4, OneHostAllreduce::kInPlace), -1) << call;
     std::copy(in.begin(), in.end(), buf.begin());
     transport->AllreduceSum(buf.data(), buf.data(), count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(buf[i], Expected(i)) << call << " " << i;
   }
-  ExpectChosenAlike(transport->local_choice(count * 4, MpiTransport::kLocalInPlace));
+  ExpectChosenAlike(transport->local_choice(count * 4, OneHostAllreduce::kInPlace));
   EXPECT_EQ(transport->local_choice(count * 4), -1);
-  EXPECT_EQ(transport->local_choice(count * 4, MpiTransport::kLocalShared), -1);
+  EXPECT_EQ(transport->local_choice(count * 4, OneHostAllreduce::kShared), -1);
   // In place on rank 0 only.
   std::copy(in.begin(), in.end(), buf.begin());
   float* result = info.rank == 0 ? buf.data() : out.data();
@@ -272,12 +275,12 @@ TEST(TransportDirect, InPlaceCallsAreTimedApart) {
 // place, with outputs that start one element past a line (the streamed lines begin mid-piece),
 // and nothing written outside the output.
 TEST(TransportDirect, StreamingStoresGiveTheSameResults) {
-  const int64_t saved = MpiTransport::streaming_store_bytes();
+  const int64_t saved = transport->tuning().streaming_store_bytes.load();
   const int n = info.size;
   for (int64_t from : {int64_t{1}, int64_t{0}}) {
-    MpiTransport::set_streaming_store_bytes(from);
+    transport->tuning().streaming_store_bytes = from;
     for (bool staged : {true, false}) {
-      transport->set_staged(staged);
+      transport->tuning().staged = staged;
       for (int64_t count : {(int64_t{1} << 18) + 1, (int64_t{1} << 20) + 2 * n + 1}) {
         std::vector<float> in = Input(count), out(count + 2, -1.0f), buf = Input(count);
         float* o = out.data() + 1;
@@ -291,7 +294,7 @@ TEST(TransportDirect, StreamingStoresGiveTheSameResults) {
         EXPECT_EQ(out.back(), -1.0f);
       }
     }
-    transport->set_staged(true);
+    transport->tuning().staged = true;
     const int64_t count = (int64_t{1} << 19) + 3;
     const std::vector<float> in = Input(count);
     HeapBlock out(count), ints(count);
@@ -303,7 +306,7 @@ TEST(TransportDirect, StreamingStoresGiveTheSameResults) {
     for (int64_t i = 0; i < count; ++i)
       ASSERT_EQ(v[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n)) << from << i;
   }
-  MpiTransport::set_streaming_store_bytes(saved);
+  transport->tuning().streaming_store_bytes = saved;
 }
 
 // A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every
@@ -311,24 +314,24 @@ TEST(TransportDirect, StreamingStoresGiveTheSameResults) {
 TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
   const int64_t count = int64_t{1} << 19;
   std::vector<float> in = Input(count), out(count, 0.0f);
-  transport->set_staged(false);
-  transport->set_direct_fault_for_testing(1);
+  transport->tuning().staged = false;
+  transport->tuning().direct_fault_rank = 1;
   std::string error;
   try {
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   } catch (const BluefogError& e) {
     error = e.what();
   }
-  transport->set_direct_fault_for_testing(-1);
+  transport->tuning().direct_fault_rank = -1;
   ASSERT_FALSE(error.empty()) << "the allreduce should have failed on rank " << info.rank;
   EXPECT_NE(error.find("direct allreduce failed"), std::string::npos) << error;
   EXPECT_NE(error.find("BLUEFOG_DIRECT_ALLREDUCE=0"), std::string::npos) << error;
   // Reads from rank 1 fail, so ranks 0 and 2 fail; every rank names the lowest of them.
   EXPECT_NE(error.find("rank 0"), std::string::npos) << error;
-  EXPECT_FALSE(transport->direct());
+  EXPECT_FALSE(transport->paths().direct);
   transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; i += 101) ASSERT_EQ(out[i], Expected(i)) << i;
-  transport->set_staged(true);  // the shared path's tests below need the areas, not this path
+  transport->tuning().staged = true;  // the shared path's tests below need the areas, not this path
 }
 
 }  // namespace
@@ -336,9 +339,10 @@ TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  bluefog::MpiTransport t;
+  bluefog::TransportOptions options;
+  options.shared_heap_bytes = int64_t{64} << 20;
+  bluefog::MpiCommunicator t(options);
   bluefog::transport = &t;
-  t.set_shared_heap_bytes(int64_t{64} << 20);
   bluefog::info = t.Init();
   // Only rank 0 prints the per-test lines.
   if (bluefog::info.rank != 0) {

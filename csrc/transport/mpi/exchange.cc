@@ -1,4 +1,4 @@
-// The negotiation rounds' exchange (MpiTransport::ExchangeAll): every rank's message to every
+// The negotiation rounds' exchange (MpiCommunicator::ExchangeAll): every rank's message to every
 // rank, through a fixed slot per rank, over shared memory on one host (LocalRounds) or an
 // MPI_Iallgather, with an MPI_Allgatherv for what does not fit; and the small allgathers the
 // direct allreduce synchronizes with. See docs/design.md, "Rounds on one host".
@@ -13,13 +13,13 @@
 
 #include "core/status.h"
 #include "transport/mpi/comm_handle.h"
-#include "transport/mpi/transport.h"
+#include "transport/mpi/mpi_communicator.h"
 
 namespace bluefog {
 namespace {
 
-constexpr size_t kSlotHeader = MpiTransport::kExchangeSlotHeader;
-constexpr size_t kSlotPayload = MpiTransport::kExchangeSlotBytes;
+constexpr size_t kSlotHeader = Communicator::kExchangeSlotHeader;
+constexpr size_t kSlotPayload = Communicator::kExchangeSlotBytes;
 constexpr size_t kSlotBytes = kSlotHeader + kSlotPayload;
 // How long a negotiation round's wait yields the core between tests before it starts sleeping.
 constexpr auto kYieldWindow = std::chrono::milliseconds(5);
@@ -33,22 +33,8 @@ void FillSlot(char* slot, const std::string& mine) {
 
 }  // namespace
 
-void MpiTransport::SetUpExchange(bool one_host) {
-  exchange_send_.assign(kSlotBytes, 0);
-  exchange_recv_.assign(kSlotBytes * static_cast<size_t>(size_), 0);
-  counts_.assign(size_, 0);
-  displs_.assign(size_, 0);
-  if (one_host && local_rounds_enabled_) {
-    const int64_t staged = std::max<int64_t>(staged_bytes_, 0);
-    local_rounds_ = LocalRounds::Create(
-        comm_, rank_, size_, kSlotBytes, static_cast<size_t>(staged),
-        staged > 0 ? static_cast<size_t>(std::max<int64_t>(shared_heap_bytes_, 0)) : 0);
-    if (local_rounds_ && local_rounds_->heap()) SharedHeap::SetCurrent(local_rounds_->heap());
-  }
-}
-
-std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
-                                                   const std::function<void()>& on_wait) {
+std::vector<std::string> MpiCommunicator::ExchangeAll(const std::string& mine,
+                                                      const std::function<void()>& on_wait) {
   const char* slots = exchange_recv_.data();
   if (local_rounds_) {
     FillSlot(local_rounds_->my_slot(), mine);
@@ -89,7 +75,7 @@ std::vector<std::string> MpiTransport::ExchangeAll(const std::string& mine,
 }
 
 // exchange_send_ (filled) from every rank into exchange_recv_, over MPI.
-void MpiTransport::ExchangeSlots(const std::function<void()>& on_wait) {
+void MpiCommunicator::ExchangeSlots(const std::function<void()>& on_wait) {
   MPI_Request request;
   Check(MPI_Iallgather(exchange_send_.data(), static_cast<int>(kSlotBytes), MPI_BYTE,
                        exchange_recv_.data(), static_cast<int>(kSlotBytes), MPI_BYTE, AsComm(comm_),
@@ -117,7 +103,7 @@ void MpiTransport::ExchangeSlots(const std::function<void()>& on_wait) {
   }
 }
 
-void MpiTransport::SmallAllgather(const void* mine, size_t bytes, void* all) {
+void MpiCommunicator::SmallAllgather(const void* mine, size_t bytes, void* all) {
   if (local_rounds_ && bytes <= kSlotBytes) {
     std::memcpy(local_rounds_->my_slot(), mine, bytes);
     const char* slots = local_rounds_->Exchange(nullptr);

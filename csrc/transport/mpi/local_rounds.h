@@ -10,7 +10,7 @@
 #include <functional>
 #include <memory>
 
-#include "transport/mpi/shared_heap.h"
+#include "transport/shared_heap.h"
 
 namespace bluefog {
 

@@ -56,29 +56,28 @@ def test_eager_outputs_take_the_shared_path(rank, size, op_name):
     rank, so each rank pushes its reduced part straight into its peers' outputs (the shared
     path); an output TensorFlow forwards from the input (a temporary in a tf.function) is not
     in the heap, and such a call takes another path. Exact either way."""
-    core = basics._load()
     x = tf.fill([(1 << 20) + 3], float(rank + 1))  # 4 MiB + 12 bytes: uneven segments
     want = size * (size + 1) / 2
-    before = core.bluefog_shared_allreduces()
+    before = basics._tuning("shared_calls")
     for _ in range(3):
         assert np.all(bf.allreduce(x, average=False, name=op_name).numpy() == want)
-    taken = core.bluefog_shared_allreduces() - before
+    taken = basics._tuning("shared_calls") - before
     if size > 1 and bf.local_size() == size:
         assert taken == 3, f"rank {rank}: {taken} of 3 eager allreduces took the shared path"
     else:
         assert taken == 0
     fn = tf.function(lambda t: bf.allreduce(t * 2.0, average=False, name=op_name + ".t"))
-    before = core.bluefog_shared_allreduces()
+    before = basics._tuning("shared_calls")
     assert np.all(fn(x).numpy() == 2 * want)
-    assert core.bluefog_shared_allreduces() == before
+    assert basics._tuning("shared_calls") == before
     # Switched off on one rank only: no rank takes it (each call's ranks agree on the path).
-    core.bluefog_set_shared_allreduce(0 if rank == size - 1 else 1)
+    basics._tune("shared", 0 if rank == size - 1 else 1)
     try:
-        before = core.bluefog_shared_allreduces()
+        before = basics._tuning("shared_calls")
         assert np.all(bf.allreduce(x, average=False, name=op_name + ".off").numpy() == want)
-        assert core.bluefog_shared_allreduces() == before
+        assert basics._tuning("shared_calls") == before
     finally:
-        core.bluefog_set_shared_allreduce(1)
+        basics._tune("shared", 1)
 
 
 def test_fused_allreduces_take_the_shared_path(rank, size, op_name):
@@ -86,15 +85,14 @@ def test_fused_allreduces_take_the_shared_path(rank, size, op_name):
     shared heap on one host: in place on the shared path. Which requests fuse depends on when
     they reach the background thread, so this asserts only that some of 5 grouped calls of 8
     tensors did, and that every result is exact."""
-    core = basics._load()
     xs = [tf.fill([1 << 16], float(rank + k)) for k in range(8)]  # 256 KiB each
     fn = tf.function(lambda ts: bf.grouped_allreduce(ts, average=False, name=op_name))
-    before = core.bluefog_shared_allreduces()
+    before = basics._tuning("shared_calls")
     for _ in range(5):
         out = fn(xs)
         for k, o in enumerate(out):
             assert np.all(o.numpy() == size * (size - 1) / 2 + size * k)
-    taken = core.bluefog_shared_allreduces() - before
+    taken = basics._tuning("shared_calls") - before
     if size > 1 and bf.local_size() == size:
         assert taken >= 1, f"rank {rank}: no fused allreduce of 5 x 8 tensors took the shared path"
     else:
@@ -107,20 +105,19 @@ def test_streamed_outputs_are_exact_whoever_streams(average, rank, size, op_name
     BLUEFOG_STREAMING_STORES bytes (8 MiB); each rank decides alone, so ranks that disagree
     (here rank 0 streams every size, the others none, then the default everywhere) still get
     the exact sum or average, element by element, over uneven segments."""
-    core = basics._load()
     n = (2 << 20) + 5  # 8 MiB + 20 bytes
     x = tf.constant(np.arange(n, dtype=np.float32) % 251 + rank)
     want = size * (np.arange(n, dtype=np.float32) % 251) + size * (size - 1) / 2
     if average:
         want = want / size
-    before = core.bluefog_set_streaming_stores(1 if rank == 0 else 0)
+    before = basics._tune("streaming_stores", 1 if rank == 0 else 0)
     assert before == 8 << 20
     try:
         for _ in range(3):
             got = bf.allreduce(x, average=average, name=op_name).numpy()
             np.testing.assert_array_equal(got, want.astype(np.float32))
     finally:
-        assert core.bluefog_set_streaming_stores(before) == (1 if rank == 0 else 0)
+        assert basics._tune("streaming_stores", before) == (1 if rank == 0 else 0)
     for _ in range(3):
         got = bf.allreduce(x, average=average, name=op_name).numpy()
         np.testing.assert_array_equal(got, want.astype(np.float32))

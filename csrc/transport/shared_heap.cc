@@ -1,4 +1,4 @@
-#include "transport/mpi/shared_heap.h"
+#include "transport/shared_heap.h"
 
 #include <sys/mman.h>
 

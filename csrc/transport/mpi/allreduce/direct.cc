@@ -1,6 +1,5 @@
 // The direct allreduce among ranks of one host: each rank reads its peers' buffers with Linux
-// cross-memory attach (process_vm_readv) instead of passing messages. MpiTransport's methods
-// ProbeDirect, DirectAllreduce and AgreeDirect; see docs/design.md.
+// cross-memory attach (process_vm_readv) instead of passing messages. See docs/design.md.
 #include <mpi.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -15,8 +14,9 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
+#include "transport/mpi/allreduce/algorithms.h"
 #include "transport/mpi/comm_handle.h"
-#include "transport/mpi/transport.h"
+#include "transport/mpi/mpi_communicator.h"
 
 namespace bluefog {
 namespace {
@@ -53,35 +53,43 @@ std::string CopyPeer(bool write, int pid, uint64_t remote, void* local, int64_t 
 // The value is a random token of this transport, so a process id that means another process
 // here (ranks in different PID namespaces of one host) cannot pass: not even this process
 // reading itself, which would otherwise sum its own buffer twice.
-void MpiTransport::ProbeDirect() {
+void DirectAllreduce::Probe() {
   std::random_device entropy;
-  direct_token_ =
-      (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ (static_cast<uint64_t>(rank_) << 48);
+  const int rank = comm_->rank();
+  const int size = comm_->size();
+  token_ =
+      (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ (static_cast<uint64_t>(rank) << 48);
   struct Who {
     uint64_t pid;
     uint64_t address;
     uint64_t token;
-  } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&direct_token_),
-         direct_token_};
-  std::vector<Who> all(size_);
-  Check(
-      MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE, AsComm(comm_)),
-      "MPI_Allgather");
+  } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&token_), token_};
+  std::vector<Who> all(size);
+  const MPI_Comm comm = CommOf(comm_->comm());
+  comm_->Check(MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE, comm),
+               "MPI_Allgather");
   int ok = 1;
-  peer_pids_.resize(size_);
-  for (int r = 0; r < size_; ++r) {
-    peer_pids_[r] = static_cast<int>(all[r].pid);
-    if (r == rank_) continue;
+  pids_.resize(size);
+  for (int r = 0; r < size; ++r) {
+    pids_[r] = static_cast<int>(all[r].pid);
+    if (r == rank) continue;
     uint64_t value = 0;
     // Writing the value back (unchanged) checks that the kernel lets this rank write there too.
-    if (!CopyPeer(false, peer_pids_[r], all[r].address, &value, sizeof(value)).empty() ||
-        value != all[r].token || all[r].token == direct_token_ ||
-        !CopyPeer(true, peer_pids_[r], all[r].address, &value, sizeof(value)).empty())
+    if (!CopyPeer(false, pids_[r], all[r].address, &value, sizeof(value)).empty() ||
+        value != all[r].token || all[r].token == token_ ||
+        !CopyPeer(true, pids_[r], all[r].address, &value, sizeof(value)).empty())
       ok = 0;
   }
-  Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm_)), "MPI_Allreduce");
-  direct_ok_ = ok == 1;
-  peer_buffers_.assign(3 * static_cast<size_t>(size_), 0);
+  comm_->Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  ok_ = ok == 1;
+}
+
+bool DirectAllreduce::enabled() const {
+  return ok_ && comm_->tuning().direct.load(std::memory_order_relaxed);
+}
+
+bool DirectAllreduce::AppliesTo(const AllreduceCall& call) const {
+  return LargeCall(comm_, call) && enabled() && call.count >= comm_->size();
 }
 
 // All ranks on one host. Rank r owns segment r: it reads segment r of every peer's input
@@ -95,67 +103,73 @@ void MpiTransport::ProbeDirect() {
 // Each segment is reduced by one rank only, so every rank gets the same bits. In place is
 // safe: segment r of every buffer is read and written by rank r only, each chunk read from
 // every peer before it is written back.
-void MpiTransport::DirectAllreduce(const void* in, void* out, int64_t count, DataType dtype,
-                                   ReduceOp op, int64_t divisor, bool gathered) {
+void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
+  const int64_t count = call.count;
+  const DataType dtype = call.dtype;
+  const ReduceOp op = call.op;
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
-  const int n = size_;
-  if (!gathered) {  // else LocalAllreduce just did, into the same layout
-    const uint64_t mine[3] = {reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
-                              ~uint64_t{0}};
-    peer_buffers_.resize(3 * static_cast<size_t>(n));
-    SmallAllgather(mine, sizeof(mine), peer_buffers_.data());
+  const int n = comm_->size();
+  const int rank = comm_->rank();
+  if (gathered == nullptr) {  // else OneHostAllreduce just did, into the same layout
+    const uint64_t mine[3] = {reinterpret_cast<uint64_t>(call.in),
+                              reinterpret_cast<uint64_t>(call.out), ~uint64_t{0}};
+    buffers_.resize(3 * static_cast<size_t>(n));
+    comm_->SmallAllgather(mine, sizeof(mine), buffers_.data());
+    gathered = buffers_.data();
   }
   auto begin = [&](int k) { return count * k / n; };
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
-  char* scratch = Scratch(chunk * elem);
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(out);
-  const int64_t end = begin(rank_ + 1);
+  char* scratch = comm_->Scratch(chunk * elem);
+  const char* src = static_cast<const char*>(call.in);
+  char* dst = static_cast<char*>(call.out);
+  const int64_t end = begin(rank + 1);
+  const int64_t fault = comm_->tuning().direct_fault_rank.load(std::memory_order_relaxed);
   std::string failure;
   // A read from (or write into) a peer's memory; on failure `failure` says which and why.
   auto reach = [&](bool write, int peer, uint64_t remote, char* local, int64_t bytes) {
-    if (peer == direct_fault_rank_for_testing_ && rank_ != peer) remote = 0;
-    const std::string error = CopyPeer(write, peer_pids_[peer], remote, local, bytes);
+    if (peer == fault && rank != peer) remote = 0;
+    const std::string error = CopyPeer(write, pids_[peer], remote, local, bytes);
     if (error.empty()) return true;
     failure = Concat(write ? "write into" : "read", " the buffer of rank ", peer, " (process ",
-                     peer_pids_[peer], "): ", error);
+                     pids_[peer], "): ", error);
     return false;
   };
-  for (int64_t lo = begin(rank_); lo < end && failure.empty(); lo += chunk) {
+  for (int64_t lo = begin(rank); lo < end && failure.empty(); lo += chunk) {
     const int64_t m = std::min(chunk, end - lo);
     const int64_t offset = lo * elem;
     for (int k = 1; k < n && failure.empty(); ++k) {
-      const int peer = (rank_ + k) % n;
-      if (!reach(false, peer, peer_buffers_[3 * peer] + offset, scratch, m * elem)) break;
+      const int peer = (rank + k) % n;
+      if (!reach(false, peer, gathered[3 * peer] + offset, scratch, m * elem)) break;
       const char* acc = k == 1 ? src + offset : dst + offset;
       if (op == ReduceOp::kSum) {
-        SumOf(dst + offset, acc, scratch, m, dtype, k == n - 1 ? divisor : 1);
+        SumOf(dst + offset, acc, scratch, m, dtype, k == n - 1 ? call.divisor : 1);
       } else {
         ReduceOf(dst + offset, acc, scratch, m, dtype, op);
       }
     }
     // Pushed while still in cache: the peers' copies of this chunk cost no second read of it.
     for (int k = 1; k < n && failure.empty(); ++k) {
-      const int peer = (rank_ + k) % n;
-      reach(true, peer, peer_buffers_[3 * peer + 1] + offset, dst + offset, m * elem);
+      const int peer = (rank + k) % n;
+      reach(true, peer, gathered[3 * peer + 1] + offset, dst + offset, m * elem);
     }
   }
   // One sync: every rank's segments are in every output and no peer reads any input still.
-  AgreeDirect(failure);
+  Agree(failure);
 }
 
 // A barrier that also finds the lowest rank whose reads or writes failed, if any; then every rank
 // turns the direct path off (later allreduces take the ring) and fails this allreduce.
-void MpiTransport::AgreeDirect(const std::string& failure) {
-  const int mine = failure.empty() ? INT_MAX : rank_;
-  agree_.resize(size_);
-  SmallAllgather(&mine, sizeof(mine), agree_.data());
+void DirectAllreduce::Agree(const std::string& failure) {
+  const int rank = comm_->rank();
+  const int mine = failure.empty() ? INT_MAX : rank;
+  agree_.resize(comm_->size());
+  comm_->SmallAllgather(&mine, sizeof(mine), agree_.data());
   const int first = *std::min_element(agree_.begin(), agree_.end());
   if (first == INT_MAX) return;
-  direct_ok_ = false;
+  ok_ = false;
   const std::string what =
-      first == rank_
-          ? Concat("rank ", rank_, " could not ", failure)
+      first == rank
+          ? Concat("rank ", rank, " could not ", failure)
           : Concat("rank ", first, " could not reach a peer's buffer (its error says why)");
   throw BluefogError(StatusCode::kInternal,
                      Concat("direct allreduce failed: ", what,

@@ -1,0 +1,107 @@
+// The communicator interface: the primitives the runtime needs from a backend. The runtime,
+// its channels and executors see only this; a backend (csrc/transport/<name>/) implements it.
+// Every call is collective over the communicator's ranks unless it says otherwise, and every
+// one runs on the thread that owns the communicator (a channel's background thread, or a
+// caller driving an eager round while holding that channel). Failures throw BluefogError.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace bluefog {
+
+class SharedHeap;
+struct Tuning;
+
+// Where this rank sits in the job, as the backend found it at Init.
+struct TransportInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  // Among the ranks with this local rank (one per host): this one's index and their number.
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool threads_multiple = false;  // the backend may be called from several threads at once
+  // Every host runs the same number of ranks, and host h holds ranks h*L .. h*L+L-1 (mpirun's
+  // default --map-by slot): what machine-level (hierarchical) neighbour ops need.
+  bool homogeneous = false;
+};
+
+// Which of the backend's allreduce paths this communicator can take (for logs and tests).
+struct TransportPaths {
+  bool hierarchical = false;  // several hosts, the same number of ranks on each
+  bool direct = false;        // one host, every rank can read every other's memory
+  bool staged = false;        // one host, data areas in the rounds' shared memory
+  bool shared_heap = false;   // one host, outputs every rank can write into
+  bool local_rounds = false;  // negotiation rounds through shared memory
+};
+
+// A buffer sent to or received from one peer (NeighborExchange).
+struct PeerBuffer {
+  int rank;
+  void* data;
+  int64_t bytes;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual const char* backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual TransportPaths paths() const = 0;
+  // The switches benches and tests turn at run time, shared with every subset made from this
+  // communicator (options.h).
+  virtual Tuning& tuning() = 0;
+  // Outputs every rank of this host can write into (shared_heap.h), or nullptr.
+  virtual std::shared_ptr<SharedHeap> shared_heap() const { return nullptr; }
+  // The backend's own handle (an MPI_Comm for the MPI backend), for services of the same
+  // backend (the MPI window service); nullptr where there is none.
+  virtual void* native_handle() const { return nullptr; }
+
+  // A communicator over the given ranks of this one (ascending), for a process set.
+  // Collective over those ranks only; `tag` tells concurrent creations apart.
+  virtual std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) = 0;
+  // Frees what Init made. Safe to call twice.
+  virtual void Shutdown() = 0;
+
+  // The negotiation round: every rank passes its bytes and gets every rank's, indexed by rank.
+  // `on_wait` runs periodically while other ranks have not yet joined. Messages up to
+  // kExchangeSlotBytes cost one exchange of fixed slots; a longer one makes it two for every
+  // rank.
+  static constexpr size_t kExchangeSlotBytes = 1016;
+  static constexpr size_t kExchangeSlotHeader = 8;  // the message's length, before its bytes
+  virtual std::vector<std::string> ExchangeAll(const std::string& mine,
+                                               const std::function<void()>& on_wait) = 0;
+
+  // The reduction over all ranks, divided by `divisor` when it is above 1 (the average; kSum
+  // only: the caller decides the divisor, the backend applies it where it is cheapest). `in`
+  // may equal `out` (in place); otherwise `in` is only read.
+  virtual void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                         int64_t divisor = 1) = 0;
+  void AllreduceSum(const void* in, void* out, int64_t count, DataType dtype, int64_t divisor = 1) {
+    Allreduce(in, out, count, dtype, ReduceOp::kSum, divisor);
+  }
+  // The reduction over all ranks of `in` (the sum of counts_per_rank elements), of which this
+  // rank receives its counts_per_rank[rank] elements into `out`, divided by `divisor` (kSum
+  // only, as for Allreduce).
+  virtual void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts_per_rank,
+                             DataType dtype, ReduceOp op, int64_t divisor = 1) = 0;
+  // Concatenates each rank's bytes in rank order into `out`.
+  virtual void Allgatherv(const void* in, void* out,
+                          const std::vector<int64_t>& bytes_per_rank) = 0;
+  virtual void Broadcast(void* buffer, int64_t bytes, int root) = 0;
+  // Point-to-point exchange with the given peers; returns when every transfer completed.
+  // Every rank runs its exchanges in the same order.
+  virtual void NeighborExchange(const std::vector<PeerBuffer>& sends,
+                                const std::vector<PeerBuffer>& recvs) = 0;
+};
+
+}  // namespace bluefog

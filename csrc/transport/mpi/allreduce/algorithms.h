@@ -1,0 +1,155 @@
+// The MPI backend's allreduce algorithms, in the order MakeAllreduceList asks them (list.cc),
+// one file each. docs/design.md has the table of when each runs and why.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/path_chooser.h"
+#include "transport/mpi/allreduce/algorithm.h"
+
+namespace bluefog {
+
+class MpiCommunicator;
+
+// Whether `call` is large enough for bluefog's own algorithms (BLUEFOG_RING_THRESHOLD).
+bool LargeCall(MpiCommunicator* comm, const AllreduceCall& call);
+
+// Several hosts, the same number of ranks on each: reduce-scatter within each host, allreduce
+// of each slice across the hosts (on two hosts each slice reduced on alternate hosts), then
+// allgather within each host (hierarchical.cc).
+class HierarchicalAllreduce : public AllreduceAlgorithm {
+ public:
+  explicit HierarchicalAllreduce(MpiCommunicator* comm) : comm_(comm) {}
+  const char* name() const override { return "hierarchical"; }
+  bool AppliesTo(const AllreduceCall& call) const override;
+  void Run(const AllreduceCall& call) override;
+
+ private:
+  void TwoHostSlice(char* slice, int64_t count, DataType dtype, ReduceOp op, int64_t divisor);
+  MpiCommunicator* comm_;
+  std::vector<int> counts_;
+  std::vector<int> displs_;
+};
+
+// One host, every rank able to read every other's memory: each rank reads its peers' parts of
+// its segment with cross-memory attach, sums them and pushes the result into their outputs
+// (direct.cc).
+class DirectAllreduce : public AllreduceAlgorithm {
+ public:
+  explicit DirectAllreduce(MpiCommunicator* comm) : comm_(comm) {}
+  const char* name() const override { return "direct"; }
+  bool AppliesTo(const AllreduceCall& call) const override;
+  void Run(const AllreduceCall& call) override { Run(call, nullptr); }
+  // `gathered`: every rank's (input, output, heap offset) addresses, three words per rank,
+  // when the caller just gathered them (that gather is then this call's first sync).
+  void Run(const AllreduceCall& call, const uint64_t* gathered);
+  // Collective, once at set-up: whether every rank can reach every other's memory.
+  void Probe();
+  // Probed fine and switched on (Tuning::direct).
+  bool enabled() const;
+
+ private:
+  // A barrier that also finds the lowest rank whose reads or writes failed, if any; then every
+  // rank turns this path off and fails the call.
+  void Agree(const std::string& failure);
+  MpiCommunicator* comm_;
+  bool ok_ = false;
+  uint64_t token_ = 0;  // what peers read from this process to check they reach it
+  std::vector<int> pids_;
+  std::vector<uint64_t> buffers_;  // Run without `gathered`: the addresses it gathers
+  std::vector<int> agree_;
+};
+
+// The data areas of the rounds' shared-memory segment (one per rank), which the staged and
+// shared paths move each call's segments through (staged.cc).
+class DataAreas {
+ public:
+  explicit DataAreas(MpiCommunicator* comm) : comm_(comm) {}
+  // The reduced part is written to the output and published this much at a time, so the
+  // second write reads it from cache.
+  static constexpr int64_t kPublishBytes = int64_t{64} << 10;
+  // Switched on (Tuning::staged), with areas to use.
+  bool enabled() const;
+  // Elements of a call the paths take per step.
+  int64_t StepElements(int64_t elem) const;
+  // Copies segments s != rank of the `m` elements at `src` (one step) into this rank's area.
+  void StageSegments(const char* src, int64_t m, int64_t elem);
+  // out[0, len) = own[0, len) reduced with elements [at, at + len) of every peer's area (the
+  // last reduction also divides by `divisor`); `out` may equal `own`.
+  void ReduceWithAreas(const char* own, char* out, int64_t at, int64_t len, DataType dtype,
+                       ReduceOp op, int64_t divisor);
+  // Whether an allreduce of `bytes` streams its outputs (Tuning::streaming_store_bytes): only
+  // out of place, since in place the output's lines were just read into cache as the input.
+  bool Streams(const void* in, const void* out, int64_t bytes) const;
+  // No peer reads this rank's area until a path fills it again: the last call through the
+  // areas (if any) took the shared path, which ends with a sync.
+  bool free = true;
+  // The shared path: every rank's output, in this mapping (reused).
+  std::vector<char*> peer_outputs;
+  MpiCommunicator* comm() const { return comm_; }
+
+ private:
+  MpiCommunicator* comm_;
+};
+
+// Each rank copies in what its peers reduce and copies out what they reduced (staged.cc).
+void StagedAllreduce(DataAreas* areas, const AllreduceCall& call, bool synced);
+// Every output in the shared heap: each rank pushes its reduced segment into its peers'
+// outputs (shared.cc). `gathered`: every rank's (input, output, heap offset of its output).
+void SharedAllreduce(DataAreas* areas, const AllreduceCall& call, const uint64_t* gathered,
+                     bool staged_first);
+
+// One host, with data areas: one sync gathers every rank's buffers, then whichever of the paths
+// through the areas (staged, or shared when every output is in the heap) and the direct one
+// the path chooser picked for the call's size and kind (one_host.cc).
+class OneHostAllreduce : public AllreduceAlgorithm {
+ public:
+  // The kinds of call the choice is made for apart (their best path differs): every output in
+  // the shared heap; otherwise every rank in place (input == output), or not.
+  enum Kind { kOutOfPlace = 0, kShared = 1, kInPlace = 2 };
+  OneHostAllreduce(MpiCommunicator* comm, DirectAllreduce* direct);
+  const char* name() const override { return "one-host"; }
+  bool AppliesTo(const AllreduceCall& call) const override;
+  void Run(const AllreduceCall& call) override;
+  // Up to this size the chooser decides between the areas and the direct path; above it the
+  // direct one (with every output in the heap, the shared and the direct path are timed at
+  // every size).
+  static constexpr int64_t kAreasMaxBytes = int64_t{16} << 20;
+  int Choice(int64_t bytes, int kind) const { return chooser_.Choice(kind, bytes); }
+  bool areas() const { return areas_.enabled(); }
+
+ private:
+  MpiCommunicator* comm_;
+  DirectAllreduce* direct_;
+  DataAreas areas_;
+  PathChooser chooser_;
+  std::vector<uint64_t> buffers_;  // every rank's (input, output, heap offset)
+};
+
+// Reduce-scatter then allgather around the ring (ring.cc).
+class RingAllreduce : public AllreduceAlgorithm {
+ public:
+  explicit RingAllreduce(MpiCommunicator* comm) : comm_(comm) {}
+  const char* name() const override { return "ring"; }
+  bool AppliesTo(const AllreduceCall& call) const override;
+  void Run(const AllreduceCall& call) override;
+
+ private:
+  MpiCommunicator* comm_;
+};
+
+// MPI_Allreduce: small buffers, and whatever no other algorithm takes (mpi_native.cc).
+class MpiNativeAllreduce : public AllreduceAlgorithm {
+ public:
+  explicit MpiNativeAllreduce(MpiCommunicator* comm) : comm_(comm) {}
+  const char* name() const override { return "mpi"; }
+  bool AppliesTo(const AllreduceCall&) const override { return true; }
+  void Run(const AllreduceCall& call) override;
+
+ private:
+  MpiCommunicator* comm_;
+};
+
+}  // namespace bluefog

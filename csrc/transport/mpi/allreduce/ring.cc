@@ -1,0 +1,99 @@
+// The ring allreduce: reduce-scatter then allgather around the ring rank -> rank + 1, each rank
+// sending and receiving 2 (n - 1) / n of the buffer, the bandwidth optimum. (Open MPI's
+// large-message allreduce allocates its scratch on every call; page faults on fresh memory are
+// expensive here.)
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "core/reduce_kernels.h"
+#include "core/status.h"
+#include "transport/mpi/allreduce/algorithms.h"
+#include "transport/mpi/comm_handle.h"
+#include "transport/mpi/mpi_communicator.h"
+
+namespace bluefog {
+namespace {
+
+// The reduce-scatter moves this much at a time, so the received chunk is still in cache when
+// it is summed (measured against whole segments and 512 KiB: up to 1.2x faster at 16-64 MiB,
+// equal below, with a 2 MiB L2 per core).
+constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
+
+}  // namespace
+
+bool RingAllreduce::AppliesTo(const AllreduceCall& call) const {
+  return comm_->size() > 1 && LargeCall(comm_, call) && call.count >= comm_->size();
+}
+
+// The reduce-scatter moves each segment in chunks of kRingChunkBytes received into one
+// persistent scratch chunk and summed at once, while still in cache: out = in + chunk in one
+// pass, so each step reads and writes memory once. The first step reads `in` and every segment
+// of `out` is written exactly once: out of place, no initial copy. The last summing pass also
+// divides (the average), and the allgather then sends finished segments straight into `out`.
+void RingAllreduce::Run(const AllreduceCall& call) {
+  constexpr int kTag = 11;
+  const int64_t count = call.count;
+  const DataType dtype = call.dtype;
+  const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
+  const char* src = static_cast<const char*>(call.in);
+  char* data = static_cast<char*>(call.out);
+  const int n = comm_->size();
+  const int rank = comm_->rank();
+  const MPI_Comm comm = CommOf(comm_->comm());
+  // Segment k covers elements [begin(k), begin(k + 1)).
+  auto begin = [&](int k) { return count * k / n; };
+  auto seg_count = [&](int k) { return begin(k + 1) - begin(k); };
+  const int64_t max_seg = (count + n - 1) / n;
+  BF_ENFORCE(max_seg * elem < INT_MAX, StatusCode::kInvalidArgument,
+             "allreduce segment over 2 GiB is not supported");
+  // Every rank derives the same chunking from `count`, so chunk c of a segment on the sender
+  // pairs with chunk c of that segment on the receiver (the last chunk may be empty on one).
+  const int64_t chunk = std::max<int64_t>(1, kRingChunkBytes / elem);
+  const int64_t chunks = (max_seg + chunk - 1) / chunk;
+  char* scratch = comm_->Scratch(chunk * elem);
+  const int right = (rank + 1) % n;
+  const int left = (rank - 1 + n) % n;
+  auto mod = [n](int k) { return ((k % n) + n) % n; };
+  // Elements [lo, hi) of chunk c within a segment of `len` elements.
+  auto piece = [chunk](int64_t c, int64_t len, int64_t* lo) {
+    *lo = std::min(len, c * chunk);
+    return std::min(len, (c + 1) * chunk) - *lo;
+  };
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_seg = mod(rank - step);
+    const int recv_seg = mod(rank - step - 1);
+    // Step 0 sends this rank's own input; later steps the partial sums made in `out`.
+    const char* send_base = (step == 0 ? src : data) + begin(send_seg) * elem;
+    const char* own = src + begin(recv_seg) * elem;
+    char* target = data + begin(recv_seg) * elem;
+    const int64_t last_divisor = step == n - 2 ? call.divisor : 1;
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t send_lo, recv_lo;
+      const int64_t send_n = piece(c, seg_count(send_seg), &send_lo);
+      const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
+      comm_->Check(MPI_Sendrecv(send_base + send_lo * elem, static_cast<int>(send_n * elem),
+                                MPI_BYTE, right, kTag, scratch, static_cast<int>(recv_n * elem),
+                                MPI_BYTE, left, kTag, comm, MPI_STATUS_IGNORE),
+                   "MPI_Sendrecv");
+      if (call.op == ReduceOp::kSum) {
+        SumOf(target + recv_lo * elem, own + recv_lo * elem, scratch, recv_n, dtype, last_divisor);
+      } else {
+        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, scratch, recv_n, dtype, call.op);
+      }
+    }
+  }
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_seg = mod(rank + 1 - step);
+    const int recv_seg = mod(rank - step);
+    comm_->Check(
+        MPI_Sendrecv(data + begin(send_seg) * elem, static_cast<int>(seg_count(send_seg) * elem),
+                     MPI_BYTE, right, kTag, data + begin(recv_seg) * elem,
+                     static_cast<int>(seg_count(recv_seg) * elem), MPI_BYTE, left, kTag, comm,
+                     MPI_STATUS_IGNORE),
+        "MPI_Sendrecv");
+  }
+}
+
+}  // namespace bluefog

@@ -1,0 +1,117 @@
+// The MPI backend: the only code that calls MPI. Every call runs on the thread that owns the
+// communicator, over a communicator the library duplicated for itself, so user MPI traffic
+// never mixes with ours. The allreduce algorithms live in allreduce/, one file each; this
+// class holds what they share (the communicators, scratch memory, the shared-memory rounds).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+#include "transport/communicator.h"
+#include "transport/mpi/allreduce/algorithm.h"
+#include "transport/mpi/local_rounds.h"
+#include "transport/options.h"
+
+namespace bluefog {
+
+class DirectAllreduce;
+class OneHostAllreduce;
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(const TransportOptions& options = TransportOptions());
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  ~MpiCommunicator() override;
+
+  // Initializes MPI unless the application already did, and duplicates COMM_WORLD.
+  TransportInfo Init();
+
+  // Communicator
+  const char* backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  TransportPaths paths() const override;
+  Tuning& tuning() override { return *tuning_; }
+  std::shared_ptr<SharedHeap> shared_heap() const override {
+    return local_rounds_ ? local_rounds_->heap() : nullptr;
+  }
+  void* native_handle() const override { return comm_; }
+  std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) override;
+  void Shutdown() override;
+  std::vector<std::string> ExchangeAll(const std::string& mine,
+                                       const std::function<void()>& on_wait) override;
+  void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                 int64_t divisor = 1) override;
+  void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts_per_rank,
+                     DataType dtype, ReduceOp op, int64_t divisor = 1) override;
+  void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
+  void Broadcast(void* buffer, int64_t bytes, int root) override;
+  void NeighborExchange(const std::vector<PeerBuffer>& sends,
+                        const std::vector<PeerBuffer>& recvs) override;
+
+  // Tests: which path the one-host allreduces of `bytes` of `kind` take (0 through the areas,
+  // 1 direct, -1 still timing both); see OneHostAllreduce.
+  int local_choice(int64_t bytes, int kind = 0) const;
+
+  // For the algorithms (allreduce/): what they share.
+  void* comm() const { return comm_; }              // an MPI_Comm (comm_handle.h)
+  void* local_comm() const { return local_comm_; }  // this host's ranks
+  void*& reduce_op() { return bluefog_op_; }        // an MPI_Op over bluefog's kernels
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  // Over the ranks with this rank's local rank, one per host, when the hierarchical allreduce
+  // can run (else nullptr).
+  MpiCommunicator* cross() const { return cross_.get(); }
+  LocalRounds* local_rounds() const { return local_rounds_.get(); }
+  const TransportOptions& options() const { return options_; }
+  // Throws BluefogError(kInternal) with MPI's text when `code` is not MPI_SUCCESS.
+  void Check(int code, const char* call) const;
+  // Chunks received or read from peers, and the pieces summed before they are streamed (one
+  // algorithm runs at a time); grown once, so no per-call faults.
+  char* Scratch(int64_t bytes);
+  // Storage for `n` MPI_Request, reused.
+  void* Requests(size_t n);
+  // Every rank's `bytes` (the same on every rank) into `all`, in rank order: through the
+  // shared-memory rounds when there are some, else MPI.
+  void SmallAllgather(const void* mine, size_t bytes, void* all);
+
+ private:
+  // A communicator over `comm` (an MPI_Comm this process owns), which it frees at Shutdown.
+  std::unique_ptr<MpiCommunicator> Adopt(void* comm);
+  // The algorithms and the exchange's buffers; the direct path probed and the shared memory
+  // set up when `one_host`.
+  void SetUp(bool one_host);
+  // exchange_send_ from every rank into exchange_recv_, over MPI.
+  void ExchangeSlots(const std::function<void()>& on_wait);
+
+  TransportOptions options_;
+  std::shared_ptr<Tuning> tuning_;
+  bool initialized_ = false;
+  bool owns_mpi_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+  void* comm_ = nullptr;  // MPI_Comm, kept opaque so this header does not include mpi.h
+  void* local_comm_ = nullptr;
+  bool has_local_comm_ = false;
+  std::unique_ptr<MpiCommunicator> cross_;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  void* bluefog_op_ = nullptr;
+  std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
+  std::vector<std::unique_ptr<AllreduceAlgorithm>> allreduce_;
+  DirectAllreduce* direct_ = nullptr;     // in allreduce_
+  OneHostAllreduce* one_host_ = nullptr;  // in allreduce_
+  std::vector<char> exchange_send_;
+  std::vector<char> exchange_recv_;
+  std::vector<int> counts_;
+  std::vector<int> displs_;
+  std::vector<char> requests_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace bluefog

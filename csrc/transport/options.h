@@ -1,0 +1,77 @@
+// What a backend is configured with: TransportOptions, made from Config once at init; and
+// Tuning, the switches that benches and tests turn while the job runs (one C API pair,
+// bluefog_tuning_get/set, reaches them by name). Pure: no backend headers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+
+namespace bluefog {
+
+struct TransportOptions {
+  int64_t ring_threshold_bytes = Config().ring_threshold_bytes;
+  bool hierarchical = Config().hierarchical_allreduce;
+  bool direct = Config().direct_allreduce;
+  bool local_rounds = Config().local_rounds;
+  int64_t staged_bytes = Config().staged_allreduce_bytes;
+  int64_t shared_heap_bytes = Config().shared_outputs_bytes;
+  int64_t streaming_store_bytes = Config().streaming_store_bytes;
+
+  static TransportOptions FromConfig(const Config& config) {
+    TransportOptions o;
+    o.ring_threshold_bytes = config.ring_threshold_bytes;
+    o.hierarchical = config.hierarchical_allreduce;
+    o.direct = config.direct_allreduce;
+    o.local_rounds = config.local_rounds;
+    o.staged_bytes = config.staged_allreduce_bytes;
+    o.shared_heap_bytes = config.shared_outputs_bytes;
+    o.streaming_store_bytes = config.streaming_store_bytes;
+    return o;
+  }
+};
+
+// Every field may be read on the communicator's thread while another thread sets it; a change
+// applies from the next call on. Ranks need not agree on streaming_store_bytes (it changes how
+// a rank stores, not what); every other switch must be turned alike on every rank between the
+// same calls, as benches and tests do.
+struct Tuning {
+  explicit Tuning(const TransportOptions& o = TransportOptions())
+      : ring_threshold_bytes(o.ring_threshold_bytes),
+        hierarchical(o.hierarchical),
+        direct(o.direct),
+        streaming_store_bytes(o.streaming_store_bytes) {}
+
+  // Allreduces of at least this many bytes take the large-buffer algorithms (0: never).
+  std::atomic<int64_t> ring_threshold_bytes;
+  std::atomic<bool> hierarchical;
+  // Two hosts: each slice reduced on alternate hosts (false: the ring across).
+  std::atomic<bool> two_host_split{true};
+  std::atomic<bool> direct;
+  std::atomic<bool> staged{true};
+  std::atomic<bool> shared{true};
+  // One-host allreduces through the data areas of at least this many bytes, out of place,
+  // write their outputs with non-temporal stores (0: never).
+  std::atomic<int64_t> streaming_store_bytes;
+  // Tests only: the path chooser decides a size class again after this many calls, and its
+  // watch compares with the other path's median times this factor (path_chooser.h).
+  std::atomic<int64_t> recheck_calls{2048};
+  std::atomic<double> worse{1.25};
+  // Tests only: the direct path's reads from this rank fail (a bad address), as a kernel
+  // refusing them would (-1: none).
+  std::atomic<int64_t> direct_fault_rank{-1};
+  // Counts (read-only by name): allreduces that took the shared path.
+  std::atomic<uint64_t> shared_calls{0};
+
+  // By name, for the C API: the value before, or false when `knob` is not one of
+  // kKnobNames (and for the read-only counter).
+  static constexpr const char* kKnobNames =
+      "ring_threshold, hierarchical, two_host_split, direct, staged, shared, streaming_stores, "
+      "recheck_calls, worse_percent, direct_fault_rank, shared_calls (read-only)";
+  bool Get(const std::string& knob, int64_t* value) const;
+  bool Set(const std::string& knob, int64_t value, int64_t* before);
+};
+
+}  // namespace bluefog
