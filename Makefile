@@ -14,8 +14,8 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize stress bench clean \
-	sdist test-tf-matrix slurm-deps test-slurm
+.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress \
+	bench clean sdist test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
 
@@ -76,6 +76,11 @@ lint: $(VENV)/.deps-stamp
 sanitize: $(VENV)/.deps-stamp
 	PATH=$(abspath $(VENV)/bin):$$PATH tests/sanitize.sh
 
+# What CI runs: the same two builds, each over a subset of the ctest jobs that still covers every
+# family of code paths under at least one sanitizer (the list and the reasons: tests/sanitize.sh).
+sanitize-ci: $(VENV)/.deps-stamp
+	PATH=$(abspath $(VENV)/bin):$$PATH tests/sanitize.sh --ci
+
 # The long randomized run (10,000 collectives on 3 ranks, every result checked).
 stress: build
 	timeout 1800 $(MPIRUN) -np 3 $(PY) tests/stress/stress_collectives.py --count 10000
@@ -92,6 +97,13 @@ sdist: $(VENV)/.deps-stamp
 # smoke suite on 2 ranks. Venvs are kept, so a rerun only reinstalls bluefog.
 test-tf-matrix: sdist
 	tests/tf_matrix/run.sh dist/*.tar.gz
+
+# What CI runs: the oldest release with the Keras of its time, one in the middle and the newest.
+# The cross-version check there is TensorFlow 2.18 importing the build for 2.21 (the first and
+# last entries without a pin), and the unsupported 2.15 is checked as in the full matrix.
+TF_CI_VERSIONS ?= 2.16:keras==3.3.3 2.18 2.21
+test-tf-matrix-ci: sdist
+	TF_VERSIONS="$(TF_CI_VERSIONS)" tests/tf_matrix/run.sh dist/*.tar.gz
 
 # Slurm and munge from Debian, for the Slurm test (which starts and stops its own daemons).
 slurm-deps:

@@ -4,8 +4,13 @@
 #   build/tsan: ThreadSanitizer
 # core_tests runs directly; runtime_mpi_np2/np4 run the runtime over real MPI under mpirun.
 #
-#   tests/sanitize.sh            # both
+#   tests/sanitize.sh            # both, every ctest job
 #   tests/sanitize.sh asan       # or: tsan
+#   tests/sanitize.sh --ci       # both, CI's subset of the jobs (below); or: --ci asan
+#
+# SANITIZE_ASAN_TESTS / SANITIZE_TSAN_TESTS: the ctest job names to run under each (space
+# separated, each matched whole); unset or empty runs every job. --ci sets both to the
+# CI_* lists below.
 #
 # Open MPI is not built with sanitizers, so reports whose stacks lie entirely inside Open MPI
 # (libmpi, libopen-pal, libopen-rte, their plugins, hwloc, pmix, libevent) are suppressed by
@@ -20,8 +25,44 @@ cmake=${CMAKE:-$venv/bin/cmake}
 ctest=${CTEST:-$venv/bin/ctest}
 ninja=${NINJA:-$venv/bin/ninja}
 supp=$repo/tests/sanitizers
-configs=("$@")
+configs=()
+for arg in "$@"; do
+  case $arg in
+    --ci) ci=1 ;;
+    *) configs+=("$arg") ;;
+  esac
+done
 [ ${#configs[@]} -gt 0 ] || configs=(asan tsan)
+
+# CI's subset (`make sanitize-ci`): the 11 ctest jobs (tests/cpp/CMakeLists.txt) run 4 test
+# programs, most of them several times under different settings, and every job already runs
+# unsanitized in `make test`; what the sanitizers add is per code path, so CI runs each family
+# of paths under at least one of them, not every setting under both:
+#   pure logic (coordinator, wire, fusion, caches, kernels): core_tests, under both;
+#   the runtime over MPI with the defaults (rounds through shared memory, small collectives in
+#     the round, background and calling threads, windows and their thread): runtime_mpi_np2,
+#     under both (np4 is the same program and settings with more ranks);
+#   the one-host large allreduce paths:
+#     direct (process_vm_readv/writev): transport_direct_np3 under ASan, with the staged and
+#       shared paths, the path choice and the ring after a failed read (the ring's own code);
+#       runtime_mpi_np3_direct under TSan (the direct path behind the runtime's threads);
+#     staged, through the runtime, in 4 KiB steps: runtime_mpi_np3_staged under ASan
+#       (runtime_mpi_np3_ring, with the direct path off and the default step, takes the staged
+#       path too);
+#     MPI: rounds through MPI_Iallgather and small collectives through MPI_Allreduce and the
+#       other MPI collectives, not the round's data: runtime_mpi_np3_mpi_paths under ASan;
+#   a fault (std::bad_alloc) on the background thread: runtime_fault under ASan.
+# Left to `make sanitize` (and unsanitized in `make test`): runtime_mpi_np4,
+# runtime_mpi_np3_ring, runtime_mpi_np2_pid_namespaces (the ring where peers cannot be read)
+# and runtime_mpi_2hosts (the hierarchical allreduce across pretend hosts, 4 ranks over TCP).
+# TSan's list is the shorter: it is the slower build to run, and the races it finds are between
+# the threads of one process, which the runtime's default paths and the direct one exercise.
+CI_ASAN_TESTS="core_tests runtime_mpi_np2 transport_direct_np3 runtime_mpi_np3_staged runtime_mpi_np3_mpi_paths runtime_fault"
+CI_TSAN_TESTS="core_tests runtime_mpi_np2 runtime_mpi_np3_direct"
+if [ -n "${ci:-}" ]; then
+  SANITIZE_ASAN_TESTS=$CI_ASAN_TESTS
+  SANITIZE_TSAN_TESTS=$CI_TSAN_TESTS
+fi
 
 # mpirun as root (containers, CI); harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -38,7 +79,15 @@ run_config() {
     *) echo "sanitize.sh: unknown configuration '$name' (asan or tsan)" >&2; return 2 ;;
   esac
   local dir=$repo/build/$name
-  echo "== $name: -fsanitize=$flags in $dir =="
+  # The jobs to run: a ctest regex matching each listed name whole, or every job.
+  local var=SANITIZE_${name^^}_TESTS select=()
+  local tests=${!var:-}
+  if [ -n "$tests" ]; then
+    local t regex=""
+    for t in $tests; do regex+="${regex:+|}$t"; done
+    select=(-R "^($regex)\$")
+  fi
+  echo "== $name: -fsanitize=$flags in $dir (${tests:-every ctest job}) =="
   "$cmake" -S "$repo" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=ON -DBLUEFOG_SANITIZE=$flags \
     -DCMAKE_MAKE_PROGRAM="$ninja" >/dev/null
@@ -52,7 +101,15 @@ run_config() {
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:report_error_type=1
     export TSAN_OPTIONS=suppressions=$supp/tsan.supp:print_suppressions=0:halt_on_error=1:second_deadlock_stack=1:history_size=4
     cd "$dir"
-    PATH=$venv/bin:$PATH "$ctest" --output-on-failure --timeout 600
+    if [ -n "$tests" ]; then
+      # A listed name that is no ctest job (renamed, say) fails instead of quietly running less.
+      local listed
+      listed=$("$ctest" -N | sed -n 's/^ *Test *#[0-9]*: //p')
+      for t in $tests; do
+        grep -qx "$t" <<<"$listed" || { echo "sanitize.sh: no ctest job named '$t'" >&2; exit 2; }
+      done
+    fi
+    PATH=$venv/bin:$PATH "$ctest" --output-on-failure --timeout 600 "${select[@]}"
   )
 }
 
@@ -63,5 +120,5 @@ for c in "${configs[@]}"; do
     status=1
   fi
 done
-[ $status -eq 0 ] && echo "sanitize.sh: all configurations clean (${configs[*]})"
+[ $status -eq 0 ] && echo "sanitize.sh: all configurations clean (${configs[*]}${ci:+, CI subset})"
 exit $status

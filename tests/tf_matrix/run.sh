@@ -2,6 +2,7 @@
 # bluefog on every supported TensorFlow, installed the way the README tells users to.
 #
 #   tests/tf_matrix/run.sh dist/bluefog_tf-<version>.tar.gz      (make test-tf-matrix)
+#   TF_VERSIONS="2.16:keras==3.3.3 2.18 2.21" tests/tf_matrix/run.sh ...   (CI)
 #
 # For each version in TF_VERSIONS (default: 2.16 ... 2.21): a venv under build/tf-matrix/tf<v>
 # with tensorflow-cpu==<v>.* and the build tools, bluefog installed from the sdist with
@@ -106,7 +107,8 @@ for i in "${!versions[@]}"; do
 done
 wait 2>/dev/null
 
-# Version skew: the first version's TensorFlow importing the last version's build of bluefog.
+# Version skew: the first version's TensorFlow importing the last version's build of bluefog
+# (of the entries without a pin: needs two of them).
 skew="skipped (needs two versions)"
 plain=($(printf '%s\n' "${versions[@]}" | grep -v :))
 first=${plain[0]:-}; last=${plain[-1]:-}
