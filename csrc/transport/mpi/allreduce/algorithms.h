@@ -2,6 +2,8 @@
 // one file each. docs/design.md has the table of when each runs and why.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -83,6 +85,15 @@ class DataAreas {
   // Whether an allreduce of `bytes` streams its outputs (Tuning::streaming_store_bytes): only
   // out of place, since in place the output's lines were just read into cache as the input.
   bool Streams(const void* in, const void* out, int64_t bytes) const;
+  // Copies with non-temporal stores when `stream`, else plainly.
+  static void Put(bool stream, void* dst, const void* src, size_t bytes);
+  // Reduces this rank's segment of the step of `m` elements at element `lo` (its input's
+  // segment with every peer's area) into its output, kPublishBytes at a time; each piece is
+  // summed in the scratch and streamed into the output when `stream`. Then `publish(at, sum,
+  // bytes)` gets each summed piece while it is in cache (`at`: its first element in the step).
+  template <typename Publish>
+  void ReduceOwnSegment(const AllreduceCall& call, int64_t lo, int64_t m, bool stream,
+                        Publish publish);
   // No peer reads this rank's area until a path fills it again: the last call through the
   // areas (if any) took the shared path, which ends with a sync.
   bool free = true;
@@ -91,8 +102,32 @@ class DataAreas {
   MpiCommunicator* comm() const { return comm_; }
 
  private:
+  int comm_size() const;
+  int comm_rank() const;
+  char* Scratch(int64_t bytes);
   MpiCommunicator* comm_;
 };
+
+template <typename Publish>
+void DataAreas::ReduceOwnSegment(const AllreduceCall& call, int64_t lo, int64_t m, bool stream,
+                                 Publish publish) {
+  const int64_t elem = static_cast<int64_t>(ElementSize(call.dtype));
+  const int n = comm_size(), rank = comm_rank();
+  const int64_t publish_elems = std::max<int64_t>(1, kPublishBytes / elem);
+  const char* src = static_cast<const char*>(call.in);
+  char* dst = static_cast<char*>(call.out);
+  char* piece = stream ? Scratch(kPublishBytes) : nullptr;
+  const int64_t end = m * (rank + 1) / n;
+  for (int64_t i = m * rank / n; i < end; i += publish_elems) {
+    const int64_t len = std::min(publish_elems, end - i);
+    const size_t bytes = static_cast<size_t>(len * elem);
+    char* d = dst + (lo + i) * elem;
+    char* sum = stream ? piece : d;
+    ReduceWithAreas(src + (lo + i) * elem, sum, i, len, call.dtype, call.op, call.divisor);
+    if (stream) Put(true, d, sum, bytes);
+    publish(i, static_cast<const char*>(sum), bytes);
+  }
+}
 
 // Each rank copies in what its peers reduce and copies out what they reduced (staged.cc).
 void StagedAllreduce(DataAreas* areas, const AllreduceCall& call, bool synced);

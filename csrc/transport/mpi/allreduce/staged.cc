@@ -10,14 +10,18 @@
 #include "transport/mpi/mpi_communicator.h"
 
 namespace bluefog {
-namespace {
 
-constexpr int64_t kPublishBytes = DataAreas::kPublishBytes;
+int DataAreas::comm_size() const { return comm_->size(); }
+int DataAreas::comm_rank() const { return comm_->rank(); }
+char* DataAreas::Scratch(int64_t bytes) { return comm_->Scratch(bytes); }
 
-using CopyFn = void (*)(void*, const void*, size_t);
-void PlainCopy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-
-}  // namespace
+void DataAreas::Put(bool stream, void* dst, const void* src, size_t bytes) {
+  if (stream) {
+    StreamCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
 
 bool DataAreas::enabled() const {
   const LocalRounds* rounds = comm_->local_rounds();
@@ -86,34 +90,24 @@ void StagedAllreduce(DataAreas* areas, const AllreduceCall& call, bool synced) {
   const int n = comm->size();
   const int rank = comm->rank();
   const int64_t step = areas->StepElements(elem);
-  const int64_t publish = std::max<int64_t>(1, kPublishBytes / elem);
   const char* src = static_cast<const char*>(call.in);
   char* dst = static_cast<char*>(call.out);
-  // Streaming: each piece is summed into the scratch (in cache) and streamed into the output.
   const bool stream = areas->Streams(call.in, call.out, call.bytes);
-  char* piece = stream ? comm->Scratch(kPublishBytes) : nullptr;
-  const CopyFn put = stream ? StreamCopy : PlainCopy;
+  char* mine = rounds->data(rank);
   for (int64_t lo = 0; lo < call.count; lo += step) {
     const int64_t m = std::min(step, call.count - lo);
     auto begin = [&](int k) { return m * k / n; };
-    char* mine = rounds->data(rank);
     if (lo > 0 || !synced) rounds->Exchange(nullptr);
     areas->StageSegments(src + lo * elem, m, elem);
     rounds->Exchange(nullptr);
-    for (int64_t i = begin(rank); i < begin(rank + 1); i += publish) {
-      const int64_t len = std::min(publish, begin(rank + 1) - i);
-      const size_t bytes = static_cast<size_t>(len * elem);
-      char* d = dst + (lo + i) * elem;
-      char* sum = stream ? piece : d;
-      areas->ReduceWithAreas(src + (lo + i) * elem, sum, i, len, call.dtype, call.op, call.divisor);
-      if (stream) StreamCopy(d, sum, bytes);
+    areas->ReduceOwnSegment(call, lo, m, stream, [&](int64_t i, const char* sum, size_t bytes) {
       std::memcpy(mine + i * elem, sum, bytes);
-    }
+    });
     rounds->Exchange(nullptr);
     for (int k = 1; k < n; ++k) {
       const int s = (rank + k) % n;
-      put(dst + (lo + begin(s)) * elem, rounds->data(s) + begin(s) * elem,
-          static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
+      DataAreas::Put(stream, dst + (lo + begin(s)) * elem, rounds->data(s) + begin(s) * elem,
+                     static_cast<size_t>((begin(s + 1) - begin(s)) * elem));
     }
   }
   areas->free = false;  // peers may still be copying out of this rank's area
