@@ -25,7 +25,6 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import bluefog.tensorflow as bf  # noqa: E402
 from bluefog.common import basics  # noqa: E402
-from bluefog.tensorflow import eager_calls, op_library  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
 CHAIN = 8
@@ -93,28 +92,14 @@ def timed(batches: dict, budget: float, reps: int) -> dict:
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
-def switched_off(step, switch: dict):
-    """`step` with one of bluefog's Python switches ({"on": bool}) off while it runs: the same
-    process, so the two ways are interleaved."""
-    def run():
-        switch["on"] = False
-        try:
-            step()
-        finally:
-            switch["on"] = True
-    return run
-
-
-def handed_off(step):
-    """`step` with eager collectives handed to the background thread (as before
-    BLUEFOG_EAGER_INLINE)."""
-    return switched_off(step, op_library.EAGER_INLINE)
-
-
-def through_op(step):
-    """`step` with eager allreduces through the TensorFlow op instead of the C API (as before
-    the direct eager call, bluefog/tensorflow/eager_calls.py)."""
-    return switched_off(step, eager_calls.DIRECT)
+def through_op(x, name: str, inline: bool = True):
+    """An eager allreduce of `x` through the TensorFlow op, as bf.allreduce makes it when it
+    cannot skip the op (bluefog/tensorflow/eager_calls.py); `inline=False`: the request handed
+    to the background thread (as graph ops do, and eager ones before BLUEFOG_EAGER_INLINE)."""
+    attrs = {"prescale_factor": 1.0, "postscale_factor": 1.0}
+    if inline:
+        attrs["eager_inline"] = True
+    return lambda: ops.bluefog_allreduce(x, tensor_name=name_input(name), average=False, **attrs)
 
 
 def core_switched(run, off, on):
@@ -157,6 +142,8 @@ def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--sizes", help="comma-separated sizes in bytes to time instead of every "
+                   "power of 4 up to --max-bytes (e.g. 4,1048576 for the per-call overhead)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--budget", type=float, default=0.5)
     p.add_argument("--mpi-lib", help="bench/mpi_allreduce.cc built with -DBENCH_LIBRARY")
@@ -185,7 +172,9 @@ def main() -> None:
         bf.allreduce(warm, name="bench.warmup")
 
     factor = tf.constant(1.0 / n)  # keeps a chain's values constant (see chained)
-    for nbytes in sizes_up_to(args.max_bytes):
+    sizes = ([int(b) for b in args.sizes.split(",")] if args.sizes
+             else sizes_up_to(args.max_bytes))
+    for nbytes in sizes:
         x = tf.fill([nbytes // 4], float(me + 1))
         expected = n * (n + 1) / 2
         got = bf.allreduce(x, average=False, name=f"check.{nbytes}").numpy()
@@ -211,8 +200,8 @@ def main() -> None:
         fn_chain_scale = tf.function(lambda t, s: chained(t, s, None))
         batches = {
             "bf_eager": per_call(eager),
-            "bf_eager_op": per_call(through_op(eager)),
-            "bf_eager_handoff": per_call(handed_off(eager)),
+            "bf_eager_op": per_call(through_op(x, f"e.{nbytes}")),
+            "bf_eager_handoff": per_call(through_op(x, f"e.{nbytes}", inline=False)),
             "bf_eager_unshared": unshared(per_call(eager)),
             "bf_eager_plain": plain_stores(per_call(eager)),
             # How eager calls ran before 2026-12-01: the op's generated wrapper with its default

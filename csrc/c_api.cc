@@ -1,15 +1,10 @@
 #include "c_api.h"
 
-#include <atomic>
 #include <exception>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/op_rules.h"
-#include "runtime/output_blocks.h"
 #include "runtime/runtime.h"
 
 namespace {
@@ -34,43 +29,6 @@ int IfRunning(F&& getter) {
   const bluefog::Runtime& rt = bluefog::Runtime::Get();
   return rt.running() ? getter(rt.info()) : -1;
 }
-
-// The output blocks handed out to Python (bluefog_take_output), by address.
-class TakenBlocks {
- public:
-  static TakenBlocks& Get() {
-    static TakenBlocks* blocks = new TakenBlocks;  // Python may give blocks back at exit
-    return *blocks;
-  }
-  void* Take(size_t bytes) {
-    bluefog::OutputBlock block = bluefog::TakeOutputBlock(bytes);
-    if (block.data == nullptr) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    void* data = block.data;
-    taken_.emplace(data, std::move(block));
-    return data;
-  }
-  bool Give(void* data) {
-    bluefog::OutputBlock block;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = taken_.find(data);
-      if (it == taken_.end()) return false;
-      block = std::move(it->second);
-      taken_.erase(it);
-    }
-    bluefog::GiveOutputBlock(block);
-    return true;
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<void*, bluefog::OutputBlock> taken_;
-};
-
-std::atomic<long long> g_eager_allreduces{0};
-// bluefog_eager_allreduce's answer when BLUEFOG_EAGER_C_API=0.
-constexpr int kEagerUseTheOp = 5;
 
 }  // namespace
 
@@ -109,48 +67,6 @@ int bluefog_cross_size(void) {
 }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
 
-void* bluefog_take_output(long long bytes) {
-  void* data = nullptr;
-  Guard([&] {
-    data = TakenBlocks::Get().Take(static_cast<size_t>(bytes < 0 ? 0 : bytes));
-    if (data == nullptr)
-      g_last_error = "bluefog: could not allocate an output of " + std::to_string(bytes) + " bytes";
-  });
-  return data;
-}
-
-int bluefog_give_output(void* data) { return TakenBlocks::Get().Give(data) ? 0 : -1; }
-
-int bluefog_eager_allreduce(const char* name, int dtype, const long long* shape, int ndim,
-                            const void* input, void* output, int average) {
-  using bluefog::Status;
-  using bluefog::StatusCode;
-  if (bluefog::Runtime::Get().running() && !bluefog::Runtime::Get().eager_c_api())
-    return kEagerUseTheOp;
-  ++g_eager_allreduces;
-  Status status;
-  const int code = Guard([&] {
-    bluefog::Request request;
-    request.meta.op = bluefog::OpType::kAllreduce;
-    request.meta.name = name;
-    if (dtype < 0 || dtype >= bluefog::kNumDataTypes) {
-      status = Status(StatusCode::kInvalidArgument, "unknown dtype value");
-      return;
-    }
-    request.meta.dtype = static_cast<bluefog::DataType>(dtype);
-    request.meta.shape.assign(shape, shape + ndim);
-    request.meta.average = average != 0;
-    request.input = input;
-    request.output = output;
-    status = bluefog::Runtime::Get().EnqueueAndWait(std::move(request), /*drive=*/true);
-  });
-  if (code != 0) return static_cast<int>(StatusCode::kInternal);
-  if (status.ok()) return 0;
-  g_last_error = status.message();
-  return static_cast<int>(status.code());
-}
-
-long long bluefog_eager_allreduce_calls(void) { return g_eager_allreduces.load(); }
 int bluefog_start_timeline(const char* path) {
   return Guard([&] {
     BF_ENFORCE(bluefog::Runtime::Get().running(), bluefog::StatusCode::kPrecondition,

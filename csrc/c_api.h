@@ -38,24 +38,6 @@ const char* bluefog_last_error(void);  // thread-local; valid until the next fai
 // that name no op or dtype. Lets the Python layer check its own table against the core's.
 int bluefog_op_accepts_dtype(int op_type, int dtype);
 
-// Eager allreduces without TensorFlow's op dispatch (the Python layer's lean path,
-// mpi_ops.allreduce; docs/design.md, "Eager calls run their own rounds").
-// take_output: an output block of at least `bytes` bytes (core/output_blocks.h: the shared
-// heap's when it has room, else the private pool's), or NULL with the message; give_output
-// returns one (0, or -1 for an address take_output did not hand out).
-void* bluefog_take_output(long long bytes);
-int bluefog_give_output(void* data);
-// Allreduces `input` (dtype: DataType's value, `shape` of `ndim` dims) over every rank into
-// `output` (as many bytes, not overlapping it) as the BluefogAllreduce kernel does, the calling
-// thread running the rounds when nothing else is pending, and waits for it. Returns 0, or the
-// failure's StatusCode (1 invalid argument, 2 failed precondition, 3 aborted, 4 internal) with
-// the message in bluefog_last_error(), or 5 without running anything when BLUEFOG_EAGER_C_API=0
-// (the caller then takes the op).
-int bluefog_eager_allreduce(const char* name, int dtype, const long long* shape, int ndim,
-                            const void* input, void* output, int average);
-// How many bluefog_eager_allreduce calls this process made (for tests).
-long long bluefog_eager_allreduce_calls(void);
-
 // Process sets. add: every rank passes the same ranks, in the same order of calls; returns the
 // new set's id (>= 1) or -1. remove: 0 or -1. rank/size: this rank's index in set `id` and its
 // size, -1 when this rank is not in it. ranks: writes up to `capacity` job-wide ranks of the set

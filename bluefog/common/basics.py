@@ -48,13 +48,6 @@ def _load() -> ctypes.CDLL:
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                                       ctypes.c_int]
-            lib.bluefog_take_output.argtypes = [ctypes.c_longlong]
-            lib.bluefog_take_output.restype = ctypes.c_void_p
-            lib.bluefog_give_output.argtypes = [ctypes.c_void_p]
-            lib.bluefog_eager_allreduce.argtypes = [
-                ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                ctypes.c_void_p, ctypes.c_int]
-            lib.bluefog_eager_allreduce_calls.restype = ctypes.c_longlong
             lib.bluefog_tuning_get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
             lib.bluefog_tuning_set.argtypes = [ctypes.c_char_p, ctypes.c_longlong,
                                                ctypes.POINTER(ctypes.c_longlong)]

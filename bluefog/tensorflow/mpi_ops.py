@@ -143,11 +143,7 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
             and (average is True or average is False)):
         name_tensor = eager_name(tensor, name, "allreduce")
         if name_tensor is not None:  # the common eager call (op_library.eager_name)
-            out = eager_calls.allreduce(tensor, name, average)
-            if out is not None:
-                return out
-            return ops.bluefog_allreduce(tensor, tensor_name=name_tensor, average=average,
-                                         **_UNSCALED_INLINE)
+            return _plain_allreduce(tensor, average, name, name_tensor, True)
     name = request_name("allreduce", name)
     device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope, "allreduce",
                              name)
@@ -181,15 +177,7 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     check_dtype(tensor, "allreduce", name)
     if compression is Compression.none and not device and op is None and not scaled and \
             not set_attrs:
-        # the common path, lean; eager CPU tensors (unnamed calls too) through the C API
-        if type(tensor) is eager_calls.EagerTensor and tf.executing_eagerly():
-            out = eager_calls.allreduce(tensor, name, average)
-            if out is not None:
-                if ".noname." not in name:
-                    name_input(name)  # the name's later calls take the lean path (eager_name)
-                return out
-        return ops.bluefog_allreduce(tensor, tensor_name=name_input(name), average=average,
-                                     **_UNSCALED, **eager_inline_attrs())
+        return _plain_allreduce(tensor, average, name, None, tf.executing_eagerly())
     if scaled:
         _check_scale(prescale_factor, postscale_factor, tensor.dtype, reduce_op,
                      op_error_prefix("allreduce", name))
@@ -203,6 +191,21 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     if scaled and sent.dtype == tf.float64:
         out = _scale64(out, prescale_factor, postscale_factor)
     return compression.decompress(out, context)
+
+
+def _plain_allreduce(tensor: tf.Tensor, average: bool, name: str, name_tensor, eager: bool):
+    """A checked allreduce with every argument but ``name`` and ``average`` at its default: the
+    one place where an eager call may skip the op (eager_calls), else the op. ``name_tensor``:
+    the name's cached input when the lean path found one (op_library.eager_name), else None."""
+    if eager and type(tensor) is eager_calls.EagerTensor:
+        out = eager_calls.allreduce(tensor, name, average)
+        if out is not None:
+            if name_tensor is None and ".noname." not in name:
+                name_input(name)  # the name's later calls take the lean path (eager_name)
+            return out
+    return ops.bluefog_allreduce(
+        tensor, tensor_name=name_input(name) if name_tensor is None else name_tensor,
+        average=average, **(_UNSCALED_INLINE if eager else _UNSCALED))
 
 
 def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,

@@ -95,10 +95,8 @@ def name_input(name: str):
 _consts: collections.OrderedDict[tuple, tf.Tensor] = collections.OrderedDict()
 
 
-# Whether eager allreduce/allgather/broadcast over every rank may run on the calling thread
-# (BLUEFOG_EAGER_INLINE, docs/env.md, decides in C++ too). bench/bf_allreduce.py flips it to
-# time both ways in one process.
-EAGER_INLINE = {"on": True}
+# Eager allreduce/allgather/broadcast over every rank may run on the calling thread (the core
+# decides: BLUEFOG_EAGER_INLINE, docs/env.md); graph ops never do.
 _INLINE_ATTRS = {"eager_inline": True}
 _NO_ATTRS: dict = {}
 
@@ -119,7 +117,7 @@ def eager_name(tensor, name, op: str):
     docs/benchmarks.md). The cache's order is not refreshed here: a name used often is then
     made again after 4096 others, which costs one call through the full path.
     """
-    if type(tensor) is not _EagerTensor or type(name) is not str or not EAGER_INLINE["on"]:
+    if type(tensor) is not _EagerTensor or type(name) is not str:
         return None
     t = _name_tensors.get(name)
     if t is None:
@@ -132,7 +130,7 @@ def eager_name(tensor, name, op: str):
 def eager_inline_attrs() -> dict:
     """``{"eager_inline": True}`` when executing eagerly (the caller waits for the result, so
     it may run the collective itself), else nothing: graph ops keep the attr's default."""
-    return _INLINE_ATTRS if EAGER_INLINE["on"] and tf.executing_eagerly() else _NO_ATTRS
+    return _INLINE_ATTRS if tf.executing_eagerly() else _NO_ATTRS
 
 
 def one_device(device, device_dense, device_sparse, prefix: str) -> str:

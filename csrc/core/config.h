@@ -38,8 +38,8 @@ struct Config {
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;
-  // Eager allreduces of the Python layer go through the C API instead of the TensorFlow op
-  // (bluefog/tensorflow/eager_calls.py); off: through the op, as before.
+  // Eager allreduces of the Python layer are one call into the core's extension module instead
+  // of the TensorFlow op (csrc/tensorflow/eager_calls.cc); off: through the op.
   bool eager_c_api = true;
   // Allreduces, allgathers and broadcasts of at most this many bytes send their data with their
   // announcement in the negotiation round, as far as a rank's slot of the round has room, and

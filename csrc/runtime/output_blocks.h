@@ -3,9 +3,9 @@
 // the shared allreduce, transport/mpi/allreduce/shared.cc), else of a private pool of freed blocks.
 // TensorFlow's CPU allocator takes such outputs from malloc, which maps fresh pages for some sizes
 // on every call (64 MiB always, 4-16 MiB in some launches; page faults cost ~0.3-1 us each on the
-// development VM). Used by the TF layer's output pool (tensorflow/output_pool.h) and by the eager
-// calls of the C API (bluefog_take_output). See docs/design.md, step 2 of "One request, end to
-// end".
+// development VM). Used by the TF layer's output pool (tensorflow/output_pool.h) and by the Python
+// layer's eager allreduces (tensorflow/eager_calls.cc). See docs/design.md, step 2 of "One
+// request, end to end".
 #pragma once
 
 #include <cstddef>
