@@ -28,8 +28,8 @@ from bluefog.tensorflow.keras.schedule_callbacks import (  # noqa: F401
     LearningRateScheduleCallback,
     rescale_momentum,
 )
+from bluefog.tensorflow.local_sources import LocalSources
 from bluefog.tensorflow.op_rules import op_error_prefix
-from bluefog.tensorflow.partial import LocalSources
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
