@@ -34,7 +34,7 @@ def local_layer_variables(local_layers, what: str) -> list:
 
     Raises ValueError for an entry that is not a ``keras.layers.Layer`` (as Horovod).
     """
-    import keras  # noqa: PLC0415
+    import keras
 
     if local_layers is None:
         return []
