@@ -18,8 +18,8 @@ import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)

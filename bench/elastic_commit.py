@@ -14,11 +14,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import bluefog.tensorflow as bf  # noqa: E402
-from bluefog.common import elastic_env  # noqa: E402
+import bluefog.tensorflow as bf
+from bluefog.common import elastic_env
 
 
 def median_commit(state, reps):

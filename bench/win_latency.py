@@ -14,11 +14,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import bluefog.tensorflow as bf  # noqa: E402
-from bluefog.common import topology_util  # noqa: E402
+import bluefog.tensorflow as bf
+from bluefog.common import topology_util
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -27,13 +27,13 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
-import bluefog.tensorflow as bf  # noqa: E402
-from bluefog.common import topology_util  # noqa: E402
+import bluefog.tensorflow as bf
+from bluefog.common import topology_util
 
 bf.init()
 

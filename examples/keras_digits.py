@@ -16,12 +16,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
-import bluefog.tensorflow.keras as bfk  # noqa: E402  # bluefog (1)
+import bluefog.tensorflow.keras as bfk  # bluefog (1)
 
 bfk.init()  # bluefog (2)
 

@@ -17,10 +17,10 @@ import timeit
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import bluefog.tensorflow as bf  # noqa: E402
+import bluefog.tensorflow as bf
 
 bf.init()
 tf.config.threading.set_intra_op_parallelism_threads(

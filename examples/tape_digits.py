@@ -15,12 +15,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
-import bluefog.tensorflow as bf  # noqa: E402
+import bluefog.tensorflow as bf
 
 bf.init()
 tf.config.threading.set_intra_op_parallelism_threads(

@@ -1,4 +1,4 @@
-"""Process-level state shared by every front end: init/shutdown, rank and size.
+"""Process-level state shared by every front end: init/shutdown, rank, size, process sets.
 
 Thin ctypes bindings over the C API of ``libbluefog_core``; all the work happens in C++.
 """
@@ -10,7 +10,7 @@ import ctypes
 import os
 import sys
 import threading
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
@@ -93,10 +93,8 @@ def init(process_sets=None) -> None:
         atexit.register(shutdown)
         _atexit_registered = True
     if process_sets:
-        from bluefog.common import process_sets as sets  # imports this module
-
         for process_set in process_sets:
-            sets.add_process_set(process_set)
+            add_process_set(process_set)
 
 
 def shutdown() -> None:
@@ -169,7 +167,7 @@ def op_accepts_dtype(op_type: int, dtype: int) -> bool:
     return _load().bluefog_op_accepts_dtype(op_type, dtype) == 1
 
 
-# Process sets, for bluefog.common.process_sets (which holds the Python objects).
+# Process sets: the C API's calls, then the Python objects over them.
 
 
 def add_process_set_ranks(ranks: Sequence[int]) -> int:
@@ -205,3 +203,118 @@ def process_set_ranks(set_id: int) -> List[int]:
     out = (ctypes.c_int * n)()
     lib.bluefog_process_set_ranks(set_id, out, n)
     return list(out)
+
+
+# The process sets' Python objects (``ProcessSet``), public as bluefog.common.process_sets. They
+# live here, below that module, because ``init(process_sets=...)`` registers sets: with them in
+# process_sets.py, the two modules would import each other.
+
+
+class ProcessSet:
+    """A set of ranks. ``process_set_id`` is None until the set is registered."""
+
+    def __init__(self, ranks: Sequence[int]):
+        try:
+            values = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise TypeError(f"bluefog ProcessSet: ranks must be a sequence of ints, got "
+                            f"{ranks!r}") from None
+        self.ranks: List[int] = sorted(set(values))
+        self.process_set_id: Optional[int] = None
+
+    def size(self) -> Optional[int]:
+        """The number of ranks in the set (None before it is registered)."""
+        if self.process_set_id is None:
+            return None
+        return len(self.ranks)
+
+    def rank(self) -> Optional[int]:
+        """This process's index in the set, -1 when it is not in it (None before it is
+        registered)."""
+        if self.process_set_id is None:
+            return None
+        # rank() and size() in these methods are this module's: job-wide.
+        return self.ranks.index(rank()) if self.included() else -1
+
+    def included(self) -> Optional[bool]:
+        """Whether this process is in the set (None before it is registered)."""
+        if self.process_set_id is None:
+            return None
+        return rank() in self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank of the job (id 0): the default of every collective."""
+
+    def __init__(self):
+        super().__init__([])
+        self.process_set_id = 0
+
+    @property
+    def ranks(self) -> List[int]:
+        return list(range(size())) if is_initialized() else []
+
+    @ranks.setter
+    def ranks(self, value) -> None:  # set by ProcessSet.__init__; the ranks come from the job
+        pass
+
+    def __repr__(self) -> str:
+        return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = _GlobalProcessSet()
+_sets_lock = threading.Lock()
+_registered: Dict[int, ProcessSet] = {0: global_process_set}
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Registers ``process_set`` (a ProcessSet or a list of ranks) and returns it.
+
+    Collective over every rank of the job: each must call it with the same ranks, in the same
+    order of calls. Raises ValueError for ranks outside the job or a set registered already,
+    and BluefogError when ranks disagree.
+    """
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"bluefog add_process_set: {process_set} is registered already")
+    if not is_initialized():
+        raise ValueError("bluefog add_process_set: bluefog is not initialized; call bf.init() "
+                         "first")
+    bad = [r for r in process_set.ranks if not 0 <= r < size()]
+    if bad or not process_set.ranks:
+        raise ValueError(f"rank {rank()}: bluefog add_process_set: ranks "
+                         f"{process_set.ranks} must be a non-empty list of ranks in "
+                         f"[0, {size()})")
+    set_id = add_process_set_ranks(process_set.ranks)
+    process_set.process_set_id = set_id
+    with _sets_lock:
+        _registered[set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a registered set on every rank (collective, like ``add_process_set``).
+
+    Its pending collectives fail; the ProcessSet can be registered again. Returns False for a
+    set that is not registered, and refuses the global set (ValueError).
+    """
+    if process_set is global_process_set or process_set.process_set_id == 0:
+        raise ValueError("bluefog remove_process_set: the global process set cannot be removed")
+    set_id = process_set.process_set_id
+    if set_id is None:
+        return False
+    remove_process_set_id(set_id)
+    with _sets_lock:
+        _registered.pop(set_id, None)
+    process_set.process_set_id = None
+    return True
+
+
+def process_set_by_id(set_id: int) -> ProcessSet:
+    """The registered ProcessSet with this id (0: the global set); KeyError if none."""
+    with _sets_lock:
+        return _registered[set_id]

@@ -45,7 +45,7 @@ def _check_digraph(topo: object, name: str = "topo") -> None:
     # The documented contract is ValueError for every invalid argument.
     if not isinstance(topo, nx.DiGraph):
         msg = f"{name} must be a networkx.DiGraph, got {type(topo).__name__}"
-        raise ValueError(msg)  # noqa: TRY004
+        raise ValueError(msg)
 
 
 def _check_topology(topo: object) -> int:

@@ -135,11 +135,11 @@ def __getattr__(name):
     # `bf.keras` (the Keras helpers and callbacks) without importing Keras on
     # `import bluefog.tensorflow`: the subpackage is imported on first access.
     if name == "keras":
-        import importlib  # noqa: PLC0415
+        import importlib
 
         return importlib.import_module("bluefog.tensorflow.keras")
     if name == "SyncBatchNormalization":  # Horovod's hvd.SyncBatchNormalization
-        import importlib  # noqa: PLC0415
+        import importlib
 
         return importlib.import_module("bluefog.tensorflow.keras.layers").SyncBatchNormalization
     raise AttributeError(f"module 'bluefog.tensorflow' has no attribute {name!r}")

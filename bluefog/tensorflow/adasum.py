@@ -26,7 +26,8 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow.op_rules import op_error_prefix, to_tensor
+from bluefog.tensorflow.neighbor_ops import neighbor_allgather
+from bluefog.tensorflow.op_rules import UnsupportedReductionError, op_error_prefix, to_tensor
 
 __all__ = ["Adasum", "adasum_allreduce", "check_adasum_size"]
 
@@ -65,8 +66,6 @@ def _combine(mine: tf.Tensor, theirs: tf.Tensor, sizes: List[int], me_first: boo
 
 
 def _adasum_flat(flat: tf.Tensor, sizes: List[int], name: str) -> tf.Tensor:
-    from bluefog.tensorflow.neighbor_ops import neighbor_allgather  # noqa: PLC0415
-
     me, n = basics.rank(), basics.size()
     distance, level = 1, 0
     while distance < n:
@@ -86,8 +85,6 @@ def adasum_allreduce(tensors: Sequence, name: str, what: str) -> List[Optional[t
     UnsupportedReductionError for ``tf.IndexedSlices`` and TypeError for non-float tensors.
     Tensors of one dtype are flattened into one buffer and exchanged together.
     """
-    from bluefog.tensorflow.mpi_ops import UnsupportedReductionError  # noqa: PLC0415
-
     check_adasum_size(what)
     results: List[Optional[tf.Tensor]] = [None] * len(tensors)
     by_dtype: dict = {}

@@ -58,11 +58,11 @@ def keras_variable_classes() -> tuple:
     Keras creates (e.g. an optimizer's learning rate) are not instances of; their base is
     ``KerasVariable``.
     """
-    import keras  # noqa: PLC0415 - Keras is imported only where it is used
+    import keras  # Keras is imported only where it is used
 
     classes = [keras.Variable]
     try:
-        from keras.src.backend.common import variables  # noqa: PLC0415
+        from keras.src.backend.common import variables
     except ImportError:
         return tuple(classes)
     for name in ("KerasVariable", "Variable"):
@@ -86,7 +86,7 @@ KERAS_FOR_ACCUMULATION = (3, 5)
 
 
 def keras_version() -> tuple:
-    import keras  # noqa: PLC0415
+    import keras
 
     parts = []
     for part in keras.__version__.split(".")[:2]:
@@ -98,7 +98,7 @@ def keras_version() -> tuple:
 def check_keras_gradient_accumulation(what: str) -> None:
     """Raises a clear error when the installed Keras accumulates gradients differently."""
     if keras_version() < KERAS_FOR_ACCUMULATION:
-        import keras  # noqa: PLC0415
+        import keras
 
         need = ".".join(map(str, KERAS_FOR_ACCUMULATION))
         raise ValueError(

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from bluefog.tensorflow import averaging
 from bluefog.tensorflow.compression import Compression
-from bluefog.tensorflow.partial import LocalSources
+from bluefog.tensorflow.local_sources import LocalSources
 
 __all__ = ["DistributedGradientTape"]
 

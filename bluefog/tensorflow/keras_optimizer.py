@@ -14,7 +14,7 @@ import tensorflow as tf
 from bluefog.common import basics
 from bluefog.tensorflow import averaging, compat, mpi_ops, wrapping
 from bluefog.tensorflow.compression import Compression
-from bluefog.tensorflow.partial import LocalSources
+from bluefog.tensorflow.local_sources import LocalSources
 from bluefog.tensorflow.v1_optimizer import wrap_v1_optimizer
 
 __all__ = ["DistributedOptimizer", "is_distributed"]

@@ -29,7 +29,12 @@ from bluefog.tensorflow.op_library import (
     set_rank,
     set_size,
 )
-from bluefog.tensorflow.op_rules import check_dtype, op_error_prefix, to_tensor
+from bluefog.tensorflow.op_rules import (
+    UnsupportedReductionError,
+    check_dtype,
+    op_error_prefix,
+    to_tensor,
+)
 
 # The reductions of allreduce's `op` (Horovod's names). Average and Sum are `average=True/False`.
 Average = "average"
@@ -39,18 +44,6 @@ Max = "max"
 Product = "product"
 Adasum = _adasum.Adasum  # composed in Python from neighbor exchanges, see adasum.py
 _REDUCE_OPS = (Average, Sum, Min, Max, Product)
-
-
-class UnsupportedReductionError(ValueError, NotImplementedError):
-    """A reduction that is not defined for the input (e.g. min of a ``tf.IndexedSlices``).
-
-    Both a ValueError and a NotImplementedError, so code written for Horovod (which raises the
-    latter) and code written for bluefog catch it alike.
-    """
-
-    # Exception's own constructor: autograph re-raises an error from a traced function as its
-    # own type only when it can rebuild it from the message alone (it checks for exactly this).
-    __init__ = Exception.__init__
 
 
 def _check_scale(prescale_factor, postscale_factor, dtype: tf.DType, reduce_op: str,

@@ -47,7 +47,7 @@ def _pickled(obj: Any):
     """(uint8 array, None) or (None, the reason pickling failed)."""
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:  # noqa: BLE001 - any pickling failure is the caller's object
+    except Exception as e:  # any pickling failure is the caller's object
         return None, f"{type(e).__name__}: {e}"
     return np.frombuffer(data, dtype=np.uint8), None
 

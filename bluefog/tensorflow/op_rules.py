@@ -22,7 +22,7 @@ from bluefog.common import basics
 
 __all__ = ["NUMERIC_DTYPES", "FLOAT_DTYPES", "ALL_DTYPES", "CORE_DTYPES", "OpRule", "OP_RULES",
            "accepted_dtypes", "tf_op_types", "rank_str", "op_error_prefix", "check_dtype",
-           "to_tensor"]
+           "to_tensor", "UnsupportedReductionError"]
 
 # Every dtype that can be summed (bool cannot: a sum would silently saturate).
 NUMERIC_DTYPES = frozenset([tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
@@ -118,3 +118,17 @@ def to_tensor(tensor, op: str, name: str) -> tf.Tensor:
     except (TypeError, ValueError) as e:
         raise TypeError(f"{op_error_prefix(op, name)}: expected a tf.Tensor, tf.Variable or "
                         f"array-like, got {type(tensor).__name__}: {e}") from None
+
+
+class UnsupportedReductionError(ValueError, NotImplementedError):
+    """A reduction that is not defined for the input (e.g. min of a ``tf.IndexedSlices``).
+
+    Both a ValueError and a NotImplementedError, so code written for Horovod (which raises the
+    latter) and code written for bluefog catch it alike. Public as
+    ``bf.UnsupportedReductionError`` (and ``mpi_ops.UnsupportedReductionError``); here so that
+    adasum.py, below mpi_ops, can raise it too.
+    """
+
+    # Exception's own constructor: autograph re-raises an error from a traced function as its
+    # own type only when it can rebuild it from the message alone (it checks for exactly this).
+    __init__ = Exception.__init__

@@ -19,50 +19,14 @@ gradients of one call go out as one grouped request whose structure ranks must a
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, Iterable, List
-
 import tensorflow as tf
+
+from bluefog.tensorflow.gradient_tape import DistributedGradientTape
+from bluefog.tensorflow.keras_optimizer import DistributedOptimizer
+from bluefog.tensorflow.local_sources import LocalSources, source_key
 
 __all__ = ["LocalSources", "PartialDistributedGradientTape", "PartialDistributedOptimizer",
            "local_layer_variables", "source_key"]
-
-
-def source_key(source) -> Hashable:
-    """A hashable identity of a variable or tensor: a Keras variable and the ``tf.Variable``
-    behind it have the same key."""
-    inner = getattr(source, "value", None)
-    if isinstance(inner, tf.Variable) and not isinstance(source, tf.Variable):
-        source = inner  # a keras.Variable
-    try:
-        return source.ref()
-    except AttributeError:
-        return ("id", id(source))
-
-
-class LocalSources:
-    """The set of registered worker-local sources (strong references, keyed by identity)."""
-
-    def __init__(self) -> None:
-        self._sources: Dict[Hashable, Any] = {}
-
-    def add(self, source, what: str) -> None:
-        """Registers ``source``; TypeError naming ``what`` for something that is not a variable or
-        tensor."""
-        if not (isinstance(source, (tf.Variable, tf.Tensor)) or isinstance(
-                getattr(source, "value", None), tf.Variable)):
-            raise TypeError(f"bluefog {what}: expected a variable (tf.Variable or "
-                            f"keras.Variable) or tensor, got {type(source).__name__}")
-        self._sources[source_key(source)] = source
-
-    def __len__(self) -> int:
-        return len(self._sources)
-
-    def __contains__(self, source) -> bool:
-        return source_key(source) in self._sources
-
-    def mask(self, sources: Iterable) -> List[bool]:
-        """For each of ``sources``, whether it is registered."""
-        return [s is not None and source_key(s) in self._sources for s in sources]
 
 
 def local_layer_variables(local_layers, what: str) -> list:
@@ -70,7 +34,7 @@ def local_layer_variables(local_layers, what: str) -> list:
 
     Raises ValueError for an entry that is not a ``keras.layers.Layer`` (as Horovod).
     """
-    import keras  # noqa: PLC0415
+    import keras
 
     if local_layers is None:
         return []
@@ -98,8 +62,6 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, local_layers=None,
     ``gradient_predivide_factor``, ``scale_local_gradients``) are ``DistributedGradientTape``'s.
     Without ``local_layers`` it is a plain ``DistributedGradientTape``.
     """
-    from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: PLC0415
-
     local_vars = local_layer_variables(local_layers, "PartialDistributedGradientTape")
     tape = DistributedGradientTape(gradtape, **kwargs)
     for v in local_vars:
@@ -114,8 +76,6 @@ def PartialDistributedOptimizer(optimizer, name=None, local_layers=None, **kwarg
     with ``register_local_var`` (more can be registered later). Other arguments are
     ``DistributedOptimizer``'s. Raises ValueError for a ``tf.compat.v1`` optimizer.
     """
-    from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: PLC0415
-
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError("bluefog PartialDistributedOptimizer: needs a Keras optimizer, not a "
                          "tf.compat.v1.train.Optimizer")

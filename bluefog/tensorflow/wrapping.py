@@ -29,7 +29,7 @@ __all__ = ["BluefogKerasOptimizer", "import_keras", "derived_class", "copy_optim
 def import_keras() -> types.ModuleType:
     """The ``keras`` module, imported on first use only: ``import bluefog.tensorflow`` stays
     light."""
-    import keras as keras_module  # noqa: PLC0415
+    import keras as keras_module
 
     return keras_module
 
@@ -91,7 +91,7 @@ def copy_optimizer(optimizer, cls: type, what: str, overrides: Optional[Dict[str
         config["learning_rate"] = lr
     try:
         new = cls.from_config(config)
-    except Exception as e:  # noqa: BLE001 - a user optimizer whose config does not round-trip
+    except Exception as e:  # a user optimizer whose config does not round-trip
         raise ValueError(
             f"bluefog {what}: cannot re-create {type(optimizer).__name__} from its get_config() "
             f"({type(e).__name__}: {e}); the optimizer's get_config() must return every "

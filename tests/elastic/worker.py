@@ -18,9 +18,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-import bluefog.tensorflow as bf  # noqa: E402
+import bluefog.tensorflow as bf
 
 bf.init()
 tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -26,7 +26,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)

@@ -41,9 +41,9 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from fuzz_cases import CLEAR_TYPES, Case, make_case  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from fuzz_cases import CLEAR_TYPES, Case, make_case
 
 # ------------------------------------------------------------------------------- checking
 
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                 got = [g.numpy() if hasattr(g, "numpy") else g for g in got]
             elif hasattr(got, "numpy"):
                 got = got.numpy()
-        except Exception as e:  # noqa: BLE001 -- every exception is examined below
+        except Exception as e:  # every exception is examined below
             outcome, error = OUTCOME_ERROR, e
         problem = None
         if case.expect == "error":
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         try:
             outcomes = bf.allgather(tf.constant([outcome], tf.int32),
                                     name=f"fuzz.checkup.{i}").numpy().tolist()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             problem = (problem or "") + f"; check-up collective failed: {e}"[:300]
             outcomes = [outcome] * size
         if len(set(outcomes)) != 1:

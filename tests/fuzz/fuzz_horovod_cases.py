@@ -11,7 +11,7 @@ HOROVOD_KINDS = ("horovod_ops_bad", "alltoall_valid", "reducescatter_valid")
 
 
 def make_horovod_case(kind: str, rng, tag, base_seed: int):
-    from fuzz_cases import Case, small  # noqa: PLC0415 - fuzz_cases imports this module
+    from fuzz_cases import Case, small  # fuzz_cases imports this module
 
     if kind == "horovod_ops_bad":
         variant = int(rng.integers(8))

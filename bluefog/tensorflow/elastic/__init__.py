@@ -23,7 +23,7 @@ _CALLBACKS = ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochSta
 def __getattr__(name):
     # The Keras callbacks import Keras, which `import bluefog.tensorflow` does not: on first use.
     if name in _CALLBACKS:
-        from bluefog.tensorflow.elastic import callbacks  # noqa: PLC0415
+        from bluefog.tensorflow.elastic import callbacks
 
         return getattr(callbacks, name)
     raise AttributeError(f"module 'bluefog.tensorflow.elastic' has no attribute {name!r}")

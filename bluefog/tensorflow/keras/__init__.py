@@ -81,13 +81,13 @@ def load_model(filepath, custom_objects=None, compile: bool = True, **kwargs):
     ``BroadcastGlobalVariablesCallback(0)`` in ``fit`` (the other ranks then build the same
     model another way). Extra keyword arguments go to ``keras.models.load_model``.
     """
-    import keras  # noqa: PLC0415
+    import keras
 
     model = keras.models.load_model(filepath, custom_objects=custom_objects, compile=compile,
                                     **kwargs)
     optimizer = getattr(model, "optimizer", None)
     if compile and optimizer is not None:
-        from bluefog.tensorflow.keras_optimizer import is_distributed  # noqa: PLC0415
+        from bluefog.tensorflow.keras_optimizer import is_distributed
 
         if not is_distributed(optimizer):
             model.optimizer = DistributedOptimizer(optimizer)

@@ -23,13 +23,13 @@ import tensorflow as tf
 
 from bluefog.common import basics
 from bluefog.tensorflow import mpi_ops
-from bluefog.tensorflow.keras.schedule_callbacks import (  # noqa: F401
+from bluefog.tensorflow.keras.schedule_callbacks import (
     BestModelCheckpoint,
     LearningRateScheduleCallback,
     rescale_momentum,
 )
+from bluefog.tensorflow.local_sources import LocalSources
 from bluefog.tensorflow.op_rules import op_error_prefix
-from bluefog.tensorflow.partial import LocalSources
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
@@ -138,7 +138,7 @@ def _is_number(v) -> bool:
         return True
     try:
         a = np.asarray(v)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return a.shape == () and np.issubdtype(a.dtype, np.number)
 

@@ -8,9 +8,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import pytest
+import tensorflow as tf
 
 # Several ranks share 2 cores: few threads per rank, or they fight for the cores. Inter-op
 # parallelism stays above 1 so graph-mode tests can start independent collectives concurrently.

@@ -259,14 +259,14 @@ def test_name_already_in_flight(rank, size, op_name):
             try:
                 outcomes["session"] = _run_graph(lambda: bf.allreduce(
                     tf.constant(value), average=False, name=dup))
-            except Exception as e:  # noqa: BLE001 - recorded and checked below
+            except Exception as e:  # recorded and checked below
                 outcomes["session"] = e
 
         def via_eager():
             try:
                 outcomes["eager"] = bf.allreduce(tf.constant(value), average=False,
                                                  name=dup).numpy()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 outcomes["eager"] = e
 
         threads = [threading.Thread(target=via_session, daemon=True),
