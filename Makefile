@@ -29,6 +29,14 @@ $(VENV)/.deps-stamp: requirements.txt
 	    openmpi-bin libopenmpi-dev libgtest-dev >/dev/null || { \
 	    echo "Could not install openmpi-bin libopenmpi-dev libgtest-dev; install them by hand."; exit 1; }; \
 	fi
+	@# The eager calls' extension module needs Python's headers (Debian's python3-dev for its
+	@# own Python; a Python built from source, pyenv's included, has them).
+	@if [ ! -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+	  echo "Installing Python's development headers from Debian..."; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    python3-dev >/dev/null || { echo "Could not install python3-dev; install it by hand."; exit 1; }; \
+	fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
