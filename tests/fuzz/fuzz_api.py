@@ -1,11 +1,14 @@
 """Seeded fuzzer of bluefog's public TensorFlow API with bad and odd input, run under mpirun.
 
     mpirun -np 3 .venv/bin/python tests/fuzz/fuzz_api.py --cases 300 --seed 7
+    mpirun -np 3 .venv/bin/python tests/fuzz/fuzz_api.py --family state --cases 200
 
 Every rank draws the same cases from the shared seed (per-rank differences are functions of the
 rank drawn from that stream), so the ranks stay in step. A case is one call of a public function
 (allreduce, grouped_allreduce, allgather, broadcast, neighbor_allreduce, neighbor_allgather)
-with arguments that are either
+with arguments that are either (the stateless cases; --family state draws sequences on the
+stateful APIs instead, see fuzz_state_cases.py: windows and their mutexes, process sets, join,
+alltoall splits, elastic states)
 
 * invalid the same way on every rank (wrong types, odd names, huge/negative/non-int root ranks,
   non-tensor inputs, unsupported dtypes, scalars to allgather, bad neighbour lists and weights):
@@ -22,7 +25,8 @@ tf.errors.OpError whose message names bluefog. After every case all ranks run a 
 collective that gathers each rank's outcome, so a rank that succeeded where another raised, or a
 runtime left broken by the bad call, is caught at once. A watchdog ends the process when a case
 takes longer than --case-timeout seconds, so a hang fails instead of blocking. Exit status 0 when
-every case behaved; rank 0 prints "FUZZ SUMMARY {json}".
+every case behaved; rank 0 prints "FUZZ SUMMARY {json}" with the number of cases that raised a
+clear exception on every rank and of those that gave the right value on every rank.
 
 Some bad input cannot fail on every rank: when only some ranks pass arguments that are invalid
 locally (e.g. one rank passes root_rank=-1), those ranks raise at once and the others submit
@@ -90,6 +94,9 @@ def main(argv=None) -> int:
     p.add_argument("--function-fraction", type=float, default=0.15,
                    help="fraction of cases also wrapped in a tf.function")
     p.add_argument("--case-timeout", type=float, default=60.0)
+    p.add_argument("--family", choices=["api", "state", "all"], default="api",
+                   help="which cases to draw: the stateless API, the stateful one (windows, "
+                        "process sets, join, splits, elastic states) or both")
     p.add_argument("--verbose", action="store_true", help="rank 0 prints every case's outcome")
     args = p.parse_args(argv)
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -112,9 +119,10 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(args.seed)
     failures, counts, unclear = [], {}, []
+    clear_everywhere = right_everywhere = 0
     t0 = time.monotonic()
     for i in range(args.cases):
-        case = make_case(rng, i, size)
+        case = make_case(rng, i, size, args.family)
         in_function = rng.random() < args.function_fraction and not case.eager_only
         label = f"case {i} [{case.kind}{' in tf.function' if in_function else ''}] {case.detail}"
         current.update(case=label, since=time.monotonic())
@@ -146,13 +154,17 @@ def main(argv=None) -> int:
             problem = f"wrong result {str(got)[:200]}"
         # Check-up: every rank's outcome, through a fresh collective that must still work.
         try:
-            outcomes = bf.allgather(tf.constant([outcome], tf.int32),
-                                    name=f"fuzz.checkup.{i}").numpy().tolist()
+            rows = bf.allgather(tf.constant([[outcome, int(problem is not None)]], tf.int32),
+                                name=f"fuzz.checkup.{i}").numpy()
+            outcomes, anyone_wrong = rows[:, 0].tolist(), bool(rows[:, 1].any())
         except Exception as e:
             problem = (problem or "") + f"; check-up collective failed: {e}"[:300]
-            outcomes = [outcome] * size
+            outcomes, anyone_wrong = [outcome] * size, True
         if len(set(outcomes)) != 1:
             problem = (problem or "") + f"; ranks disagree on the outcome: {outcomes}"
+        elif not anyone_wrong:
+            clear_everywhere += outcomes[0] == OUTCOME_ERROR
+            right_everywhere += outcomes[0] == OUTCOME_OK
         if args.verbose and rank == 0:
             what = (f"{type(error).__name__}: {str(error)[:160]!r}" if error is not None
                     else "ok")
@@ -171,7 +183,10 @@ def main(argv=None) -> int:
     if rank == 0:
         print("FUZZ SUMMARY " + json.dumps({
             "ok": n_fail == 0, "size": size, "cases": args.cases, "seed": args.seed,
-            "failures_all_ranks": n_fail, "wall_s": round(wall, 1), "by_kind": counts}),
+            "family": args.family, "failures_all_ranks": n_fail,
+            "clear_error_on_every_rank": clear_everywhere,
+            "right_value_on_every_rank": right_everywhere,
+            "wall_s": round(wall, 1), "by_kind": counts}),
             flush=True)
     return 0 if n_fail == 0 else 1
 

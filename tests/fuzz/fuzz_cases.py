@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 from fuzz_horovod_cases import HOROVOD_KINDS, make_horovod_case
+from fuzz_state_cases import STATE_KINDS, make_state_case
 
 NUMERIC = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
            tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -85,7 +86,12 @@ def bad_roots(rng, size):
     return choices[int(rng.integers(len(choices)))]
 
 
-def make_case(rng, index: int, size: int) -> Case:
+def make_case(rng, index: int, size: int, family: str = "api") -> Case:
+    """Case `index`: from the stateless API ("api"), the stateful one ("state": windows,
+    process sets, join, splits, elastic states) or either ("all")."""
+    if family == "state" or (family == "all" and rng.random() < 0.3):
+        return make_state_case(STATE_KINDS[int(rng.integers(len(STATE_KINDS)))], rng, index,
+                               size)
     kinds = [
         "bad_tensor", "bad_name", "odd_name", "bad_root", "bad_average", "scalar_allgather",
         "shape_differs", "dtype_differs", "root_differs", "op_differs", "gather_rest_differs",
