@@ -203,15 +203,26 @@ def MeshGrid2DGraph(size: int, shape: tuple[int, int] | None = None) -> nx.DiGra
 
 
 def StarGraph(size: int, center_rank: int = 0) -> nx.DiGraph:
-    """Star graph with uniform weights.
+    """Star graph with doubly stochastic weights (Bluefog's).
 
     ``center_rank`` is connected, both ways, to every other rank; other ranks
-    are connected only to the center.
+    are connected only to the center.  Every edge to or from the center weighs
+    ``1 / size``: the center keeps ``1 / size`` of its own value and each other
+    rank ``1 - 1 / size``.  Every rank's in- and out-weights sum to one, so
+    repeated ``neighbor_allreduce`` converges to the exact mean.
     Raises ValueError unless ``size >= 1`` and ``0 <= center_rank < size``.
     """
     size = _check_int("size", size, 1)
     center = _check_int("center_rank", center_rank, 0, size)
-    return _uniform_graph(size, lambda r: set(range(size)) if r == center else {center})
+    w = 1.0 / size
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(size))
+    for r in range(size):
+        graph.add_edge(r, r, weight=w if r == center else 1.0 - w)
+        if r != center:
+            graph.add_edge(center, r, weight=w)
+            graph.add_edge(r, center, weight=w)
+    return graph
 
 
 def RingGraph(size: int, connect_style: int = 0) -> nx.DiGraph:

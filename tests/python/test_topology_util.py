@@ -149,8 +149,10 @@ def test_star_graph(center):
     assert successors(graph, center) == set(range(5)) - {center}
     for r in set(range(5)) - {center}:
         assert successors(graph, r) == {center}
-        assert graph[center][r]["weight"] == pytest.approx(0.5)
+        assert graph[center][r]["weight"] == pytest.approx(0.2)
         assert graph[r][center]["weight"] == pytest.approx(0.2)
+        assert graph[r][r]["weight"] == pytest.approx(0.8)
+    assert graph[center][center]["weight"] == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -229,10 +231,13 @@ def test_recv_send_weights():
     assert tu.GetRecvWeights(graph, 0) == (third, {2: third, 3: third})
     assert tu.GetSendWeights(graph, 0) == (third, {1: third, 2: third})
     graph = tu.StarGraph(4)
+    three_quarters = pytest.approx(0.75)
     assert tu.GetRecvWeights(graph, 0) == (quarter, {1: quarter, 2: quarter, 3: quarter})
-    assert tu.GetSendWeights(graph, 0) == (quarter, {1: half, 2: half, 3: half})
-    assert tu.GetRecvWeights(graph, 3) == (half, {0: half})
-    assert tu.GetSendWeights(graph, 3) == (half, {0: quarter})
+    assert tu.GetSendWeights(graph, 0) == (quarter, {1: quarter, 2: quarter, 3: quarter})
+    assert tu.GetRecvWeights(graph, 3) == (three_quarters, {0: quarter})
+    assert tu.GetSendWeights(graph, 3) == (three_quarters, {0: quarter})
+    graph = tu.RingGraph(2)
+    assert tu.GetRecvWeights(graph, 0) == (half, {1: half})
     # A graph without self loops reports a zero self weight.
     assert tu.GetRecvWeights(nx.DiGraph([(0, 1), (1, 0)]), 1) == (0.0, {0: 1.0})
 
@@ -243,6 +248,30 @@ def test_recv_weights_sum_to_one(name):
     for r in range(7):
         self_w, recv = tu.GetRecvWeights(graph, r)
         assert self_w + sum(recv.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+@pytest.mark.parametrize("size", SIZES)
+def test_generators_are_doubly_stochastic(name, size):
+    """Every rank's out-weights sum to one as well as its in-weights (Bluefog's weights), so
+    averaging with them keeps the sum of the values."""
+    matrix = nx.to_numpy_array(GENERATORS[name](size), nodelist=range(size))
+    np.testing.assert_allclose(matrix.sum(axis=1), np.ones(size), atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+def test_average_consensus_reaches_the_exact_mean(name, size):
+    """What repeated neighbor_allreduce with the graph's receive weights computes: every
+    rank's value converges to the mean of the starting values (not a weighted mean)."""
+    graph = GENERATORS[name](size)
+    weights = [tu.GetRecvWeights(graph, r) for r in range(size)]
+    x = np.random.default_rng(size).normal(size=size)
+    mean = x.mean()
+    for _ in range(2000):
+        x = np.array([self_w * x[r] + sum(w * x[u] for u, w in recv.items())
+                      for r, (self_w, recv) in enumerate(weights)])
+    np.testing.assert_allclose(x, np.full(size, mean), rtol=0, atol=1e-12)
 
 
 # ---- Dynamic schedules ----

@@ -166,6 +166,17 @@ def test_static_topology_neighbor_allreduce(generator, weighted, rank, size):
     np.testing.assert_allclose(got32, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("generator", sorted(GENERATORS))
+def test_average_consensus_reaches_the_exact_mean(generator, rank, size):
+    """Repeated neighbor_allreduce with a generator's weights converges to the mean of the
+    ranks' starting values, not to a weighted mean (the weights are doubly stochastic)."""
+    bf.set_topology(GENERATORS[generator](size), is_weighted=True)
+    x = tf.constant(rank_values(SHAPE, rank))
+    for k in range(150):
+        x = bf.neighbor_allreduce(x, name=f"topo.consensus.{generator}.{k % 2}")
+    np.testing.assert_allclose(x.numpy(), all_values(size).mean(axis=0), rtol=0, atol=1e-9)
+
+
 def test_explicit_self_weight_with_topology_neighbors(rank, size):
     """self_weight alone overrides only the self weight; the topology gives the rest."""
     x = rank_values(SHAPE, rank)
