@@ -14,7 +14,7 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress \
+.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
 	bench clean sdist test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
@@ -92,6 +92,11 @@ sanitize-ci: $(VENV)/.deps-stamp
 # The long randomized run (10,000 collectives on 3 ranks, every result checked).
 stress: build
 	timeout 1800 $(MPIRUN) -np 3 $(PY) tests/stress/stress_collectives.py --count 10000
+
+# Five minutes of process sets, windows and elastic commits cycled on 3 ranks, with memory,
+# descriptors, threads and state files checked (tests/stress/soak_state.py).
+soak: build
+	timeout 600 $(MPIRUN) -np 3 $(PY) tests/stress/soak_state.py --seconds 300
 
 bench: build cpp-build
 	$(PY) bench/run.py

@@ -38,3 +38,24 @@ def test_stress_short(tmp_path):
     assert summary["mismatches"] == 0 and summary["errors"] == 0, result.tail()
     assert summary["ok"], summary
     assert result.returncode == 0, result.tail()
+
+
+SOAK_S = float(os.environ.get("BLUEFOG_SOAK_SECONDS", "45"))
+
+
+@pytest.mark.timeout(SOAK_S + 240)
+def test_soak_state_short(tmp_path):
+    """tests/stress/soak_state.py for SOAK_S seconds at 3 ranks (make soak: 300 s): process
+    sets, windows and elastic commits cycled, memory, descriptors, threads and state files
+    checked against the warm-up."""
+    summary_file = tmp_path / "soak.json"
+    cmd = mpirun_prefix(3) + [PYTHON, "tests/stress/soak_state.py", "--seconds", str(SOAK_S),
+                              "--json", str(summary_file)]
+    result = run_job(cmd, timeout=SOAK_S + 180)
+    assert not result.timed_out, f"the soak hung:\n{result.tail()}"
+    assert summary_file.exists(), f"no summary; the soak failed:\n{result.tail()}"
+    summary = json.loads(summary_file.read_text())
+    print("soak summary:", json.dumps(summary))
+    assert summary["ok"] and summary["problems_all_ranks"] == 0, result.tail()
+    assert summary["cycles"] > 50, summary
+    assert result.returncode == 0, result.tail()
