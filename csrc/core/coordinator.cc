@@ -230,8 +230,8 @@ void Coordinator::Announce(int rank, const TensorMeta& meta, std::string data) {
 Response Coordinator::Complete(Entry& entry) const {
   Response response;
   if (entry.count < size_) {
-    // Stand in for the joined ranks: an allreduce runs with their zeros, an allgather with
-    // their zero rows; any other op cannot run while a rank has stopped submitting.
+    // Stand in for the joined ranks: an allreduce runs with their identity of the reduction, an
+    // allgather with their zero rows; any other op cannot run while a rank has stopped submitting.
     const TensorMeta* present = nullptr;
     for (const auto& m : entry.metas)
       if (m && !present) present = &*m;

@@ -31,7 +31,8 @@ struct Response {
   // bytes without a collective. Empty otherwise, and always when a rank had joined.
   std::vector<std::string> inline_data;
   // Ranks that had joined (bf.join()) instead of announcing: the coordinator stood in for them
-  // (allreduce: their meta, to be run with zeros; allgather: zero rows). Ascending.
+  // (allreduce: their meta, to be run with the reduction's identity; allgather: zero rows).
+  // Ascending.
   std::vector<int> joined;
   // join: the last rank to join.
   int last_joined = -1;

@@ -40,7 +40,7 @@ enum class OpType : uint8_t {
   // (ReducescatterRows).
   kReducescatter,
   // bf.join(): this rank has no more data. Until every rank has joined, it takes part in the
-  // other ranks' allreduces (with zeros) and allgathers (with no rows).
+  // other ranks' allreduces (with the identity of the reduction) and allgathers (with no rows).
   kJoin,
   // Registering and removing a process set (send_ranks: its ranks, or {id} to remove). Agreed
   // on the global channel like a collective, so every rank does it at the same point.

@@ -39,6 +39,13 @@ Request* Executor::RequestFor(const Response& response) {
   if (zeros_.size() < bytes) zeros_.resize(bytes, 0);
   if (dropped_.size() < bytes) dropped_.resize(bytes);
   r.input = zeros_.data();
+  if (r.meta.op == OpType::kAllreduce && r.meta.reduce_op != ReduceOp::kSum) {
+    // Zeros would be taken as values by min, max and product: the reduction's identity leaves
+    // the others' result as it is.
+    std::vector<char>& identity = identities_.emplace_back(bytes);
+    FillIdentity(identity.data(), r.meta.NumElements(), r.meta.dtype, r.meta.reduce_op);
+    r.input = identity.data();
+  }
   r.output = dropped_.data();
   r.allocate_output = [this](const std::vector<int64_t>& shape) -> void* {
     int64_t n = 1;
@@ -53,6 +60,7 @@ Request* Executor::RequestFor(const Response& response) {
 size_t Executor::Execute(std::vector<Response>& ready) {
   size_t collectives = 0;
   stand_ins_.clear();
+  identities_.clear();
   auto carries_data = [](const Response& r) { return r.status.ok() && !r.inline_data.empty(); };
   if (std::any_of(ready.begin(), ready.end(), carries_data)) {
     for (const Response& r : ready) {

@@ -1,7 +1,7 @@
 """bf.join(): ranks with different numbers of batches finish without a hang, the joined ranks
-contribute zeros to the others' allreduces (and no rows to allgathers), and after a broadcast
-from the last rank to join (which ran every step) the weights are identical on every rank and
-equal to a closed-form (or numpy-simulated) result.
+contribute the identity of the reduction to the others' allreduces (and no rows to
+allgathers), and after a broadcast from the last rank to join (which ran every step) the
+weights are identical on every rank and equal to a closed-form (or numpy-simulated) result.
 """
 
 import numpy as np
@@ -102,3 +102,30 @@ def test_only_allreduce_and_allgather_run_while_a_rank_has_joined(rank, size):
             bf.broadcast(tf.ones([2]), root_rank=1, name="join.bcast")
     # Rank 0 joined first, so the last to join is another rank.
     assert int(bf.join()) != 0
+
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64])
+def test_joined_ranks_contribute_the_identity_of_the_reduction(dtype, rank, size):
+    """Only the last rank stays active: min, max and product return its values unchanged (a
+    joined rank's zeros would have made them 0), a sum its values, an average its values
+    divided by size() (joined ranks count, as in Horovod)."""
+    last = size - 1
+    if rank == last:
+        tag = np.dtype(dtype).name
+        cases = [(bf.Min, [5, 1], [5, 1]), (bf.Max, [-5, -1], [-5, -1]),
+                 (bf.Product, [5, -3], [5, -3]), (bf.Sum, [4, -2], [4, -2])]
+        for op, values, want in cases:
+            out = bf.allreduce(tf.constant(values, dtype=dtype), op=op,
+                               name=f"join.identity.{tag}.{op}")
+            np.testing.assert_array_equal(out.numpy(), np.array(want, dtype=dtype))
+        if np.issubdtype(dtype, np.floating):
+            out = bf.allreduce(tf.constant([4 * size, -2 * size], dtype=dtype), op=bf.Average,
+                               name=f"join.identity.{tag}.avg")
+            np.testing.assert_array_equal(out.numpy(), np.array([4, -2], dtype=dtype))
+        # Fused: several reductions of one round, each with its own identity.
+        outs = bf.grouped_allreduce([tf.constant([7, -7], dtype=dtype)] * 3, op=bf.Max,
+                                    name=f"join.identity.{tag}.grouped")
+        for out in outs:
+            np.testing.assert_array_equal(out.numpy(), np.array([7, -7], dtype=dtype))
+    assert int(bf.join()) == last
