@@ -161,3 +161,16 @@ def test_removed_set_refuses_collectives(rank, size):
     assert bf.remove_process_set(ps) is False
     with pytest.raises(ValueError, match="not registered"):
         bf.allreduce(tf.ones([1]), name="ps.removed", process_set=ps)
+
+
+@pytest.mark.parametrize("bad", [[0.7], [0, "1"], "01", [True], [0, 1.0], 0])
+def test_ranks_must_be_integers(bad, rank, size):
+    """A float or a string would be truncated or parsed into some other rank: only Python and
+    numpy integers are ranks."""
+    with pytest.raises(TypeError, match=f"rank {rank}: .*ranks must be .*integers"):
+        bf.ProcessSet(bad)
+    with pytest.raises(TypeError, match="integers"):
+        bf.add_process_set(bad)
+    ps = bf.add_process_set(np.arange(size, dtype=np.int64)[::-1])
+    assert ps.ranks == list(range(size)) and all(type(r) is int for r in ps.ranks)
+    bf.remove_process_set(ps)
