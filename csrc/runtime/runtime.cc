@@ -231,13 +231,15 @@ int Runtime::AddProcessSet(const std::vector<int>& ranks) {
              "(bf.mpi_threads_supported() is False); use an MPI built with thread support");
   std::vector<int32_t> sorted(ranks.begin(), ranks.end());
   std::sort(sorted.begin(), sorted.end());
-  return RunSetRequest(OpType::kAddProcessSet, Concat("bluefog.add_process_set.", add_calls_++),
-                       std::move(sorted));
+  std::lock_guard<std::mutex> one_at_a_time(add_mutex_);
+  return RunSetRequest(OpType::kAddProcessSet,
+                       Concat("bluefog.add_process_set.", adds_agreed_.load()), std::move(sorted));
 }
 
 void Runtime::RemoveProcessSet(int id) {
-  RunSetRequest(OpType::kRemoveProcessSet, Concat("bluefog.remove_process_set.", remove_calls_++),
-                {id});
+  std::lock_guard<std::mutex> one_at_a_time(remove_mutex_);
+  RunSetRequest(OpType::kRemoveProcessSet,
+                Concat("bluefog.remove_process_set.", removes_agreed_.load()), {id});
 }
 
 int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
@@ -260,6 +262,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     return 0;
   }
   if (response.meta.op == OpType::kAddProcessSet) {
+    ++adds_agreed_;  // first: whatever follows, every rank agreed on this name
     ProcessSet set;
     set.ranks.assign(list.begin(), list.end());
     int id;
@@ -282,6 +285,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     sets_.emplace(id, std::move(set));
     return id;
   }
+  ++removes_agreed_;
   const int id = list.empty() ? -1 : list[0];
   ProcessSet set;
   {

@@ -116,8 +116,14 @@ class Runtime {
   std::mutex sets_mutex_;  // guards sets_ and next_set_id_
   std::map<int, ProcessSet> sets_;
   int next_set_id_ = 1;
-  std::atomic<int> add_calls_{0};
-  std::atomic<int> remove_calls_{0};
+  // The registrations and removals every rank agreed on so far: they name the next request, so
+  // they advance only in OnRuntimeOp, at the same point on every rank (a call that failed, on
+  // some ranks only, must not shift one rank's names). One call of each kind at a time per
+  // rank, so that concurrent calls do not take the same name.
+  std::atomic<int> adds_agreed_{0};
+  std::atomic<int> removes_agreed_{0};
+  std::mutex add_mutex_;
+  std::mutex remove_mutex_;
 };
 
 }  // namespace bluefog

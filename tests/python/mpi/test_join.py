@@ -129,3 +129,23 @@ def test_joined_ranks_contribute_the_identity_of_the_reduction(dtype, rank, size
         for out in outs:
             np.testing.assert_array_equal(out.numpy(), np.array([7, -7], dtype=dtype))
     assert int(bf.join()) == last
+
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+def test_registration_that_failed_while_a_rank_had_joined_does_not_shift_names(rank, size):
+    """add_process_set and remove_process_set fail while rank 0 has joined; afterwards every
+    rank's next registration and removal still meet (none waits for a name another rank moved
+    past)."""
+    from bluefog.common.basics import BluefogError
+
+    kept = bf.add_process_set(list(range(size)))
+    if rank != 0:
+        with pytest.raises(BluefogError, match=r"rank\(s\) \[0\] have called join"):
+            bf.add_process_set([0, 1])
+        with pytest.raises(BluefogError, match=r"rank\(s\) \[0\] have called join"):
+            bf.remove_process_set(kept)
+    assert int(bf.join()) != 0
+    ps = bf.add_process_set([0, 1])
+    assert bf.remove_process_set(ps) is True
+    assert bf.remove_process_set(kept) is True
+
