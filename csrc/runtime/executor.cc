@@ -82,7 +82,9 @@ size_t Executor::Execute(std::vector<Response>& ready) {
     const size_t n = g.end - g.begin;
     const Response& r = group[0];
     if (!r.status.ok()) {
-      requests_->Finish(r.meta.name, r.status);
+      if (r.only_ranks.empty() ||
+          std::binary_search(r.only_ranks.begin(), r.only_ranks.end(), info_.rank))
+        requests_->Finish(r.meta.name, r.status);
       continue;
     }
     ++collectives;

@@ -149,11 +149,28 @@ Status Runtime::Enqueue(Request request, bool drive) {
   if (!started_)
     return OpError(StatusCode::kPrecondition, meta.op, meta.name,
                    "bluefog is not initialized; call bf.init() first");
-  if (request.process_set == 0) return world_->Enqueue(std::move(request), drive);
+  if (request.process_set == 0) {
+    if (meta.op != OpType::kJoin) return world_->Enqueue(std::move(request), drive);
+    const std::string name = meta.name;
+    Status queued = world_->Enqueue(std::move(request), drive);
+    if (queued.ok()) {
+      std::lock_guard<std::mutex> lock(sets_mutex_);
+      JoinSetsLocked(name);
+    }
+    return queued;
+  }
 
   std::lock_guard<std::mutex> lock(sets_mutex_);
+  Status refused;
+  Channel* channel = SetChannelLocked(request, &refused);
+  return channel ? channel->Enqueue(std::move(request)) : refused;
+}
+
+Channel* Runtime::SetChannelLocked(Request& request, Status* status) {
+  const TensorMeta& meta = request.meta;
   auto invalid_in_set = [&](const std::string& what) {
-    return WithRank(info_.rank, OpError(StatusCode::kInvalidArgument, meta.op, meta.name, what));
+    *status = WithRank(info_.rank, OpError(StatusCode::kInvalidArgument, meta.op, meta.name, what));
+    return nullptr;
   };
   auto it = sets_.find(request.process_set);
   if (it == sets_.end())
@@ -175,7 +192,41 @@ Status Runtime::Enqueue(Request request, bool drive) {
                                    request.process_set, " (ranks ", RanksText(set.ranks), ")"));
     request.meta.root_rank = static_cast<int32_t>(root - set.ranks.begin());
   }
-  return set.channel->Enqueue(std::move(request));
+  return set.channel.get();
+}
+
+Status Runtime::EnqueueGroup(std::vector<Request> requests) {
+  if (requests.empty()) return Status::Ok();
+  for (const Request& request : requests) {
+    Status invalid = ValidateRequest(request);
+    if (!invalid.ok()) return WithRank(info_.rank, invalid);
+  }
+  const TensorMeta& meta = requests[0].meta;
+  if (!started_)
+    return OpError(StatusCode::kPrecondition, meta.op, meta.name,
+                   "bluefog is not initialized; call bf.init() first");
+  if (requests[0].process_set == 0) return world_->EnqueueGroup(std::move(requests));
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  Status refused;
+  Channel* channel = nullptr;
+  for (Request& request : requests)
+    if (!(channel = SetChannelLocked(request, &refused))) return refused;
+  return channel->EnqueueGroup(std::move(requests));
+}
+
+void Runtime::JoinSetsLocked(const std::string& name) {
+  for (auto& [id, set] : sets_) {
+    if (!set.channel) continue;
+    Request marker;
+    marker.meta.name = name;
+    marker.meta.op = OpType::kJoin;
+    marker.meta.dtype = DataType::kInt32;
+    // Completes once every member has joined (or fails when the set is removed): nothing waits
+    // for it.
+    marker.done = [](const Status&) {};
+    Status s = set.channel->Enqueue(std::move(marker));
+    if (!s.ok()) BF_LOG(LogLevel::kWarning, "process set ", id, ": ", s.message());
+  }
 }
 
 bool Runtime::SetLayout(int id, int* rank, int* size) {

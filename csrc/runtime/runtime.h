@@ -57,6 +57,9 @@ class Runtime {
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the
   // global set only; a process set's channel may be removed while a caller would drive it).
   Status Enqueue(Request request, bool drive = false);
+  // The requests of one grouped op (one process set, one op): validated, then queued together
+  // (Channel::EnqueueGroup). All or none are queued; none is driven.
+  Status EnqueueGroup(std::vector<Request> requests);
   // Enqueue, then waits for the request to finish (its `done` is this function's): the status
   // of either.
   Status EnqueueAndWait(Request request, bool drive = false);
@@ -97,6 +100,13 @@ class Runtime {
   int OnRuntimeOp(const Response& response, const Request* mine);
   // Runs a registration or removal request on the global channel and waits for it.
   int RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks);
+  // The channel of the request's process set, under sets_mutex_, after the set's checks (a
+  // broadcast's root becomes the set's rank); null with the reason in *status.
+  Channel* SetChannelLocked(Request& request, Status* status);
+  // After this rank's join was queued on the global channel: tells the channel of every set
+  // this rank belongs to, so that the set's collectives fail on every member instead of waiting
+  // for this rank (join() stands in for the global set only). Under sets_mutex_.
+  void JoinSetsLocked(const std::string& name);
 
   Config config_;
   TransportInfo info_;

@@ -149,3 +149,25 @@ def test_registration_that_failed_while_a_rank_had_joined_does_not_shift_names(r
     assert bf.remove_process_set(ps) is True
     assert bf.remove_process_set(kept) is True
 
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+def test_process_set_collectives_fail_on_every_member_while_one_has_joined(rank, size):
+    """join() stands in for the global set only (as in Horovod): a set's collective that waits
+    for a joined member fails on every member that submitted it, naming the joined rank,
+    instead of waiting forever. After the join the set works again."""
+    ps = bf.add_process_set(list(range(size)))
+    if rank != 0:
+        for call in (lambda: bf.allreduce(tf.ones([2]), name="join.ps.ar", process_set=ps),
+                     lambda: bf.allgather(tf.ones([1, 2]), name="join.ps.ag", process_set=ps),
+                     lambda: bf.broadcast(tf.ones([2]), root_rank=1, name="join.ps.bc",
+                                          process_set=ps)):
+            with pytest.raises(tf.errors.FailedPreconditionError,
+                               match=rf"rank {rank}: .*rank\(s\) \[0\] of this process set "
+                                     r"have called join\(\)"):
+                call()
+    assert int(bf.join()) != 0
+    for t in range(3):  # the set's join has ended on every member: its collectives wait again
+        out = bf.allreduce(tf.constant([float(rank)]), average=False, name=f"join.ps.after.{t}",
+                           process_set=ps)
+        np.testing.assert_allclose(out.numpy(), [size * (size - 1) / 2])
+    bf.remove_process_set(ps)
