@@ -319,7 +319,12 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     int id;
     {
       std::lock_guard<std::mutex> lock(sets_mutex_);
-      id = next_set_id_++;
+      auto old = removed_ids_.find(set.ranks);
+      if (old != removed_ids_.end() && !sets_.count(old->second)) {
+        id = old->second;
+      } else {
+        id = next_set_id_++;
+      }
     }
     auto me = std::find(set.ranks.begin(), set.ranks.end(), info_.rank);
     if (me != set.ranks.end()) {
@@ -346,6 +351,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
                " is not registered (the global set, 0, cannot be removed)");
     set = std::move(it->second);
     sets_.erase(it);
+    removed_ids_[set.ranks] = id;
   }
   if (set.channel) {
     set.channel->RequestStop(Concat("process set ", id, " was removed"));

@@ -123,9 +123,15 @@ class Runtime {
     std::unique_ptr<Communicator> transport;  // members only
     std::unique_ptr<Channel> channel;         // members only
   };
-  std::mutex sets_mutex_;  // guards sets_ and next_set_id_
+  std::mutex sets_mutex_;  // guards sets_, next_set_id_ and removed_ids_
   std::map<int, ProcessSet> sets_;
   int next_set_id_ = 1;
+  // The id each removed set had, by its ranks: a set registered again with the same ranks takes
+  // its old id back (when free). The id is an attribute of the TensorFlow ops, and TensorFlow
+  // keeps one eager kernel per attribute value for good (about 35 KB each): fresh ids for a
+  // loop of add, collective, remove grew the process without bound. An op traced for the old
+  // set that runs on the new one runs on the same ranks.
+  std::map<std::vector<int>, int> removed_ids_;
   // The registrations and removals every rank agreed on so far: they name the next request, so
   // they advance only in OnRuntimeOp, at the same point on every rank (a call that failed, on
   // some ranks only, must not shift one rank's names). One call of each kind at a time per
