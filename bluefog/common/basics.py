@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import numbers
 import os
 import sys
 import threading
@@ -210,16 +211,28 @@ def process_set_ranks(set_id: int) -> List[int]:
 # process_sets.py, the two modules would import each other.
 
 
+def _integer_ranks(ranks) -> List[int]:
+    """``ranks`` as Python ints; only Python and numpy integers are ranks (a float or a string
+    would be truncated or parsed into some other rank, and a bool is no rank)."""
+    where = f"rank {rank()}: " if is_initialized() else ""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise TypeError(f"{where}bluefog ProcessSet: ranks must be a sequence of integers, got "
+                        f"{ranks!r}; pass e.g. [0, 1]")
+    values = []
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+            raise TypeError(f"{where}bluefog ProcessSet: ranks must be integers (Python int or "
+                            f"numpy integer), got {r!r} ({type(r).__name__}) in {ranks!r}; "
+                            "pass e.g. [0, 1]")
+        values.append(int(r))
+    return values
+
+
 class ProcessSet:
     """A set of ranks. ``process_set_id`` is None until the set is registered."""
 
     def __init__(self, ranks: Sequence[int]):
-        try:
-            values = [int(r) for r in ranks]
-        except (TypeError, ValueError):
-            raise TypeError(f"bluefog ProcessSet: ranks must be a sequence of ints, got "
-                            f"{ranks!r}") from None
-        self.ranks: List[int] = sorted(set(values))
+        self.ranks: List[int] = sorted(set(_integer_ranks(ranks)))
         self.process_set_id: Optional[int] = None
 
     def size(self) -> Optional[int]:

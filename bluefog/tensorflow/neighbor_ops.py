@@ -9,6 +9,7 @@ change every call. Inside a tf.function they are fixed when the function is trac
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterable, Optional, Union
 
 import tensorflow as tf
@@ -36,10 +37,14 @@ def _ranks(values: Iterable, what: str, name: str) -> list:
 
 def _weight(value, what: str, name: str) -> float:
     try:
-        return float(value)
+        weight = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{op_error_prefix('neighbor op', name)}: {what} must be a number, "
                         f"got {value!r}") from None
+    if not math.isfinite(weight):
+        raise ValueError(f"{op_error_prefix('neighbor op', name)}: {what} is {weight}; weights "
+                         "must be finite numbers")
+    return weight
 
 
 def _weights(mapping, what: str, name: str) -> Dict[int, float]:

@@ -54,7 +54,8 @@ _name_counters: dict = {}
 def request_name(op: str, name: Optional[str]) -> str:
     """The name every rank uses to match this request of ``op``.
 
-    A given ``name`` must be a non-empty str (ValueError otherwise) and is returned as is.
+    A given ``name`` must be a non-empty str without NUL characters (ValueError otherwise) and
+    is returned as is.
     Without a name, the n-th unnamed call of ``op`` in this process is called "op.noname.n": it
     matches across ranks as long as every rank issues its unnamed collectives in one order.
     """
@@ -62,6 +63,10 @@ def request_name(op: str, name: Optional[str]) -> str:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{op_rules.op_error_prefix(op)}: name must be a non-empty str or "
                              f"None, got {name!r}")
+        if "\0" in name:
+            shown = name.replace("\0", "\\0")
+            raise ValueError(f"{op_rules.op_error_prefix(op, shown)}: the name contains a NUL "
+                             "character, where a C string would end; pass a name without \\0")
         return name
     with _lock:
         n = _name_counters.get(op, 0)

@@ -192,11 +192,33 @@ def grouped_allgather(tensors: Sequence, name: Optional[str] = None,
     """``[allgather(t) for t in tensors]``, named ``name.0`` ... ``name.N-1``.
 
     Every rank must pass the same number of tensors, in the same order; as for ``allgather``,
-    dimension 0 may differ between ranks.
+    dimension 0 may differ between ranks. Ranks that pass different numbers of tensors get an
+    error on every rank (``tf.errors.FailedPreconditionError`` eagerly,
+    ``tf.errors.InvalidArgumentError`` in a graph), from one small allgather of the counts that
+    runs first.
     """
     name = request_name("grouped_allgather", name)
+    what = op_error_prefix("grouped_allgather", name, of_tensor=False)
     if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"{op_error_prefix('grouped_allgather', name, of_tensor=False)}: tensors "
-                        f"must be a list or tuple of tensors, got {type(tensors).__name__}")
-    return [allgather(t, name=f"{name}.{i}", process_set=process_set)
-            for i, t in enumerate(tensors)]
+        raise TypeError(f"{what}: tensors must be a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
+    n = len(tensors)
+    # Separate requests: with different counts, some ranks would wait for names the others never
+    # send. The counts' allgather (small enough to ride in the negotiation round) comes first.
+    counts = allgather(tf.constant([n], tf.int32), name=f"{name}.count", process_set=process_set)
+    advice = "Pass the same number of tensors to grouped_allgather on every rank."
+    if tf.executing_eagerly():
+        counts = counts.numpy().tolist()
+        if any(c != n for c in counts):
+            ranks = getattr(process_set, "ranks", None) or list(range(basics.size()))
+            listed = ", ".join(f"rank {r} has {c}" for r, c in zip(ranks, counts))
+            raise tf.errors.FailedPreconditionError(
+                None, None, f"{what}: ranks disagree on the number of tensors: {listed}. {advice}")
+        return [allgather(t, name=f"{name}.{i}", process_set=process_set)
+                for i, t in enumerate(tensors)]
+    agreed = tf.debugging.assert_equal(
+        counts, n, message=f"{what}: ranks disagree on the number of tensors (each rank's count "
+                           f"follows; this rank has {n}). {advice}")
+    with tf.control_dependencies([agreed]):
+        return [allgather(tf.identity(t), name=f"{name}.{i}", process_set=process_set)
+                for i, t in enumerate(tensors)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
 from typing import Dict, List, Optional, Union
 
@@ -108,11 +109,7 @@ def _ranks_weights(op: str, name: str, weights, allowed: List[int], what: str, d
                              f"neighbors: {allowed}); a window keeps the topology it was "
                              "created with")
         ranks.append(r)
-        try:
-            values.append(float(weights[r]))
-        except (TypeError, ValueError):
-            raise TypeError(f"{_prefix(op, name)}: {what}[{r}] must be a number, got "
-                            f"{weights[r]!r}") from None
+        values.append(_float(op, name, weights[r], f"{what}[{r}]"))
     return ranks, values
 
 
@@ -120,9 +117,13 @@ def _float(op: str, name: str, value, what: str) -> float:
     if isinstance(value, bool):
         raise TypeError(f"{_prefix(op, name)}: {what} must be a number, got {value!r}")
     try:
-        return float(value)
+        weight = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{_prefix(op, name)}: {what} must be a number, got {value!r}") from None
+    if not math.isfinite(weight):
+        raise ValueError(f"{_prefix(op, name)}: {what} is {weight}; weights must be finite "
+                         "numbers")
+    return weight
 
 
 def _check_tensor(op: str, name: str, tensor, window: Optional[_Window] = None):

@@ -53,6 +53,14 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
                   "Every rank must call the same collective for the same name.");
   }
   for (const auto& m : metas) {
+    if (m->group_size != m0.group_size)
+      return fail("number of tensors in the group",
+                  DescribeDifference(
+                      metas, [](const TensorMeta& x) { return std::to_string(x.group_size); }),
+                  "Pass the same number of tensors (of each dtype) to the grouped op on every "
+                  "rank.");
+  }
+  for (const auto& m : metas) {
     if (m->dtype != m0.dtype)
       return fail(
           "dtype",
@@ -171,7 +179,8 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
   return Status::Ok();
 }
 
-Coordinator::Coordinator(int size) : size_(size), joined_(size, false) {}
+Coordinator::Coordinator(int size, std::vector<int> world_ranks)
+    : size_(size), world_ranks_(std::move(world_ranks)), joined_(size, false) {}
 
 bool Coordinator::OnlyJoinedMissing(const Entry& entry) const {
   if (num_joined_ == 0) return false;
@@ -188,7 +197,7 @@ void Coordinator::CompleteForJoined() {
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     auto it = table_.find(name);
-    ready_.push_back(Complete(it->second));
+    PushReady(it->second);
     table_.erase(it);
   }
 }
@@ -212,7 +221,7 @@ void Coordinator::Announce(int rank, const TensorMeta& meta, std::string data) {
     last_joined_ = rank;
   }
   if (++entry.count == size_) {
-    ready_.push_back(Complete(entry));
+    PushReady(entry);
     table_.erase(meta.name);
     if (meta.op == OpType::kJoin) {  // every rank has joined: the join is over
       std::fill(joined_.begin(), joined_.end(), false);
@@ -222,7 +231,7 @@ void Coordinator::Announce(int rank, const TensorMeta& meta, std::string data) {
   } else if (meta.op == OpType::kJoin) {
     CompleteForJoined();
   } else if (OnlyJoinedMissing(entry)) {
-    ready_.push_back(Complete(entry));
+    PushReady(entry);
     table_.erase(meta.name);
   }
 }
@@ -230,19 +239,35 @@ void Coordinator::Announce(int rank, const TensorMeta& meta, std::string data) {
 Response Coordinator::Complete(Entry& entry) const {
   Response response;
   if (entry.count < size_) {
-    // Stand in for the joined ranks: an allreduce runs with their zeros, an allgather with
-    // their zero rows; any other op cannot run while a rank has stopped submitting.
+    // Stand in for the joined ranks: an allreduce runs with their identity of the reduction, an
+    // allgather with their zero rows; any other op cannot run while a rank has stopped submitting.
     const TensorMeta* present = nullptr;
     for (const auto& m : entry.metas)
       if (m && !present) present = &*m;
     for (int r = 0; r < size_; ++r) {
-      if (entry.metas[r]) continue;
+      if (entry.metas[r]) {
+        response.only_ranks.push_back(r);
+        continue;
+      }
       response.joined.push_back(r);
       TensorMeta stand_in = *present;
       if (HasPerRankFirstDim(stand_in.op) && !stand_in.shape.empty()) stand_in.shape[0] = 0;
       entry.metas[r] = std::move(stand_in);
     }
     const OpType op = present->op;
+    if (!world_ranks_.empty()) {
+      std::vector<int32_t> joined;
+      for (int r : response.joined) joined.push_back(world_ranks_[r]);
+      response.meta = *present;
+      response.status = OpError(
+          StatusCode::kPrecondition, op, present->name,
+          Concat("rank(s) ", RanksString(joined),
+                 " of this process set have called join(), which stands in only for the global "
+                 "set's allreduces and allgathers: a process set's collectives cannot run while "
+                 "a member has joined. Call them on every member of the set before join()"));
+      response.joined.clear();
+      return response;
+    }
     if (op != OpType::kAllreduce && op != OpType::kAllgather) {
       response.meta = *present;
       response.status = OpError(
@@ -255,6 +280,7 @@ Response Coordinator::Complete(Entry& entry) const {
       return response;
     }
   }
+  response.only_ranks.clear();  // it runs: every rank takes part
   response.meta = *entry.metas[0];
   if (response.meta.op == OpType::kJoin) response.last_joined = last_joined_;
   response.status = CheckAgreement(entry.metas);
@@ -298,7 +324,69 @@ Response Coordinator::Complete(Entry& entry) const {
   return response;
 }
 
+void Coordinator::PushReady(Entry& entry) {
+  ready_.push_back(Complete(entry));
+  const Response& r = ready_.back();
+  if (r.status.ok() || r.meta.group_size == 0) return;
+  int32_t min_size = r.meta.group_size, max_size = r.meta.group_size;
+  for (const auto& m : entry.metas) {
+    if (!m) continue;
+    min_size = std::min(min_size, m->group_size);
+    max_size = std::max(max_size, m->group_size);
+  }
+  std::string base;
+  int64_t index = 0;
+  if (min_size == max_size || !GroupBase(r.meta.name, &base, &index)) return;
+  for (const GroupFailure& f : group_failures_)
+    if (f.base == base) return;
+  group_failures_.push_back(
+      {base, min_size,
+       Concat("ranks disagree on the number of tensors in the group '", base, "': ",
+              DescribeDifference(entry.metas,
+                                 [](const TensorMeta& x) { return std::to_string(x.group_size); }),
+              ". Pass the same number of tensors (of each dtype) to the grouped op on every "
+              "rank.")});
+}
+
+void Coordinator::FailGroupLeftovers() {
+  if (group_failures_.empty()) return;
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : table_) {
+    std::string base;
+    int64_t index = 0;
+    if (!GroupBase(name, &base, &index)) continue;
+    for (const GroupFailure& f : group_failures_) {
+      if (f.base != base || index < f.min_size) continue;
+      // Only tensors of the failed groups: every rank that announced it did so in a group.
+      bool grouped = true;
+      for (const auto& m : entry.metas) grouped = grouped && (!m || m->group_size > f.min_size);
+      if (grouped) names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());  // one order on every rank
+  for (const std::string& name : names) {
+    auto it = table_.find(name);
+    const TensorMeta* present = nullptr;
+    for (const auto& m : it->second.metas)
+      if (m && !present) present = &*m;
+    std::string base;
+    int64_t index = 0;
+    GroupBase(name, &base, &index);
+    Response response;
+    response.meta = *present;
+    for (int r = 0; r < size_; ++r)
+      if (it->second.metas[r]) response.only_ranks.push_back(r);
+    for (const GroupFailure& f : group_failures_)
+      if (f.base == base)
+        response.status = OpError(StatusCode::kPrecondition, present->op, name, f.detail);
+    ready_.push_back(std::move(response));
+    table_.erase(it);
+  }
+  group_failures_.clear();
+}
+
 std::vector<Response> Coordinator::TakeReady() {
+  FailGroupLeftovers();
   std::vector<Response> out;
   out.swap(ready_);
   return out;

@@ -31,10 +31,15 @@ struct Response {
   // bytes without a collective. Empty otherwise, and always when a rank had joined.
   std::vector<std::string> inline_data;
   // Ranks that had joined (bf.join()) instead of announcing: the coordinator stood in for them
-  // (allreduce: their meta, to be run with zeros; allgather: zero rows). Ascending.
+  // (allreduce: their meta, to be run with the reduction's identity; allgather: zero rows).
+  // Ascending.
   std::vector<int> joined;
   // join: the last rank to join.
   int last_joined = -1;
+  // A failure that only some ranks announced (the others had joined, or sent a smaller group):
+  // those ranks, ascending. The other ranks must leave alone any request of theirs by this
+  // name, which is a later one. Empty: every rank announced it.
+  std::vector<int> only_ranks;
 };
 
 struct WaitingTensor {
@@ -45,7 +50,11 @@ struct WaitingTensor {
 
 class Coordinator {
  public:
-  explicit Coordinator(int size);
+  // `world_ranks` (empty for the global set): a process set's job-wide ranks, by index. A
+  // process set's coordinator does not stand in for joined ranks: join() covers the global
+  // set's collectives only, so a set's request that lacks only joined members fails on every
+  // member that submitted it.
+  explicit Coordinator(int size, std::vector<int> world_ranks = {});
 
   // Records that `rank` submitted `meta`, with its data when the rank sent it in the round
   // (empty: none). Throws kInternal if that rank already has the name pending (the runtime
@@ -65,18 +74,30 @@ class Coordinator {
     int data_count = 0;
   };
   Response Complete(Entry& entry) const;
+  // Completes `entry` into ready_ (the caller erases it). A grouped request whose ranks
+  // disagree on the group's size also fails, at the end of the round, the group's tensors that
+  // only the ranks with the larger groups announced (FailGroupLeftovers): no rank waits for them.
+  void PushReady(Entry& entry);
+  void FailGroupLeftovers();
   // Whether every rank that has not announced `entry` has joined.
   bool OnlyJoinedMissing(const Entry& entry) const;
   // Completes, in name order, the entries that now lack only joined ranks.
   void CompleteForJoined();
 
   int size_;
+  std::vector<int> world_ranks_;  // process sets only
   std::unordered_map<std::string, Entry> table_;
   std::vector<Response> ready_;
   // Ranks that have joined and are waiting for the others to join.
   std::vector<bool> joined_;
   int num_joined_ = 0;
   int last_joined_ = -1;
+  struct GroupFailure {
+    std::string base;
+    int32_t min_size;
+    std::string detail;
+  };
+  std::vector<GroupFailure> group_failures_;  // this round's
 };
 
 // Checks that ranks' metadata agree under the op's rules; returns the error for every rank, or ok.

@@ -53,12 +53,18 @@ std::vector<Group> PlanGroups(std::vector<Response>& ready, const FusionLimits& 
 }
 
 AveragePlan PlanAverage(const std::vector<bool>& average, ReduceOp op, int size,
-                        const std::vector<double>& scale) {
+                        const std::vector<double>& scale, DataType dtype) {
   AveragePlan plan;
+  plan.before.assign(average.size(), 1);
   plan.after.assign(average.size(), 1);
   plan.scale = scale.empty() ? std::vector<double>(average.size(), 1.0) : scale;
   // Only a sum is averaged or scaled (validation refuses the others).
   if (op != ReduceOp::kSum || size <= 1) return plan;
+  if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
+    for (size_t k = 0; k < average.size(); ++k)
+      if (average[k]) plan.before[k] = size;
+    return plan;
+  }
   const bool all = std::all_of(average.begin(), average.end(), [](bool a) { return a; });
   const bool scaled =
       std::any_of(plan.scale.begin(), plan.scale.end(), [](double s) { return s != 1.0; });

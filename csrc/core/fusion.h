@@ -32,14 +32,17 @@ std::vector<Group> PlanGroups(std::vector<Response>& ready, const FusionLimits& 
 // by `collective_divisor` (folded into the last summing pass where it can); request k's slice
 // is then divided by `after[k]` where that is above 1, and multiplied by `scale[k]` where that
 // is not 1. A group that only averages divides once, inside the collective; a mixed or scaled
-// group divides only the averaging requests' slices.
+// group divides only the averaging requests' slices. 16-bit floats divide each rank's input
+// instead, by `before[k]`, ahead of the collective: their partial sums are rounded to 16 bits
+// along the way, and a mean that fits (60000 in float16) would overflow as a sum.
 struct AveragePlan {
   int64_t collective_divisor = 1;
+  std::vector<int64_t> before;
   std::vector<int64_t> after;
   std::vector<double> scale;
 };
 // `scale` is empty (no scaling) or one factor per request.
 AveragePlan PlanAverage(const std::vector<bool>& average, ReduceOp op, int size,
-                        const std::vector<double>& scale = {});
+                        const std::vector<double>& scale = {}, DataType dtype = DataType::kFloat32);
 
 }  // namespace bluefog

@@ -1,6 +1,8 @@
 #include "core/reduce_kernels.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -330,6 +332,45 @@ void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType d
     case ReduceOp::kProduct: return ReduceDispatch<ProductOp>(out, a, b, count, dtype);
   }
   throw BluefogError(StatusCode::kInternal, "unknown reduce op");
+}
+
+namespace {
+
+template <typename T>
+T IdentityOf(ReduceOp op) {
+  using Limits = std::numeric_limits<T>;
+  switch (op) {
+    case ReduceOp::kSum: return T(0);
+    case ReduceOp::kProduct: return T(1);
+    case ReduceOp::kMin: return Limits::has_infinity ? Limits::infinity() : Limits::max();
+    case ReduceOp::kMax: return Limits::has_infinity ? -Limits::infinity() : Limits::lowest();
+  }
+  return T(0);
+}
+
+template <typename T>
+void FillTyped(void* data, int64_t count, T value) {
+  std::fill_n(static_cast<T*>(data), count, value);
+}
+
+}  // namespace
+
+void FillIdentity(void* data, int64_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: return FillTyped(data, count, IdentityOf<uint8_t>(op));
+    case DataType::kInt8: return FillTyped(data, count, IdentityOf<int8_t>(op));
+    case DataType::kUInt16: return FillTyped(data, count, IdentityOf<uint16_t>(op));
+    case DataType::kInt16: return FillTyped(data, count, IdentityOf<int16_t>(op));
+    case DataType::kInt32: return FillTyped(data, count, IdentityOf<int32_t>(op));
+    case DataType::kInt64: return FillTyped(data, count, IdentityOf<int64_t>(op));
+    case DataType::kFloat16: return FillTyped(data, count, FloatToHalf(IdentityOf<float>(op)));
+    case DataType::kBFloat16: return FillTyped(data, count, FloatToBFloat16(IdentityOf<float>(op)));
+    case DataType::kFloat32: return FillTyped(data, count, IdentityOf<float>(op));
+    case DataType::kFloat64: return FillTyped(data, count, IdentityOf<double>(op));
+    case DataType::kBool: break;
+  }
+  throw BluefogError(StatusCode::kInvalidArgument,
+                     Concat(ReduceOpName(op), " is not defined for dtype ", DataTypeName(dtype)));
 }
 
 void ScaleAdd(void* out, const void* in, int64_t count, DataType dtype, double weight,

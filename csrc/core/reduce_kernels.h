@@ -23,6 +23,11 @@ void SumOf(void* out, const void* a, const void* b, int64_t count, DataType dtyp
 // and are rounded once. Floating-point min and max return NaN when either input is NaN.
 // `out` may equal `a`.
 void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op);
+// data[i] = the identity of `op` for `dtype`: what a rank that takes part without a value
+// (a joined rank, bf.join()) contributes so that the others' result is unchanged. 0 for a sum,
+// 1 for a product, the largest value (+inf for floats) for min, the lowest (-inf) for max.
+// Throws kInvalidArgument for dtypes without the reduction (bool).
+void FillIdentity(void* data, int64_t count, DataType dtype, ReduceOp op);
 // data[i] /= divisor. Integers use truncating division, as C++ does.
 void DivideBy(void* data, int64_t count, DataType dtype, int64_t divisor);
 // out[i] = weight * in[i] (+ out[i] when accumulate). Floating-point dtypes only; `in` may

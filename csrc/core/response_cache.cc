@@ -10,7 +10,7 @@ bool SameMeta(const TensorMeta& a, const TensorMeta& b) {
   return a.name == b.name && a.op == b.op && a.dtype == b.dtype && a.root_rank == b.root_rank &&
          a.reduce_op == b.reduce_op && a.average == b.average && a.scale == b.scale &&
          a.shape == b.shape && a.send_ranks == b.send_ranks && a.recv_ranks == b.recv_ranks &&
-         a.input_rows == b.input_rows && a.splits == b.splits;
+         a.input_rows == b.input_rows && a.splits == b.splits && a.group_size == b.group_size;
 }
 
 ResponseCache::ResponseCache(size_t capacity, int size) : capacity_(capacity), size_(size) {}

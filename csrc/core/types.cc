@@ -89,4 +89,17 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
+bool GroupBase(const std::string& name, std::string* base, int64_t* index) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot + 1 == name.size() || name.size() - dot > 10) return false;
+  int64_t i = 0;
+  for (size_t k = dot + 1; k < name.size(); ++k) {
+    if (name[k] < '0' || name[k] > '9') return false;
+    i = i * 10 + (name[k] - '0');
+  }
+  *base = name.substr(0, dot);
+  *index = i;
+  return true;
+}
+
 }  // namespace bluefog

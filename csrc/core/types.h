@@ -40,7 +40,7 @@ enum class OpType : uint8_t {
   // (ReducescatterRows).
   kReducescatter,
   // bf.join(): this rank has no more data. Until every rank has joined, it takes part in the
-  // other ranks' allreduces (with zeros) and allgathers (with no rows).
+  // other ranks' allreduces (with the identity of the reduction) and allgathers (with no rows).
   kJoin,
   // Registering and removing a process set (send_ranks: its ranks, or {id} to remove). Agreed
   // on the global channel like a collective, so every rank does it at the same point.
@@ -95,11 +95,19 @@ struct TensorMeta {
   // ring divides each rank's segment before sending it on).
   bool average = false;
   double scale = 1.0;
+  // allreduce and reducescatter of a grouped op (grouped_allreduce, grouped_reducescatter): how
+  // many tensors this rank's op holds, named BASE.0 .. BASE.(n-1) (GroupBase); 0 outside a
+  // group. Agreed, so that ranks passing different numbers of tensors fail instead of waiting
+  // for tensors that never come.
+  int32_t group_size = 0;
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * ElementSize(dtype); }
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape);
+// The BASE of a grouped request's name BASE.i, and i in *index; false when `name` has no such
+// form.
+bool GroupBase(const std::string& name, std::string* base, int64_t* index);
 
 }  // namespace bluefog

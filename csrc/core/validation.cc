@@ -1,5 +1,7 @@
 #include "core/validation.h"
 
+#include <cmath>
+
 #include "core/op_rules.h"
 
 namespace bluefog {
@@ -33,6 +35,18 @@ Status ValidateNeighbors(const Request& request, int rank, int size) {
     if (!request.send_weights.empty() && request.send_weights.size() != meta.send_ranks.size())
       return Invalid(meta, Concat(request.send_weights.size(), " send weights for ",
                                   meta.send_ranks.size(), " destination ranks"));
+    // A NaN or infinite weight would spread into every neighbour's result.
+    if (!std::isfinite(request.self_weight))
+      return Invalid(
+          meta, Concat("self_weight is ", request.self_weight, "; weights must be finite numbers"));
+    for (const auto* list : {&request.recv_weights, &request.send_weights})
+      for (size_t k = 0; k < list->size(); ++k)
+        if (!std::isfinite((*list)[k]))
+          return Invalid(
+              meta, Concat(list == &request.recv_weights ? "src_weights" : "dst_weights", " has ",
+                           (*list)[k], " for rank ",
+                           (list == &request.recv_weights ? meta.recv_ranks : meta.send_ranks)[k],
+                           "; weights must be finite numbers"));
     return Status::Ok();
   }
   if (NeedsDimensionZero(meta.op) && meta.shape.empty())
@@ -51,6 +65,14 @@ Status ValidateNeighbors(const Request& request, int rank, int size) {
 Status ValidateRequest(const Request& request) {
   const TensorMeta& meta = request.meta;
   if (meta.name.empty()) return Invalid(meta, "the name is empty; pass a non-empty name or None");
+  if (meta.name.find('\0') != std::string::npos) {
+    TensorMeta shown = meta;  // the NUL written out, so that the message stays readable
+    shown.name.clear();
+    for (char c : meta.name) shown.name += c == '\0' ? std::string("\\0") : std::string(1, c);
+    return Invalid(shown,
+                   "the name contains a NUL character, where a C string would end; pass a name "
+                   "without \\0");
+  }
   if (meta.shape.size() > kMaxDims)
     return Invalid(meta, Concat("rank ", meta.shape.size(), " exceeds ", kMaxDims));
   for (int64_t d : meta.shape)

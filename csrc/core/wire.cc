@@ -78,6 +78,7 @@ std::string EncodeRound(const RoundMessage& message) {
     if (m.op == OpType::kAllreduce || m.op == OpType::kReducescatter) {
       Put<uint8_t>(out, m.average ? 1 : 0);
       Put<double>(out, m.scale);
+      Put<int32_t>(out, m.group_size);
     }
     if (m.op == OpType::kAllreduce) Put<uint8_t>(out, static_cast<uint8_t>(m.reduce_op));
   }
@@ -140,6 +141,9 @@ RoundMessage DecodeRound(const char* data, size_t size) {
     if (m.op == OpType::kAllreduce || m.op == OpType::kReducescatter) {
       m.average = in.Get<uint8_t>() != 0;
       m.scale = in.Get<double>();
+      m.group_size = in.Get<int32_t>();
+      BF_ENFORCE(m.group_size >= 0, StatusCode::kInternal,
+                 "malformed negotiation message: group size ", m.group_size);
     }
     if (m.op == OpType::kAllreduce) {
       const int reduce_op = in.Get<uint8_t>();

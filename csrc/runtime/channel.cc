@@ -37,7 +37,7 @@ Channel::Channel(int id, const Config& config, Communicator* transport, const Tr
       info_(info),
       world_ranks_(std::move(world_ranks)),
       timeline_(timeline ? timeline : &no_timeline_),
-      coordinator_(info.size),
+      coordinator_(info.size, id == 0 ? std::vector<int>() : world_ranks_),
       cache_(static_cast<size_t>(config.cache_capacity), info.size),
       executor_(transport, this, timeline_),
       stall_watch_(config.stall_check_seconds, config.stall_shutdown_seconds) {
@@ -70,10 +70,9 @@ void Channel::RequestStop(const std::string& reason) {
   wake_.notify_all();
 }
 
-Status Channel::Enqueue(Request request, bool drive) {
+Status Channel::CheckEnqueueLocked(const Request& request) {
   const TensorMeta& meta = request.meta;
   const int me = WorldRank(info_.rank);
-  std::unique_lock<std::mutex> lock(mutex_);
   if (!running_ || stop_requested_ || ended_) {
     const std::string what =
         id_ == 0 ? Concat("bluefog has been shut down (", stop_reason_,
@@ -87,6 +86,38 @@ Status Channel::Enqueue(Request request, bool drive) {
     return WithRank(me, OpError(StatusCode::kInvalidArgument, meta.op, meta.name,
                                 "a collective with this name is already in flight on this rank; "
                                 "give collectives that may run concurrently distinct names"));
+  return Status::Ok();
+}
+
+Status Channel::EnqueueGroup(std::vector<Request> requests) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t k = 0; k < requests.size(); ++k) {
+      Status s = CheckEnqueueLocked(requests[k]);
+      for (size_t j = 0; j < k && s.ok(); ++j)
+        if (requests[j].meta.name == requests[k].meta.name)
+          s = WithRank(WorldRank(info_.rank),
+                       OpError(StatusCode::kInvalidArgument, requests[k].meta.op,
+                               requests[k].meta.name, "the group names this tensor twice"));
+      if (!s.ok()) return s;
+    }
+    const double now = NowSeconds();
+    for (Request& request : requests) {
+      request.enqueued_at = now;
+      unannounced_.push_back(request.meta);
+      std::string name = request.meta.name;
+      in_flight_.emplace(std::move(name), std::move(request));
+    }
+  }
+  wake_.notify_one();
+  return Status::Ok();
+}
+
+Status Channel::Enqueue(Request request, bool drive) {
+  const TensorMeta& meta = request.meta;
+  std::unique_lock<std::mutex> lock(mutex_);
+  Status refused = CheckEnqueueLocked(request);
+  if (!refused.ok()) return refused;
   request.enqueued_at = NowSeconds();
   // Driven by the caller only when this is the one request of the rank: with others pending,
   // the channel's thread is at work (and may fuse this one with them).
@@ -233,8 +264,14 @@ bool Channel::RunRound(bool* anyone_spoke) {
   std::vector<std::string> fresh_data;  // the bytes of the small ones that may ride along
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    fresh.assign(unannounced_.begin(), unannounced_.end());
-    unannounced_.clear();
+    // A join goes last in its round, what was queued after it waits for the next one: every
+    // rank then takes this rank's other announcements of the round as made before it joined
+    // (the coordinator stands in for joined ranks only in what they did not announce before).
+    auto end = std::find_if(unannounced_.begin(), unannounced_.end(),
+                            [](const TensorMeta& m) { return m.op == OpType::kJoin; });
+    if (end != unannounced_.end()) ++end;
+    fresh.assign(unannounced_.begin(), end);
+    unannounced_.erase(unannounced_.begin(), end);
     mine.shutdown = stop_requested_;
     fresh_data.resize(fresh.size());
     for (size_t k = 0; k < fresh.size(); ++k) {
@@ -246,7 +283,9 @@ bool Channel::RunRound(bool* anyone_spoke) {
   // A request agreed before with this exact metadata goes out as its cache slot's bit.
   std::vector<std::pair<uint32_t, std::string>> cached;
   for (size_t k = 0; k < fresh.size(); ++k) {
-    const int64_t slot = cache_.Find(fresh[k], info_.rank);
+    // A join is announced in full: cache bits are taken before the announcements, and the
+    // join must come after the rest.
+    const int64_t slot = fresh[k].op == OpType::kJoin ? -1 : cache_.Find(fresh[k], info_.rank);
     if (slot >= 0) {
       cached.emplace_back(static_cast<uint32_t>(slot), std::move(fresh_data[k]));
     } else {

@@ -65,6 +65,11 @@ class Channel : private RequestTable {
   // are the same ones the channel's thread would run, so the other ranks cannot tell the
   // difference: errors, ordering and fusion are unchanged. Otherwise it is queued as usual.
   Status Enqueue(Request request, bool drive = false);
+  // The requests of one grouped op, queued together (never driven), so that this rank
+  // announces them in one round: when ranks disagree on the group's size, the coordinator then
+  // sees every tensor of the group at once (Coordinator::FailGroupLeftovers). All or none are
+  // queued.
+  Status EnqueueGroup(std::vector<Request> requests);
 
   int id() const { return id_; }
   const TransportInfo& info() const { return info_; }
@@ -87,6 +92,8 @@ class Channel : private RequestTable {
   // RunRound for whichever thread holds round_mutex_: an error abandons the channel. False
   // once the channel has ended (every rank stopped, or this rank abandoned it).
   bool DriveRound(bool* anyone_spoke);
+  // Enqueue's checks, under mutex_: why `request` cannot be queued now, or ok.
+  Status CheckEnqueueLocked(const Request& request);
   // Enqueue(drive = true)'s rounds on the calling thread, until `finished` or the channel ends;
   // what is left pending goes back to the channel's thread. One driver at a time: a caller
   // drives only when nothing else is pending.

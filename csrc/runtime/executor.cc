@@ -39,6 +39,13 @@ Request* Executor::RequestFor(const Response& response) {
   if (zeros_.size() < bytes) zeros_.resize(bytes, 0);
   if (dropped_.size() < bytes) dropped_.resize(bytes);
   r.input = zeros_.data();
+  if (r.meta.op == OpType::kAllreduce && r.meta.reduce_op != ReduceOp::kSum) {
+    // Zeros would be taken as values by min, max and product: the reduction's identity leaves
+    // the others' result as it is.
+    std::vector<char>& identity = identities_.emplace_back(bytes);
+    FillIdentity(identity.data(), r.meta.NumElements(), r.meta.dtype, r.meta.reduce_op);
+    r.input = identity.data();
+  }
   r.output = dropped_.data();
   r.allocate_output = [this](const std::vector<int64_t>& shape) -> void* {
     int64_t n = 1;
@@ -53,6 +60,7 @@ Request* Executor::RequestFor(const Response& response) {
 size_t Executor::Execute(std::vector<Response>& ready) {
   size_t collectives = 0;
   stand_ins_.clear();
+  identities_.clear();
   auto carries_data = [](const Response& r) { return r.status.ok() && !r.inline_data.empty(); };
   if (std::any_of(ready.begin(), ready.end(), carries_data)) {
     for (const Response& r : ready) {
@@ -74,7 +82,9 @@ size_t Executor::Execute(std::vector<Response>& ready) {
     const size_t n = g.end - g.begin;
     const Response& r = group[0];
     if (!r.status.ok()) {
-      requests_->Finish(r.meta.name, r.status);
+      if (r.only_ranks.empty() ||
+          std::binary_search(r.only_ranks.begin(), r.only_ranks.end(), info_.rank))
+        requests_->Finish(r.meta.name, r.status);
       continue;
     }
     ++collectives;
@@ -119,16 +129,22 @@ void Executor::CompleteInline(const Response& response) {
     case OpType::kAllreduce: {
       const int64_t count = meta.NumElements();
       const AveragePlan plan =
-          PlanAverage({meta.average}, meta.reduce_op, info_.size, {meta.scale});
+          PlanAverage({meta.average}, meta.reduce_op, info_.size, {meta.scale}, meta.dtype);
       void* out = req->output;
+      std::vector<std::string> divided;
+      if (plan.before[0] > 1) {
+        divided = data;
+        for (std::string& d : divided) DivideBy(d.data(), count, meta.dtype, plan.before[0]);
+      }
+      const std::vector<std::string>& in = divided.empty() ? data : divided;
       // Rank 0's bytes, then every other rank's in rank order: one order for every rank.
-      if (info_.size == 1) std::memcpy(out, data[0].data(), data[0].size());
+      if (info_.size == 1) std::memcpy(out, in[0].data(), in[0].size());
       for (int r = 1; r < info_.size; ++r) {
-        const void* acc = r == 1 ? static_cast<const void*>(data[0].data()) : out;
+        const void* acc = r == 1 ? static_cast<const void*>(in[0].data()) : out;
         if (meta.reduce_op == ReduceOp::kSum) {
-          SumOf(out, acc, data[r].data(), count, meta.dtype, 1);
+          SumOf(out, acc, in[r].data(), count, meta.dtype, 1);
         } else {
-          ReduceOf(out, acc, data[r].data(), count, meta.dtype, meta.reduce_op);
+          ReduceOf(out, acc, in[r].data(), count, meta.dtype, meta.reduce_op);
         }
       }
       FinishReduced(out, count, meta.dtype, plan.collective_divisor * plan.after[0], plan.scale[0]);
@@ -175,15 +191,21 @@ void Executor::Allreduces(const Response* group, size_t n) {
     average.push_back(reqs.back()->meta.average);
     scale.push_back(reqs.back()->meta.scale);
   }
-  const AveragePlan plan = PlanAverage(average, op, info_.size, scale);
+  const AveragePlan plan = PlanAverage(average, op, info_.size, scale, dtype);
   const size_t elem = ElementSize(dtype);
   auto finish_slice = [&](size_t k, void* data) {
     FinishReduced(data, reqs[k]->meta.NumElements(), dtype, plan.after[k], plan.scale[k]);
   };
   if (n == 1) {  // out of place, from the input straight into the output: no copy
     if (total > 0) {
-      transport_->Allreduce(reqs[0]->input, reqs[0]->output, static_cast<int64_t>(total / elem),
-                            dtype, op, plan.collective_divisor);
+      const void* input = reqs[0]->input;
+      if (plan.before[0] > 1) {  // divided into the output, then reduced in place
+        std::memcpy(reqs[0]->output, input, total);
+        DivideBy(reqs[0]->output, static_cast<int64_t>(total / elem), dtype, plan.before[0]);
+        input = reqs[0]->output;
+      }
+      transport_->Allreduce(input, reqs[0]->output, static_cast<int64_t>(total / elem), dtype, op,
+                            plan.collective_divisor);
       finish_slice(0, reqs[0]->output);
     }
     requests_->Finish(group[0].meta.name, Status::Ok());
@@ -191,9 +213,12 @@ void Executor::Allreduces(const Response* group, size_t n) {
   }
   char* buffer = FusedAllreduceBuffer(total);
   size_t offset = 0;
-  for (Request* req : reqs) {
-    std::memcpy(buffer + offset, req->input, req->meta.NumBytes());
-    offset += req->meta.NumBytes();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t bytes = reqs[k]->meta.NumBytes();
+    std::memcpy(buffer + offset, reqs[k]->input, bytes);
+    if (plan.before[k] > 1)
+      DivideBy(buffer + offset, reqs[k]->meta.NumElements(), dtype, plan.before[k]);
+    offset += bytes;
   }
   transport_->Allreduce(buffer, buffer, static_cast<int64_t>(total / elem), dtype, op,
                         plan.collective_divisor);
@@ -311,9 +336,17 @@ void Executor::Reducescatter(const Response& response) {
   std::vector<int64_t> counts(info_.size);
   for (int r = 0; r < info_.size; ++r)
     counts[r] = ReducescatterRows(rows, info_.size, r) * row_elems;
-  const AveragePlan plan = PlanAverage({meta.average}, meta.reduce_op, info_.size);
+  const AveragePlan plan = PlanAverage({meta.average}, meta.reduce_op, info_.size, {}, meta.dtype);
+  const void* input = req->input;
+  std::vector<char> divided;
+  if (plan.before[0] > 1 && meta.NumElements() > 0) {
+    const char* in = static_cast<const char*>(req->input);
+    divided.assign(in, in + meta.NumBytes());
+    DivideBy(divided.data(), meta.NumElements(), meta.dtype, plan.before[0]);
+    input = divided.data();
+  }
   if (meta.NumElements() > 0)
-    transport_->ReduceScatter(req->input, req->output, counts, meta.dtype, meta.reduce_op,
+    transport_->ReduceScatter(input, req->output, counts, meta.dtype, meta.reduce_op,
                               plan.collective_divisor);
   requests_->Finish(meta.name, Status::Ok());
 }

@@ -66,7 +66,8 @@ class Executor {
   // sent in the round: the same arithmetic in the same order on every rank, so the same bits.
   void CompleteInline(const Response& response);
   // This rank's request for `response`: its own or, when it has joined (bf.join()), a stand-in
-  // that contributes zeros (allreduce) or no rows (allgather) and whose result is dropped.
+  // that contributes the reduction's identity (allreduce: 0 for a sum, 1 for a product,
+  // the largest or lowest value for min or max) or no rows (allgather) and whose result is dropped.
   Request* RequestFor(const Response& response);
   // The allgathers' output, or scratch memory (and an error in *status) when it cannot be
   // allocated: this rank must still take part in the collective, or the others would wait.
@@ -86,10 +87,11 @@ class Executor {
   std::shared_ptr<SharedHeap> fusion_heap_;
   char* fusion_block_ = nullptr;
   size_t fusion_block_bytes_ = 0;
-  std::vector<char> neighbor_buffer_;  // received (and scaled outgoing) copies
-  std::deque<Request> stand_ins_;      // this round's stand-ins for a joined rank
-  std::vector<char> zeros_;            // their input: only ever read, so it stays zero
-  std::vector<char> dropped_;          // their output
+  std::vector<char> neighbor_buffer_;         // received (and scaled outgoing) copies
+  std::deque<Request> stand_ins_;             // this round's stand-ins for a joined rank
+  std::vector<char> zeros_;                   // their input: only ever read, so it stays zero
+  std::deque<std::vector<char>> identities_;  // their input for min, max and product
+  std::vector<char> dropped_;                 // their output
   std::atomic<size_t> completed_inline_{0};
 };
 

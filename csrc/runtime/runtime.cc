@@ -149,11 +149,28 @@ Status Runtime::Enqueue(Request request, bool drive) {
   if (!started_)
     return OpError(StatusCode::kPrecondition, meta.op, meta.name,
                    "bluefog is not initialized; call bf.init() first");
-  if (request.process_set == 0) return world_->Enqueue(std::move(request), drive);
+  if (request.process_set == 0) {
+    if (meta.op != OpType::kJoin) return world_->Enqueue(std::move(request), drive);
+    const std::string name = meta.name;
+    Status queued = world_->Enqueue(std::move(request), drive);
+    if (queued.ok()) {
+      std::lock_guard<std::mutex> lock(sets_mutex_);
+      JoinSetsLocked(name);
+    }
+    return queued;
+  }
 
   std::lock_guard<std::mutex> lock(sets_mutex_);
+  Status refused;
+  Channel* channel = SetChannelLocked(request, &refused);
+  return channel ? channel->Enqueue(std::move(request)) : refused;
+}
+
+Channel* Runtime::SetChannelLocked(Request& request, Status* status) {
+  const TensorMeta& meta = request.meta;
   auto invalid_in_set = [&](const std::string& what) {
-    return WithRank(info_.rank, OpError(StatusCode::kInvalidArgument, meta.op, meta.name, what));
+    *status = WithRank(info_.rank, OpError(StatusCode::kInvalidArgument, meta.op, meta.name, what));
+    return nullptr;
   };
   auto it = sets_.find(request.process_set);
   if (it == sets_.end())
@@ -175,7 +192,41 @@ Status Runtime::Enqueue(Request request, bool drive) {
                                    request.process_set, " (ranks ", RanksText(set.ranks), ")"));
     request.meta.root_rank = static_cast<int32_t>(root - set.ranks.begin());
   }
-  return set.channel->Enqueue(std::move(request));
+  return set.channel.get();
+}
+
+Status Runtime::EnqueueGroup(std::vector<Request> requests) {
+  if (requests.empty()) return Status::Ok();
+  for (const Request& request : requests) {
+    Status invalid = ValidateRequest(request);
+    if (!invalid.ok()) return WithRank(info_.rank, invalid);
+  }
+  const TensorMeta& meta = requests[0].meta;
+  if (!started_)
+    return OpError(StatusCode::kPrecondition, meta.op, meta.name,
+                   "bluefog is not initialized; call bf.init() first");
+  if (requests[0].process_set == 0) return world_->EnqueueGroup(std::move(requests));
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  Status refused;
+  Channel* channel = nullptr;
+  for (Request& request : requests)
+    if (!(channel = SetChannelLocked(request, &refused))) return refused;
+  return channel->EnqueueGroup(std::move(requests));
+}
+
+void Runtime::JoinSetsLocked(const std::string& name) {
+  for (auto& [id, set] : sets_) {
+    if (!set.channel) continue;
+    Request marker;
+    marker.meta.name = name;
+    marker.meta.op = OpType::kJoin;
+    marker.meta.dtype = DataType::kInt32;
+    // Completes once every member has joined (or fails when the set is removed): nothing waits
+    // for it.
+    marker.done = [](const Status&) {};
+    Status s = set.channel->Enqueue(std::move(marker));
+    if (!s.ok()) BF_LOG(LogLevel::kWarning, "process set ", id, ": ", s.message());
+  }
 }
 
 bool Runtime::SetLayout(int id, int* rank, int* size) {
@@ -231,13 +282,15 @@ int Runtime::AddProcessSet(const std::vector<int>& ranks) {
              "(bf.mpi_threads_supported() is False); use an MPI built with thread support");
   std::vector<int32_t> sorted(ranks.begin(), ranks.end());
   std::sort(sorted.begin(), sorted.end());
-  return RunSetRequest(OpType::kAddProcessSet, Concat("bluefog.add_process_set.", add_calls_++),
-                       std::move(sorted));
+  std::lock_guard<std::mutex> one_at_a_time(add_mutex_);
+  return RunSetRequest(OpType::kAddProcessSet,
+                       Concat("bluefog.add_process_set.", adds_agreed_.load()), std::move(sorted));
 }
 
 void Runtime::RemoveProcessSet(int id) {
-  RunSetRequest(OpType::kRemoveProcessSet, Concat("bluefog.remove_process_set.", remove_calls_++),
-                {id});
+  std::lock_guard<std::mutex> one_at_a_time(remove_mutex_);
+  RunSetRequest(OpType::kRemoveProcessSet,
+                Concat("bluefog.remove_process_set.", removes_agreed_.load()), {id});
 }
 
 int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
@@ -260,12 +313,18 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     return 0;
   }
   if (response.meta.op == OpType::kAddProcessSet) {
+    ++adds_agreed_;  // first: whatever follows, every rank agreed on this name
     ProcessSet set;
     set.ranks.assign(list.begin(), list.end());
     int id;
     {
       std::lock_guard<std::mutex> lock(sets_mutex_);
-      id = next_set_id_++;
+      auto old = removed_ids_.find(set.ranks);
+      if (old != removed_ids_.end() && !sets_.count(old->second)) {
+        id = old->second;
+      } else {
+        id = next_set_id_++;
+      }
     }
     auto me = std::find(set.ranks.begin(), set.ranks.end(), info_.rank);
     if (me != set.ranks.end()) {
@@ -282,6 +341,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     sets_.emplace(id, std::move(set));
     return id;
   }
+  ++removes_agreed_;
   const int id = list.empty() ? -1 : list[0];
   ProcessSet set;
   {
@@ -291,6 +351,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
                " is not registered (the global set, 0, cannot be removed)");
     set = std::move(it->second);
     sets_.erase(it);
+    removed_ids_[set.ranks] = id;
   }
   if (set.channel) {
     set.channel->RequestStop(Concat("process set ", id, " was removed"));

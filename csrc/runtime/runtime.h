@@ -57,6 +57,9 @@ class Runtime {
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the
   // global set only; a process set's channel may be removed while a caller would drive it).
   Status Enqueue(Request request, bool drive = false);
+  // The requests of one grouped op (one process set, one op): validated, then queued together
+  // (Channel::EnqueueGroup). All or none are queued; none is driven.
+  Status EnqueueGroup(std::vector<Request> requests);
   // Enqueue, then waits for the request to finish (its `done` is this function's): the status
   // of either.
   Status EnqueueAndWait(Request request, bool drive = false);
@@ -97,6 +100,13 @@ class Runtime {
   int OnRuntimeOp(const Response& response, const Request* mine);
   // Runs a registration or removal request on the global channel and waits for it.
   int RunSetRequest(OpType op, const std::string& name, std::vector<int32_t> ranks);
+  // The channel of the request's process set, under sets_mutex_, after the set's checks (a
+  // broadcast's root becomes the set's rank); null with the reason in *status.
+  Channel* SetChannelLocked(Request& request, Status* status);
+  // After this rank's join was queued on the global channel: tells the channel of every set
+  // this rank belongs to, so that the set's collectives fail on every member instead of waiting
+  // for this rank (join() stands in for the global set only). Under sets_mutex_.
+  void JoinSetsLocked(const std::string& name);
 
   Config config_;
   TransportInfo info_;
@@ -113,11 +123,23 @@ class Runtime {
     std::unique_ptr<Communicator> transport;  // members only
     std::unique_ptr<Channel> channel;         // members only
   };
-  std::mutex sets_mutex_;  // guards sets_ and next_set_id_
+  std::mutex sets_mutex_;  // guards sets_, next_set_id_ and removed_ids_
   std::map<int, ProcessSet> sets_;
   int next_set_id_ = 1;
-  std::atomic<int> add_calls_{0};
-  std::atomic<int> remove_calls_{0};
+  // The id each removed set had, by its ranks: a set registered again with the same ranks takes
+  // its old id back (when free). The id is an attribute of the TensorFlow ops, and TensorFlow
+  // keeps one eager kernel per attribute value for good (about 35 KB each): fresh ids for a
+  // loop of add, collective, remove grew the process without bound. An op traced for the old
+  // set that runs on the new one runs on the same ranks.
+  std::map<std::vector<int>, int> removed_ids_;
+  // The registrations and removals every rank agreed on so far: they name the next request, so
+  // they advance only in OnRuntimeOp, at the same point on every rank (a call that failed, on
+  // some ranks only, must not shift one rank's names). One call of each kind at a time per
+  // rank, so that concurrent calls do not take the same name.
+  std::atomic<int> adds_agreed_{0};
+  std::atomic<int> removes_agreed_{0};
+  std::mutex add_mutex_;
+  std::mutex remove_mutex_;
 };
 
 }  // namespace bluefog

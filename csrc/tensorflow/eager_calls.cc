@@ -13,13 +13,16 @@
 #include <Python.h>
 
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 
+#include "core/op_rules.h"
 #include "core/request.h"
 #include "core/status.h"
 #include "core/types.h"
+#include "core/validation.h"
 #include "runtime/output_blocks.h"
 #include "runtime/runtime.h"
 
@@ -119,6 +122,14 @@ PyObject* Allreduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_ssize_t name_size = 0;
   const char* name = PyUnicode_AsUTF8AndSize(args[0], &name_size);
   if (name == nullptr) return nullptr;
+  // Refused here, before any memory is taken, with Runtime::Enqueue's message.
+  if (std::memchr(name, '\0', static_cast<size_t>(name_size)) != nullptr) {
+    Request named;
+    named.meta.name.assign(name, static_cast<size_t>(name_size));
+    const Status invalid = WithRank(Runtime::Get().info().rank, ValidateRequest(named));
+    RaiseStatus(ErrorClass(invalid.code()), invalid.message());
+    return nullptr;
+  }
   const long dtype = PyLong_AsLong(args[1]);
   if (dtype < 0 || dtype >= kNumDataTypes) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "allreduce: unknown dtype value");

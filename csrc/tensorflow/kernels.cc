@@ -218,6 +218,9 @@ class GroupedKernel : public AsyncOpKernel {
         done();
       }
     };
+    // Built first and queued together (Runtime::EnqueueGroup), each carrying the group's size:
+    // ranks that pass different numbers of tensors then fail on every rank instead of waiting.
+    std::vector<Request> requests(n);
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       Tensor* output = nullptr;
@@ -229,23 +232,29 @@ class GroupedKernel : public AsyncOpKernel {
       } else if (!ctx->forward_input_to_output_with_shape(i, i, input.shape(), &output)) {
         s = AllocatePooledOutput(ctx, i, input.dtype(), input.shape(), &output);
       }
-      Request request;
+      if (!s.ok()) {
+        ctx->SetStatus(s);
+        done();
+        return;
+      }
+      Request& request = requests[i];
       request.meta.op = kOp;
       request.process_set = process_set_;
       request.meta.name = base + "." + std::to_string(i);
       request.meta.dtype = dtype;
       for (int d = 0; d < input.dims(); ++d) request.meta.shape.push_back(input.dim_size(d));
       request.input = input.tensor_data().data();
-      request.output = s.ok() ? DataOf(output) : nullptr;
+      request.output = DataOf(output);
       request.meta.average = average_;
       request.meta.reduce_op = reduce_op_;
       request.meta.scale = scale_;
+      request.meta.group_size = n;
       request.done = [finish_one](const Status& st) { finish_one(ToTfStatus(st)); };
-      if (s.ok()) {
-        Status q = Runtime::Get().Enqueue(std::move(request));
-        if (!q.ok()) s = ToTfStatus(q);
-      }
-      if (!s.ok()) finish_one(s);
+    }
+    Status queued = Runtime::Get().EnqueueGroup(std::move(requests));
+    if (!queued.ok()) {
+      ctx->SetStatus(ToTfStatus(queued));
+      done();
     }
   }
 

@@ -291,5 +291,52 @@ TEST(Coordinator, NameReusableAfterCompletion) {
   }
 }
 
+TEST(Coordinator, GroupSizeMismatchFailsEveryTensorOfTheGroup) {
+  Coordinator c(2);
+  auto grouped = [](const std::string& name, int32_t n) {
+    TensorMeta m = Meta(name, OpType::kAllreduce, {2});
+    m.group_size = n;
+    return m;
+  };
+  // Rank 1 announces first, with one tensor fewer; rank 0's extra tensor comes after the first
+  // mismatch in the same round.
+  c.Announce(1, grouped("g.0", 2));
+  c.Announce(1, grouped("g.1", 2));
+  c.Announce(1, grouped("other", 0));
+  c.Announce(0, grouped("g.0", 3));
+  c.Announce(0, grouped("g.1", 3));
+  c.Announce(0, grouped("g.2", 3));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 3u);
+  for (const Response& r : ready) {
+    EXPECT_EQ(r.status.code(), StatusCode::kPrecondition) << r.meta.name;
+    EXPECT_NE(r.status.message().find("number of tensors in the group"), std::string::npos)
+        << r.status.message();
+    EXPECT_NE(r.status.message().find("rank 0 has 3, rank 1 has 2"), std::string::npos)
+        << r.status.message();
+  }
+  EXPECT_EQ(ready[2].meta.name, "g.2");
+  EXPECT_EQ(ready[2].only_ranks, std::vector<int>({0}));  // rank 1 must not touch its g.2
+  ASSERT_EQ(c.num_pending(), 1u);                         // "other" still waits for rank 0
+}
+
+TEST(Coordinator, ProcessSetsDoNotStandInForJoinedMembers) {
+  Coordinator c(2, {3, 5});  // a set of job-wide ranks 3 and 5
+  c.Announce(0, Meta("join.0", OpType::kJoin, {}, DataType::kInt32));
+  c.Announce(1, Meta("x", OpType::kAllreduce, {4}));
+  auto ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
+  EXPECT_NE(ready[0].status.message().find("rank(s) [3] of this process set have called join()"),
+            std::string::npos)
+      << ready[0].status.message();
+  EXPECT_EQ(ready[0].only_ranks, std::vector<int>({1}));
+  c.Announce(1, Meta("join.0", OpType::kJoin, {}, DataType::kInt32));
+  ready = c.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_TRUE(ready[0].status.ok());
+  EXPECT_EQ(ready[0].meta.op, OpType::kJoin);
+}
+
 }  // namespace
 }  // namespace bluefog

@@ -83,5 +83,17 @@ TEST(Fusion, AveragingIsDecidedOnce) {
   EXPECT_EQ(max.collective_divisor, 1);
 }
 
+TEST(Fusion, SixteenBitFloatsAreDividedBeforeTheSum) {
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    AveragePlan plan = PlanAverage({true, false}, ReduceOp::kSum, 3, {}, dtype);
+    EXPECT_EQ(plan.collective_divisor, 1);
+    EXPECT_EQ(plan.before, (std::vector<int64_t>{3, 1}));
+    EXPECT_EQ(plan.after, (std::vector<int64_t>{1, 1}));
+  }
+  AveragePlan f32 = PlanAverage({true}, ReduceOp::kSum, 3, {}, DataType::kFloat32);
+  EXPECT_EQ(f32.before, (std::vector<int64_t>{1}));
+  EXPECT_EQ(f32.collective_divisor, 3);
+}
+
 }  // namespace
 }  // namespace bluefog

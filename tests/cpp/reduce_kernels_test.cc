@@ -206,5 +206,35 @@ TEST(ReduceKernels, StreamCopyWritesExactlyTheBytes) {
   }
 }
 
+// A joined rank's stand-in: reducing with the identity leaves the other value unchanged.
+TEST(ReduceKernels, IdentityLeavesTheOtherValue) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    float f[2], fo[2];
+    const float fv[2] = {-5.0f, 3.0e38f};
+    FillIdentity(f, 2, DataType::kFloat32, op);
+    ReduceOf(fo, fv, f, 2, DataType::kFloat32, op);
+    EXPECT_EQ(fo[0], fv[0]) << ReduceOpName(op);
+    EXPECT_EQ(fo[1], fv[1]) << ReduceOpName(op);
+    int32_t i[2], io[2];
+    const int32_t iv[2] = {-5, 2147483647};
+    FillIdentity(i, 2, DataType::kInt32, op);
+    ReduceOf(io, iv, i, 2, DataType::kInt32, op);
+    EXPECT_EQ(io[0], iv[0]) << ReduceOpName(op);
+    EXPECT_EQ(io[1], iv[1]) << ReduceOpName(op);
+    uint16_t h[1], ho[1];
+    const uint16_t hv[1] = {FloatToHalf(-60000.0f)};
+    FillIdentity(h, 1, DataType::kFloat16, op);
+    ReduceOf(ho, hv, h, 1, DataType::kFloat16, op);
+    EXPECT_EQ(ho[0], hv[0]) << ReduceOpName(op);
+    uint8_t u[1], uo[1];
+    const uint8_t uv[1] = {200};
+    FillIdentity(u, 1, DataType::kUInt8, op);
+    ReduceOf(uo, uv, u, 1, DataType::kUInt8, op);
+    EXPECT_EQ(uo[0], uv[0]) << ReduceOpName(op);
+  }
+  bool b[1];
+  EXPECT_THROW(FillIdentity(b, 1, DataType::kBool, ReduceOp::kMin), BluefogError);
+}
+
 }  // namespace
 }  // namespace bluefog

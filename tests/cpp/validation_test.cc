@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace bluefog {
 namespace {
 
@@ -82,6 +84,28 @@ TEST(Validation, LayoutMistakes) {
   Request grad = Req(OpType::kNeighborAllgatherGrad, {2}, DataType::kInt64);
   EXPECT_NE(ValidateForLayout(grad, 0, 2).message().find("dtype int64 has no gradient"),
             std::string::npos);
+}
+
+TEST(Validation, NamesWithNulAndWeightsThatAreNotFinite) {
+  Request r = Req(OpType::kAllreduce, {2});
+  r.meta.name = std::string("a\0b", 3);
+  EXPECT_EQ(ValidateRequest(r).message(),
+            "bluefog allreduce of tensor 'a\\0b': the name contains a NUL character, where a C "
+            "string would end; pass a name without \\0");
+  Request n = Req(OpType::kNeighborAllreduce, {2});
+  n.self_weight = std::nan("");
+  EXPECT_NE(ValidateForLayout(n, 0, 2).message().find("self_weight is nan; weights must be "
+                                                      "finite"),
+            std::string::npos)
+      << ValidateForLayout(n, 0, 2).message();
+  n.self_weight = 0.5;
+  n.meta.recv_ranks = {1};
+  n.recv_weights = {INFINITY};
+  EXPECT_NE(ValidateForLayout(n, 0, 2).message().find("src_weights has inf for rank 1"),
+            std::string::npos)
+      << ValidateForLayout(n, 0, 2).message();
+  n.recv_weights = {0.5};
+  EXPECT_TRUE(ValidateForLayout(n, 0, 2).ok());
 }
 
 }  // namespace

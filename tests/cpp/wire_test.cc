@@ -162,5 +162,17 @@ TEST(Wire, EmptyAndTruncated) {
     EXPECT_THROW(DecodeRound(bytes.data(), cut), BluefogError) << "cut at " << cut;
 }
 
+TEST(Wire, GroupedRequestsCarryTheirGroupSize) {
+  RoundMessage m;
+  TensorMeta a;
+  a.name = "g.3";
+  a.op = OpType::kReducescatter;
+  a.group_size = 5;
+  m.announcements = {a};
+  const std::string bytes = EncodeRound(m);
+  RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  EXPECT_EQ(back.announcements[0].group_size, 5);
+}
+
 }  // namespace
 }  // namespace bluefog

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "transport/mpi/window_internal.h"
@@ -117,6 +118,10 @@ void WindowService::CheckRanks(const char* op, const Entry& e, const std::vector
   };
   if (weights.size() != ranks.size())
     fail(Concat(weights.size(), " weights for ", ranks.size(), " ranks"));
+  for (size_t k = 0; k < weights.size(); ++k)
+    if (!std::isfinite(weights[k]))
+      fail(Concat("the weight for rank ", ranks[k], " is ", weights[k],
+                  "; weights must be finite numbers"));
   for (size_t k = 0; k < ranks.size(); ++k) {
     const int r = ranks[k];
     const bool ok = out ? e.window->OutIndex(r) >= 0 : e.window->InIndex(r) >= 0;
@@ -130,6 +135,15 @@ void WindowService::CheckRanks(const char* op, const Entry& e, const std::vector
     for (size_t j = 0; j < k; ++j)
       if (ranks[j] == r) fail(Concat("rank ", r, " is listed twice"));
   }
+}
+
+void WindowService::CheckSelfWeight(const char* op, const Entry& e, double self_weight) {
+  if (!std::isfinite(self_weight))
+    throw BluefogError(
+        StatusCode::kInvalidArgument,
+        WinError(StatusCode::kInvalidArgument, op, e.window->spec().name,
+                 Concat("self_weight is ", self_weight, "; weights must be finite numbers"))
+            .message());
 }
 
 std::shared_ptr<std::vector<char>> WindowService::TakeBuffer(Entry& e) {
@@ -160,6 +174,7 @@ int64_t WindowService::Put(const std::string& name, const void* data, DataType d
   std::shared_ptr<Entry> e = Find(opname, name);
   CheckTensor(opname, *e, dtype, shape);
   CheckRanks(opname, *e, dsts, weights, true);
+  CheckSelfWeight(opname, *e, self_weight);
   auto op = std::make_unique<Op>();
   op->name = opname;
   {
@@ -220,6 +235,7 @@ void WindowService::Update(const std::string& name, const void* self, DataType d
   std::shared_ptr<Entry> e = Find("win_update", name);
   CheckTensor("win_update", *e, dtype, shape);
   CheckRanks("win_update", *e, ranks, weights, false);
+  CheckSelfWeight("win_update", *e, self_weight);
   e->window->Update(self, out, self_weight, ranks, weights, reset, publish, with_p);
 }
 

@@ -94,6 +94,7 @@ class WindowService {
                    const std::vector<int64_t>& shape);
   void CheckRanks(const char* op, const Entry& e, const std::vector<int32_t>& ranks,
                   const std::vector<double>& weights, bool out);
+  static void CheckSelfWeight(const char* op, const Entry& e, double self_weight);
   int64_t Queue(std::unique_ptr<Op> op, const std::shared_ptr<Entry>& e);
   std::shared_ptr<std::vector<char>> TakeBuffer(Entry& e);
 

@@ -140,6 +140,30 @@ def test_repeated_mismatches_then_success(rank, size, op_name):
     _check_next_op_works(op_name, rank, size)
 
 
+@needs_ranks(2)
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("op", ["grouped_allreduce", "grouped_reducescatter"])
+def test_group_size_mismatch_fails_on_every_rank(op, mode, rank, size, op_name):
+    """Rank 0 passes one tensor more (or, repeated with a second call, fewer) than the others:
+    every rank gets an error naming the group's sizes, none waits for the tensor that only some
+    ranks sent, and the same name works again afterwards."""
+    call = {"grouped_allreduce": lambda ts, name: bf.grouped_allreduce(ts, name=name),
+            "grouped_reducescatter": lambda ts, name: bf.grouped_reducescatter(ts, name=name)}[op]
+    for extra in (1, -1):
+        n = 3 + (extra if rank == 0 else 0)
+        tensors = [tf.ones([size, 2]) * (i + 1) for i in range(n)]
+        with pytest.raises(tf.errors.FailedPreconditionError) as info:
+            _call(mode, lambda: call(tensors, op_name))  # noqa: B023
+        message = str(info.value)
+        assert "number of tensors in the group" in message, message
+        assert f"rank 0 has {3 + extra}" in message and "rank 1 has 3" in message, message
+        assert f"rank {rank}:" in message and op_name in message, message
+    outs = call([tf.ones([size, 2]) * (i + 1) for i in range(3)], op_name)
+    for i, out in enumerate(outs):
+        np.testing.assert_allclose(out.numpy(), np.full(out.shape, i + 1.0))
+    _check_next_op_works(op_name, rank, size)
+
+
 # --------------------------------------------------------------------- local argument errors
 
 

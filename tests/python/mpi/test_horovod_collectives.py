@@ -194,6 +194,25 @@ def test_grouped_allgather(mode, rank, size, op_name):
                                                           for r in range(size)]))
 
 
+@pytest.mark.skipif(bf.size() < 2, reason="needs ranks that disagree")
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_allgather_with_different_numbers_of_tensors_fails_everywhere(mode, rank, size,
+                                                                               op_name):
+    """Rank 0 passes one tensor more than the others: an error on every rank instead of the
+    others never sending the name rank 0 waits for; the next grouped_allgather works."""
+    n = 3 if rank == 0 else 2
+    arrays = [_rows(rank, 1, 2, tf.float32) for _ in range(n)]
+    errors = (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError)
+    with pytest.raises(errors, match="disagree on the number of tensors") as info:
+        _run(mode, lambda *xs: bf.grouped_allgather(list(xs), name=op_name), *arrays)
+    assert f"rank {rank}: bluefog grouped_allgather" in str(info.value)
+    if mode == "eager":
+        assert "rank 0 has 3" in str(info.value) and "rank 1 has 2" in str(info.value)
+    out = _run(mode, lambda x: bf.grouped_allgather([x], name=op_name + ".ok"),
+               _rows(rank, 1, 2, tf.float32))
+    assert out[0].shape == (size, 2)
+
+
 # ------------------------------------------------------------------------------- scale factors
 
 

@@ -1,7 +1,7 @@
 """bf.join(): ranks with different numbers of batches finish without a hang, the joined ranks
-contribute zeros to the others' allreduces (and no rows to allgathers), and after a broadcast
-from the last rank to join (which ran every step) the weights are identical on every rank and
-equal to a closed-form (or numpy-simulated) result.
+contribute the identity of the reduction to the others' allreduces (and no rows to
+allgathers), and after a broadcast from the last rank to join (which ran every step) the
+weights are identical on every rank and equal to a closed-form (or numpy-simulated) result.
 """
 
 import numpy as np
@@ -102,3 +102,72 @@ def test_only_allreduce_and_allgather_run_while_a_rank_has_joined(rank, size):
             bf.broadcast(tf.ones([2]), root_rank=1, name="join.bcast")
     # Rank 0 joined first, so the last to join is another rank.
     assert int(bf.join()) != 0
+
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64])
+def test_joined_ranks_contribute_the_identity_of_the_reduction(dtype, rank, size):
+    """Only the last rank stays active: min, max and product return its values unchanged (a
+    joined rank's zeros would have made them 0), a sum its values, an average its values
+    divided by size() (joined ranks count, as in Horovod)."""
+    last = size - 1
+    if rank == last:
+        tag = np.dtype(dtype).name
+        cases = [(bf.Min, [5, 1], [5, 1]), (bf.Max, [-5, -1], [-5, -1]),
+                 (bf.Product, [5, -3], [5, -3]), (bf.Sum, [4, -2], [4, -2])]
+        for op, values, want in cases:
+            out = bf.allreduce(tf.constant(values, dtype=dtype), op=op,
+                               name=f"join.identity.{tag}.{op}")
+            np.testing.assert_array_equal(out.numpy(), np.array(want, dtype=dtype))
+        if np.issubdtype(dtype, np.floating):
+            out = bf.allreduce(tf.constant([4 * size, -2 * size], dtype=dtype), op=bf.Average,
+                               name=f"join.identity.{tag}.avg")
+            np.testing.assert_array_equal(out.numpy(), np.array([4, -2], dtype=dtype))
+        # Fused: several reductions of one round, each with its own identity.
+        outs = bf.grouped_allreduce([tf.constant([7, -7], dtype=dtype)] * 3, op=bf.Max,
+                                    name=f"join.identity.{tag}.grouped")
+        for out in outs:
+            np.testing.assert_array_equal(out.numpy(), np.array([7, -7], dtype=dtype))
+    assert int(bf.join()) == last
+
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+def test_registration_that_failed_while_a_rank_had_joined_does_not_shift_names(rank, size):
+    """add_process_set and remove_process_set fail while rank 0 has joined; afterwards every
+    rank's next registration and removal still meet (none waits for a name another rank moved
+    past)."""
+    from bluefog.common.basics import BluefogError
+
+    kept = bf.add_process_set(list(range(size)))
+    if rank != 0:
+        with pytest.raises(BluefogError, match=r"rank\(s\) \[0\] have called join"):
+            bf.add_process_set([0, 1])
+        with pytest.raises(BluefogError, match=r"rank\(s\) \[0\] have called join"):
+            bf.remove_process_set(kept)
+    assert int(bf.join()) != 0
+    ps = bf.add_process_set([0, 1])
+    assert bf.remove_process_set(ps) is True
+    assert bf.remove_process_set(kept) is True
+
+
+@pytest.mark.skipif(bf.size() < 2, reason="needs a joined rank and an active one")
+def test_process_set_collectives_fail_on_every_member_while_one_has_joined(rank, size):
+    """join() stands in for the global set only (as in Horovod): a set's collective that waits
+    for a joined member fails on every member that submitted it, naming the joined rank,
+    instead of waiting forever. After the join the set works again."""
+    ps = bf.add_process_set(list(range(size)))
+    if rank != 0:
+        for call in (lambda: bf.allreduce(tf.ones([2]), name="join.ps.ar", process_set=ps),
+                     lambda: bf.allgather(tf.ones([1, 2]), name="join.ps.ag", process_set=ps),
+                     lambda: bf.broadcast(tf.ones([2]), root_rank=1, name="join.ps.bc",
+                                          process_set=ps)):
+            with pytest.raises(tf.errors.FailedPreconditionError,
+                               match=rf"rank {rank}: .*rank\(s\) \[0\] of this process set "
+                                     r"have called join\(\)"):
+                call()
+    assert int(bf.join()) != 0
+    for t in range(3):  # the set's join has ended on every member: its collectives wait again
+        out = bf.allreduce(tf.constant([float(rank)]), average=False, name=f"join.ps.after.{t}",
+                           process_set=ps)
+        np.testing.assert_allclose(out.numpy(), [size * (size - 1) / 2])
+    bf.remove_process_set(ps)

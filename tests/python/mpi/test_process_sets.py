@@ -6,6 +6,8 @@ ranks wait on a global collective that the set's ranks join only afterwards: a s
 would hang, and mpirun's timeout would fail the run).
 """
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -161,3 +163,42 @@ def test_removed_set_refuses_collectives(rank, size):
     assert bf.remove_process_set(ps) is False
     with pytest.raises(ValueError, match="not registered"):
         bf.allreduce(tf.ones([1]), name="ps.removed", process_set=ps)
+
+
+@pytest.mark.parametrize("bad", [[0.7], [0, "1"], "01", [True], [0, 1.0], 0])
+def test_ranks_must_be_integers(bad, rank, size):
+    """A float or a string would be truncated or parsed into some other rank: only Python and
+    numpy integers are ranks."""
+    with pytest.raises(TypeError, match=f"rank {rank}: .*ranks must be .*integers"):
+        bf.ProcessSet(bad)
+    with pytest.raises(TypeError, match="integers"):
+        bf.add_process_set(bad)
+    ps = bf.add_process_set(np.arange(size, dtype=np.int64)[::-1])
+    assert ps.ranks == list(range(size)) and all(type(r) is int for r in ps.ranks)
+    bf.remove_process_set(ps)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_add_collective_remove_cycles_do_not_grow_the_process(rank, size):
+    """A set registered again with the same ranks takes its old id back: the id is an attribute
+    of the TensorFlow ops, and TensorFlow keeps an eager kernel per attribute value for good,
+    about 35 KB each (fresh ids grew the process by that much per cycle)."""
+    def cycle(t):
+        ps = bf.add_process_set(list(range(size)))
+        out = bf.allreduce(tf.constant([1.0]), average=False, name="ps.cycle", process_set=ps)
+        assert float(out.numpy()[0]) == size
+        set_id = ps.process_set_id
+        assert bf.remove_process_set(ps) is True
+        return set_id
+
+    first = {cycle(t) for t in range(20)}
+    before = _rss_bytes()
+    cycles = 300
+    ids = {cycle(t) for t in range(cycles)}
+    growth = _rss_bytes() - before
+    assert len(first) == 1 and ids == first, (first, ids)
+    assert growth < cycles * 8 * 1024, f"grew {growth / cycles:.0f} bytes per cycle"

@@ -135,3 +135,22 @@ def test_ranks_that_disagree_on_the_op_fail_together(rank, size):
         bf.allreduce(tf.constant([1.0]), op=bf.Max if rank == 0 else bf.Min,
                      name="reduce.disagree")
     assert bf.allreduce(tf.constant(1.0), average=False, name="reduce.after").numpy() == size
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize("dtype, value", [(tf.float16, 60000.0), (tf.bfloat16, 3.0e38)],
+                         ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [4, 700, LARGE], ids=["in-round", "fused", "large"])
+def test_16_bit_average_does_not_overflow_when_the_mean_fits(dtype, value, n, rank, size):
+    """The sum of every rank's value overflows a 16-bit float although the mean fits: each rank's
+    input is divided before the sum (the round's data, a fused group, the large paths)."""
+    x = tf.cast(tf.fill([n], value), dtype)
+    want = float(tf.cast(x[0], tf.float32))
+    outs = [bf.allreduce(x, average=True, name=f"ro.avg16.{dtype.name}.{n}")]
+    outs += bf.grouped_allreduce([x, x], average=True, name=f"ro.avg16.g.{dtype.name}.{n}")
+    rows = tf.reshape(x[: n - n % size], [size, -1])
+    outs.append(bf.reducescatter(rows, op=bf.Average, name=f"ro.avg16.rs.{dtype.name}.{n}"))
+    for out in outs:
+        got = tf.cast(out, tf.float32).numpy()
+        assert np.all(np.isfinite(got)), (dtype.name, n, got[:4])
+        np.testing.assert_allclose(got, want, rtol=1e-2 if dtype == tf.bfloat16 else 1e-3)

@@ -381,6 +381,33 @@ def test_errors_neighbours_and_weights(rank, size):
 
 
 @needs_ranks(2)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_errors_weights_that_are_not_finite(bad, rank, size):
+    """A NaN or infinite weight would spread into the neighbours' buffers: refused by the Python
+    layer and, for weights that come as tensors, by the core."""
+    bf.win_create(tf.constant(value(rank)), "w")
+    x = tf.constant(value(rank))
+    out = bf.out_neighbor_ranks()[0]
+    with raises(ValueError, "win_put", "w", match="finite"):
+        bf.win_put(x, "w", dst_weights={out: bad})
+    with raises(ValueError, "win_accumulate", "w", match="finite"):
+        bf.win_accumulate(x, "w", self_weight=bad)
+    with raises(ValueError, "win_update", "w", match="finite"):
+        bf.win_update("w", self_weight=bad, neighbor_weights={})
+    from bluefog.tensorflow.op_library import ops
+    for ranks, weights, self_weight in (([out], [bad], 1.0), ([out], [1.0], bad)):
+        with raises(tf.errors.InvalidArgumentError, "win_put", "w", match="finite"):
+            ops.bluefog_win_put(x, "w", tf.constant(ranks, tf.int32),
+                                tf.constant(weights, tf.float64),
+                                tf.constant(self_weight, tf.float64), accumulate=False,
+                                require_mutex=False, with_p=False)
+    # Nothing was sent: the buffers still hold what win_create put there (this rank's tensor).
+    sync()
+    for src in bf.in_neighbor_ranks():
+        np.testing.assert_array_equal(buffer("w", src), value(rank))
+
+
+@needs_ranks(2)
 def test_error_free_with_pending_op(rank, size):
     """Rank 1's require_mutex put waits for rank 0's mutex, so win_free fails on every rank."""
     bf.set_topology(tu.RingGraph(size))
