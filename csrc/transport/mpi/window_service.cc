@@ -174,7 +174,7 @@ int64_t WindowService::Put(const std::string& name, const void* data, DataType d
   std::sort(sorted.begin(), sorted.end());
   if (require_mutex && !dsts.empty()) {
     op->steps.push_back({kLock, sorted, {}});
-    op->unlock_granted = true;
+    op->release_at_end = true;
   }
   op->steps.push_back({accumulate ? kAccumulate : kPut, dsts, weights});
   return Queue(std::move(op), e);
@@ -190,7 +190,7 @@ int64_t WindowService::Get(const std::string& name, const std::vector<int32_t>& 
   std::sort(sorted.begin(), sorted.end());
   if (require_mutex && !srcs.empty()) {
     op->steps.push_back({kLock, sorted, {}});
-    op->unlock_granted = true;
+    op->release_at_end = true;
   }
   op->steps.push_back({kGetRequest, srcs, weights});
   return Queue(std::move(op), e);
@@ -209,6 +209,7 @@ int64_t WindowService::Mutex(const std::string& name, std::vector<int32_t> ranks
   }
   auto op = std::make_unique<Op>();
   op->name = "win_mutex";
+  op->win_mutex = true;
   op->steps.push_back({lock ? kLock : kUnlock, ranks, {}});
   return Queue(std::move(op), e);
 }

@@ -99,6 +99,7 @@ class WindowService {
 
   // The service thread.
   void Loop();
+  void Begin(Op* op);
   void Advance(Op* op);
   void Finish(int64_t handle);
   void Receive(int src);

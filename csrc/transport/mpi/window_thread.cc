@@ -27,6 +27,7 @@ void WindowService::Loop() {
       for (auto& op : fresh) {
         Op* raw = op.get();
         running_[raw->handle] = std::move(op);
+        Begin(raw);
         Advance(raw);
       }
       for (int k = 0; k < 64; ++k) {
@@ -63,10 +64,10 @@ void WindowService::Loop() {
   for (int64_t h : left) {
     Op* op = running_[h].get();
     op->status = WinError(StatusCode::kAborted, op->name, op->entry->window->spec().name, reason);
-    running_[h]->outstanding = 0;
-    running_[h]->steps.clear();
-    running_[h]->unlock_granted = false;
-    Advance(running_[h].get());
+    op->outstanding = 0;
+    op->steps.clear();
+    op->granted.clear();  // every rank stops now: nothing will be locked any more
+    Advance(op);
   }
   Drain();
 }
@@ -126,6 +127,38 @@ bool WindowService::TestOutgoing() {
   return any;
 }
 
+// Checks a starting op's locks against the mutexes this rank's win_mutex holds, before it asks
+// for any: asking for one of them would be refused part-way (or wait for itself), and the
+// overlap is known here. A win_mutex lock or unlock updates what is held.
+void WindowService::Begin(Op* op) {
+  if (op->steps.empty()) return;
+  const Op::Step& first = op->steps.front();
+  std::vector<int32_t>& held = op->entry->held;
+  if (op->win_mutex && first.kind == kUnlock) {
+    for (int32_t r : first.ranks) held.erase(std::remove(held.begin(), held.end(), r), held.end());
+    return;
+  }
+  if (first.kind != kLock) return;
+  std::vector<int32_t> both;
+  for (int32_t r : first.ranks)
+    if (std::find(held.begin(), held.end(), r) != held.end()) both.push_back(r);
+  if (!both.empty()) {
+    const std::string& name = op->entry->window->spec().name;
+    op->status = WinError(
+        StatusCode::kInvalidArgument, op->name, name,
+        Concat("rank ", rank_, " holds the mutex of window '", name, "' on ", RanksText(both),
+               " already (in a bf.win_mutex block), and asking for it again would wait for "
+               "itself; nothing was locked or sent. Inside win_mutex use require_mutex=False "
+               "for those ranks, or leave the block first"));
+    op->steps.clear();
+    return;
+  }
+  if (op->win_mutex) {
+    op->holds = first.ranks;
+    held.insert(held.end(), first.ranks.begin(), first.ranks.end());
+  }
+}
+
 // Sends the next step's messages, or finishes the op once nothing is outstanding.
 void WindowService::Advance(Op* op) {
   while (op->outstanding == 0) {
@@ -134,18 +167,22 @@ void WindowService::Advance(Op* op) {
       op->steps.clear();
     }
     if (op->steps.empty()) {
-      if (op->unlock_granted && !op->granted.empty()) {
-        op->unlock_granted = false;
-        op->steps.push_back({kUnlock, op->granted, {}});
-        op->granted.clear();
-        // Sent even after a failure: the lock must not stay held.
+      if (!op->granted.empty() && op->release_at_end) {
+        // Sent even after a failure: the lock must not stay held. Only those it was granted: a
+        // refused request's mutex may be this rank's win_mutex's.
         const int window = op->entry->window->id();
-        for (int32_t r : op->steps.front().ranks) {
+        for (int32_t r : op->granted) {
           Send(r, kUnlock, window, op->handle, 0, 0, nullptr, 0);
           ++op->outstanding;
         }
-        op->steps.clear();
+        op->granted.clear();
+        op->release_at_end = false;
         continue;
+      }
+      if (!op->status.ok()) {
+        std::vector<int32_t>& held = op->entry->held;
+        for (int32_t r : op->holds)
+          held.erase(std::remove(held.begin(), held.end(), r), held.end());
       }
       Finish(op->handle);
       return;
@@ -162,7 +199,6 @@ void WindowService::Advance(Op* op) {
       step.ranks.erase(step.ranks.begin());
       if (step.ranks.empty()) op->steps.pop_front();
       Send(r, kLock, window, op->handle, 0, 0, nullptr, 0);
-      op->granted.push_back(r);  // released by the final unlock even if the grant fails
       op->outstanding = 1;
       return;
     }
@@ -229,9 +265,10 @@ void WindowService::Receive(int src) {
     Op* op = it->second.get();
     if (h.kind == kAck && h.code != 0 && op->status.ok()) {
       op->status =
-          Status(static_cast<StatusCode>(h.code),
-                 Concat("rank ", src, " refused: ", std::string(scratch_.data(), h.bytes)));
+          WinError(static_cast<StatusCode>(h.code), op->name, op->entry->window->spec().name,
+                   Concat("rank ", src, " refused: ", std::string(scratch_.data(), h.bytes)));
     }
+    if (h.kind == kGrant) op->granted.push_back(src);
     if (h.kind == kGetReply) {
       if (static_cast<size_t>(h.bytes) == op->entry->window->bytes()) {
         op->entry->window->Write(src, scratch_.data(), h.weight, h.weight * h.p, false);

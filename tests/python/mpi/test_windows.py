@@ -6,6 +6,7 @@ separates phases: a finished ``win_put`` is in the target's buffer, so after ``s
 rank sees every other rank's writes. With one rank a window has no neighbours.
 """
 
+import re
 import time
 
 import networkx as nx
@@ -413,11 +414,79 @@ def test_error_mutex_asked_again_by_its_holder(rank, size):
     bf.win_create(tf.constant(value(rank)), "w")
     with bf.win_mutex("w", for_self=True):
         with raises(tf.errors.InvalidArgumentError, "win_mutex", "w",
-                    match=f"rank {rank} refused: rank {rank} asks for the mutex of window 'w', "
-                          "which it holds already"):
+                    match=rf"rank {rank} holds the mutex of window 'w' on \[{rank}\] already"):
             bf.win_update("w", require_mutex=True)
     # Released: taking it again works.
     bf.win_update("w", require_mutex=True)
+
+
+def error_of(call):
+    """The exception `call()` raised (None if none): a rank records it and asserts after the
+    test's last sync, so a failing check cannot leave the other ranks in a collective."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - any failure is the test's finding
+        return e
+    return None
+
+
+def assert_names(error, op, name, pattern):
+    """`error` is a window error naming this rank, `op` and window `name`, matching `pattern`."""
+    assert error is not None, f"{op} did not fail"
+    msg = str(error)
+    for part in (f"rank {bf.rank()}", op, repr(name)):
+        assert part in msg, f"{part!r} not in {msg!r}"
+    assert re.search(pattern, msg), f"{pattern!r} not in {msg!r}"
+
+
+@needs_ranks(2)
+def test_refused_require_mutex_keeps_the_callers_win_mutex(rank, size):
+    """Rank 0 holds rank 1's mutex (win_mutex); its require_mutex put to rank 1 (and rank 2)
+    is refused before it locks anything, and win_mutex still holds rank 1's mutex: rank 2's
+    require_mutex put into rank 1 waits until rank 0 leaves the block, which releases it."""
+    bf.set_topology(tu.FullyConnectedGraph(size))
+    bf.win_create(tf.constant(value(rank)), "w", zero_init=True)
+    targets = {r: 1.0 for r in range(1, min(size, 3))}
+    put_error = exit_error = h = None
+    got_in = False
+    if rank == 0:
+        def block():
+            nonlocal put_error
+            with bf.win_mutex("w", ranks=[1]):
+                sync()
+                put_error = error_of(lambda: bf.win_put(tf.constant(value(0)), "w",
+                                                        dst_weights=targets, require_mutex=True))
+                sync()  # A: the refused put is over
+                sync()  # B: rank 2's put was tried
+        exit_error = error_of(block)
+    else:
+        sync()
+        sync()  # A
+        if rank == 2:
+            h = bf.win_put_nonblocking(tf.constant(value(rank)), "w", dst_weights={1: 1.0},
+                                       require_mutex=True)
+            for _ in range(20):
+                time.sleep(0.01)
+                got_in = got_in or bf.win_poll(h)
+        sync()  # B
+    sync()  # rank 0 left the block
+    if h is not None:
+        assert bf.win_wait(h) is True
+    sync()
+    if rank == 0:
+        assert_names(put_error, "win_put", "w", r"rank 0 holds the mutex of window 'w' on \[1\] "
+                                                r"already \(in a bf.win_mutex block\).*nothing "
+                                                r"was locked")
+        assert exit_error is None, f"leaving win_mutex failed: {exit_error}"
+    assert not got_in, "rank 2 got rank 1's mutex while rank 0's win_mutex held it"
+    if rank == 1:
+        got = buffers("w")
+        np.testing.assert_array_equal(got[0], np.zeros(SHAPE, np.float32))
+        if size > 2:
+            np.testing.assert_array_equal(got[2], value(2))
+    # Every mutex is free again.
+    with bf.win_mutex("w", ranks=[r for r in range(size) if r != rank]):
+        pass
 
 
 def test_unified_model_reported_where_windows_work(rank, size):
