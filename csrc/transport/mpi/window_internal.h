@@ -83,7 +83,7 @@ struct WindowService::Op {
   std::deque<Step> steps;
   // The ranks whose mutex this op's lock step was granted (added when the grant arrives, so a
   // refused request is never released: that mutex may be held by this rank's win_mutex).
-  // Released when the op ends if `release_at_end` (require_mutex).
+  // Released when the op ends if `release_at_end` (require_mutex), and always when it fails.
   std::vector<int32_t> granted;
   bool release_at_end = false;
   // win_mutex: its lock or unlock updates Entry::held; `holds` are the ranks a lock added

@@ -167,9 +167,13 @@ void WindowService::Advance(Op* op) {
       op->steps.clear();
     }
     if (op->steps.empty()) {
-      if (!op->granted.empty() && op->release_at_end) {
-        // Sent even after a failure: the lock must not stay held. Only those it was granted: a
-        // refused request's mutex may be this rank's win_mutex's.
+      if (!op->granted.empty() && (op->release_at_end || !op->status.ok())) {
+        // Sent even after a failure: no mutex this op took may stay held. Only those it was
+        // granted: a refused request's mutex may be this rank's win_mutex's.
+        if (!op->status.ok())
+          op->status = Status(op->status.code(),
+                              Concat(op->status.message(), " (the mutexes it had taken, on ",
+                                     RanksText(op->granted), ", were released)"));
         const int window = op->entry->window->id();
         for (int32_t r : op->granted) {
           Send(r, kUnlock, window, op->handle, 0, 0, nullptr, 0);

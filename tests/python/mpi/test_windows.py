@@ -489,6 +489,59 @@ def test_refused_require_mutex_keeps_the_callers_win_mutex(rank, size):
         pass
 
 
+@needs_ranks(3)
+def test_win_mutex_refused_part_way_releases_what_it_took(rank, size):
+    """Rank 0's require_mutex put holds rank 1's mutex while it waits for rank 2's (held by
+    rank 2). Rank 0's win_mutex on ranks [0, 1] gets its own mutex, then rank 1 refuses (rank 0
+    holds it already): the error says so, and rank 0's own mutex is released again, so rank 2's
+    require_mutex put into rank 0 finishes and win_free succeeds."""
+    bf.set_topology(tu.FullyConnectedGraph(size))
+    bf.win_create(tf.constant(value(rank)), "w", zero_init=True)
+    put = mutex_error = None
+    put_done = True
+    if rank == 2:
+        with bf.win_mutex("w", for_self=True):
+            sync()  # A: rank 2 holds its mutex
+            sync()  # B: rank 0's put holds rank 1's and waits for rank 2's
+            sync()  # C: rank 0's win_mutex was refused
+    else:
+        sync()  # A
+        if rank == 0:
+            put = bf.win_put_nonblocking(tf.constant(value(0)), "w",
+                                         dst_weights={1: 1.0, 2: 1.0}, require_mutex=True)
+            time.sleep(0.1)
+            assert bf.win_poll(put) is False
+        sync()  # B
+        if rank == 0:
+            def take():
+                with bf.win_mutex("w", ranks=[0, 1]):
+                    pass
+            mutex_error = error_of(take)
+        sync()  # C
+    if put is not None:
+        assert bf.win_wait(put) is True
+    sync()
+    if rank == 2:  # waits for rank 0's own mutex: bounded, so a lock left held fails here
+        h = bf.win_put_nonblocking(tf.constant(value(2)), "w", dst_weights={0: 1.0},
+                                   require_mutex=True)
+        deadline = time.time() + 10
+        while not bf.win_poll(h) and time.time() < deadline:
+            time.sleep(0.01)
+        put_done = bool(bf.win_poll(h))
+    sync()
+    got = buffer("w", 2) if rank == 0 else None
+    free_error = error_of(lambda: bf.win_free("w"))  # on every rank, before any assertion
+    assert put_done, "rank 0's mutex stayed locked after its win_mutex failed"
+    assert free_error is None, f"win_free failed: {free_error}"
+    if rank == 2:
+        assert bf.win_wait(h) is True
+    if rank == 0:
+        assert_names(mutex_error, "win_mutex", "w",
+                     r"rank 1 refused: rank 0 asks for the mutex of window 'w', which it holds "
+                     r"already.*\(the mutexes it had taken, on \[0\], were released\)")
+        np.testing.assert_array_equal(got, value(2))
+
+
 def test_unified_model_reported_where_windows_work(rank, size):
     """Windows need MPI_THREAD_MULTIPLE (their thread calls MPI); where they work, a finished
     put is visible to the next update without further synchronisation."""
