@@ -80,9 +80,10 @@ std::vector<std::string> WindowService::Names() {
 
 std::shared_ptr<WindowService::Entry> WindowService::Find(const char* op, const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stop_)
-    throw BluefogError(StatusCode::kAborted,
-                       WinError(StatusCode::kAborted, op, name, stop_reason_).message());
+  if (stop_ || closed_)
+    throw BluefogError(
+        StatusCode::kAborted,
+        WinError(StatusCode::kAborted, op, name, stop_ ? stop_reason_ : closed_reason_).message());
   auto it = by_name_.find(name);
   if (it == by_name_.end())
     throw BluefogError(StatusCode::kInvalidArgument,
@@ -141,7 +142,8 @@ std::shared_ptr<std::vector<char>> WindowService::TakeBuffer(Entry& e) {
 
 int64_t WindowService::Queue(std::unique_ptr<Op> op, const std::shared_ptr<Entry>& e) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stop_) throw BluefogError(StatusCode::kAborted, stop_reason_);
+  if (stop_ || closed_)
+    throw BluefogError(StatusCode::kAborted, stop_ ? stop_reason_ : closed_reason_);
   op->handle = next_handle_++;
   op->entry = e;
   ++e->pending;
@@ -261,6 +263,14 @@ int WindowService::Poll(int64_t handle) {
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -1;
   return it->second.done ? 1 : 0;
+}
+
+void WindowService::Close(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_ || stop_) return;
+  closed_ = true;
+  closed_reason_ = reason;
+  wake_.notify_one();
 }
 
 void WindowService::Stop(const std::string& reason, bool free_comms) {

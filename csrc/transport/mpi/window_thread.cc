@@ -13,8 +13,21 @@ namespace bluefog {
 
 using namespace window_internal;
 
+namespace {
+
+// The refusal of a request to a window of a rank that shut down.
+Status ShutDown(int rank, const std::string& name, const std::string& why) {
+  return Status(StatusCode::kAborted,
+                Concat("window '", name, "' on rank ", rank, " is shut down (", why,
+                       ") and takes no more puts, accumulates, gets or mutex requests; stop "
+                       "using it and call bf.shutdown() on this rank too"));
+}
+
+}  // namespace
+
 void WindowService::Loop() {
   auto pause = kMinPause;
+  bool waiters_refused = false;
   while (true) {
     std::deque<std::unique_ptr<Op>> fresh;
     {
@@ -24,6 +37,11 @@ void WindowService::Loop() {
     }
     bool worked = !fresh.empty();
     try {
+      std::string why;
+      if (!waiters_refused && Closed(&why)) {
+        RefuseWaiters(why);
+        waiters_refused = true;
+      }
       for (auto& op : fresh) {
         Op* raw = op.get();
         running_[raw->handle] = std::move(op);
@@ -69,7 +87,34 @@ void WindowService::Loop() {
     op->granted.clear();  // every rank stops now: nothing will be locked any more
     Advance(op);
   }
+  try {
+    std::string why;
+    if (Closed(&why)) RefuseWaiters(why);
+  } catch (const std::exception&) {
+    // MPI failed: Drain gives up at once too.
+  }
   Drain();
+}
+
+bool WindowService::Closed(std::string* reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!closed_ && !stop_) return false;
+  *reason = closed_ ? closed_reason_ : stop_reason_;
+  return true;
+}
+
+// After Close: the ranks queued for this rank's mutexes would wait for a grant that never comes.
+void WindowService::RefuseWaiters(const std::string& reason) {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [id, e] : by_id_) entries.push_back(e);
+  }
+  for (auto& e : entries) {
+    for (auto [src, op] : e->waiters)
+      SendError(src, e->window->id(), op, ShutDown(rank_, e->window->spec().name, reason));
+    e->waiters.clear();
+  }
 }
 
 void WindowService::Send(int dst, int kind, int window, int64_t op, double weight, double p,
@@ -299,6 +344,11 @@ void WindowService::Receive(int src) {
   if (!e) return refuse("it has no such window (freed, or not created there)");
   Window& w = *e->window;
   const std::string& name = w.spec().name;
+  // After shutdown began here only unlocks are served, so the other ranks' operations end
+  // with an error at once instead of landing (or waiting) while this rank goes away.
+  std::string why;
+  if (h.kind != kUnlock && Closed(&why))
+    return SendError(src, h.window, h.op, ShutDown(rank_, name, why));
   switch (h.kind) {
     case kPut:
     case kAccumulate:
@@ -340,7 +390,9 @@ void WindowService::Receive(int src) {
         return refuse(
             Concat("rank ", src, " unlocks the mutex of window '", name, "' but does not hold it"));
       e->holder = -1;
-      if (!e->waiters.empty()) {
+      if (Closed(&why)) {
+        RefuseWaiters(why);
+      } else if (!e->waiters.empty()) {
         auto [next, next_op] = e->waiters.front();
         e->waiters.pop_front();
         e->holder = next;
