@@ -23,7 +23,8 @@ constexpr int kDataTag = 72;
 // (which bounds how long an idle target takes to notice a put).
 constexpr auto kMinPause = std::chrono::microseconds(20);
 constexpr auto kMaxPause = std::chrono::microseconds(1000);
-// How long Stop keeps serving the other ranks' last messages before it gives up on them.
+// How long Stop keeps answering the other ranks' last messages (refusing their requests) before
+// it gives up on them.
 constexpr double kDrainSeconds = 1.0;
 
 enum Kind : int32_t {

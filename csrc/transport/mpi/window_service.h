@@ -13,7 +13,8 @@
 // acknowledged once written; a get request is answered with the target's published value; a
 // lock is granted when the target's mutex for that window is free (waiters queue in arrival
 // order) and released by an acknowledged unlock. An operation's handle finishes when every
-// acknowledgement arrived, so a finished put is in the target's buffer.
+// acknowledgement arrived, so a finished put is in the target's buffer. Once a rank begins to
+// shut down (Close) it refuses every request but unlocks.
 #pragma once
 
 #include <atomic>
