@@ -101,6 +101,10 @@ def init(process_sets=None) -> None:
 def shutdown() -> None:
     """Stops bluefog on every rank. Collectives still pending fail with a "shut down" error.
 
+    This rank's windows are closed first: the other ranks' window operations into it fail at
+    once. It returns once every rank has joined the shutdown's negotiation round (at its next
+    collective or shutdown).
+
     MPI cannot be restarted, so ``init()`` after ``shutdown()`` raises in the same process.
     """
     if _lib is not None:

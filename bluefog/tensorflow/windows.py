@@ -361,7 +361,8 @@ def win_mutex(name: str, for_self: bool = False, ranks: Optional[List[int]] = No
     rank's own) for the body. Ranks are locked one at a time in ascending order, so two callers
     cannot deadlock; puts, accumulates and gets with ``require_mutex`` and updates with
     ``require_mutex`` on those ranks wait while it is held. Asking again for a mutex this rank
-    holds (``require_mutex`` inside ``win_mutex`` on the same rank) is an error, not a wait."""
+    holds (``require_mutex`` inside ``win_mutex`` on the same ranks) is an error, raised before
+    anything is locked, not a wait."""
     w = _window("win_mutex", name)
     if for_self:
         ranks = [basics.rank()]

@@ -71,8 +71,12 @@ void Runtime::Init() {
 void Runtime::Shutdown() {
   std::lock_guard<std::mutex> guard(InitMutex());
   if (!started_) return;
-  world_->RequestStop(
-      Concat("rank ", info_.rank, " shut down: bf.shutdown() was called or its process exited"));
+  const std::string reason =
+      Concat("rank ", info_.rank, " shut down: bf.shutdown() was called or its process exited");
+  // At once, not after the shutdown round: the other ranks join that round only at their next
+  // collective, and until then their window operations into this rank must fail, not land.
+  windows_.Close(reason);
+  world_->RequestStop(reason);
   if (thread_.joinable()) thread_.join();
 }
 

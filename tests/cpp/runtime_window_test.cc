@@ -100,6 +100,28 @@ TEST(RuntimeWindow, MutexesSerializeEveryRank) {
   ASSERT_TRUE(FreeWindow("mutex").ok());
 }
 
+TEST(RuntimeWindow, RequireMutexInsideWinMutexIsRefusedAndKeepsIt) {
+  // Every rank holds the next rank's mutex; its require_mutex put there is refused before it
+  // locks anything, and the win_mutex still holds the mutex (its unlock is accepted).
+  if (Size() < 2) GTEST_SKIP();
+  std::vector<float> mine(4, 1.0f);
+  ASSERT_TRUE(CreateRingWindow("nested", mine).ok());
+  WindowService& win = Runtime::Get().windows();
+  ASSERT_TRUE(WaitHandle(win.Mutex("nested", {Next()}, true)).ok());
+  Status put = WaitHandle(win.Put("nested", mine.data(), DataType::kFloat32, {4}, {Next()}, {1.0},
+                                  1.0, false, true, false));
+  EXPECT_EQ(put.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      put.message().find(Concat("bluefog win_put of window 'nested': rank ", Rank(),
+                                " holds the mutex of window 'nested' on [", Next(), "] already")),
+      std::string::npos)
+      << put.message();
+  Status unlock = WaitHandle(win.Mutex("nested", {Next()}, false));
+  EXPECT_TRUE(unlock.ok()) << unlock.message();
+  Barrier();
+  ASSERT_TRUE(FreeWindow("nested").ok());
+}
+
 TEST(RuntimeWindow, MistakesFailOnTheCallingRank) {
   std::vector<float> mine(8, 1.0f);
   ASSERT_TRUE(CreateRingWindow("errors", mine).ok());

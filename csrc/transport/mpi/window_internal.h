@@ -23,7 +23,8 @@ constexpr int kDataTag = 72;
 // (which bounds how long an idle target takes to notice a put).
 constexpr auto kMinPause = std::chrono::microseconds(20);
 constexpr auto kMaxPause = std::chrono::microseconds(1000);
-// How long Stop keeps serving the other ranks' last messages before it gives up on them.
+// How long Stop keeps answering the other ranks' last messages (refusing their requests) before
+// it gives up on them.
 constexpr double kDrainSeconds = 1.0;
 
 enum Kind : int32_t {
@@ -81,8 +82,15 @@ struct WindowService::Op {
     std::vector<double> weights;
   };
   std::deque<Step> steps;
-  bool unlock_granted = false;  // a final unlock of what this op's lock step was granted
+  // The ranks whose mutex this op's lock step was granted (added when the grant arrives, so a
+  // refused request is never released: that mutex may be held by this rank's win_mutex).
+  // Released when the op ends if `release_at_end` (require_mutex), and always when it fails.
   std::vector<int32_t> granted;
+  bool release_at_end = false;
+  // win_mutex: its lock or unlock updates Entry::held; `holds` are the ranks a lock added
+  // there, taken out again if it fails.
+  bool win_mutex = false;
+  std::vector<int32_t> holds;
   std::shared_ptr<std::vector<char>> payload;  // put / accumulate: the data
   double p = 1.0;                              // the sender's push-sum weight (before weights)
   bool with_p = false;
@@ -98,6 +106,9 @@ struct WindowService::Entry {
   // The mutex other ranks lock on this rank (service thread only).
   int holder = -1;
   std::deque<std::pair<int, int64_t>> waiters;
+  // The ranks whose mutex of this window this rank's win_mutex holds or is acquiring (service
+  // thread only): a lock of any of them by this rank is refused before it asks for anything.
+  std::vector<int32_t> held;
 };
 
 struct WindowService::Outgoing {

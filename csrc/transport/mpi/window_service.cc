@@ -81,9 +81,10 @@ std::vector<std::string> WindowService::Names() {
 
 std::shared_ptr<WindowService::Entry> WindowService::Find(const char* op, const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stop_)
-    throw BluefogError(StatusCode::kAborted,
-                       WinError(StatusCode::kAborted, op, name, stop_reason_).message());
+  if (stop_ || closed_)
+    throw BluefogError(
+        StatusCode::kAborted,
+        WinError(StatusCode::kAborted, op, name, stop_ ? stop_reason_ : closed_reason_).message());
   auto it = by_name_.find(name);
   if (it == by_name_.end())
     throw BluefogError(StatusCode::kInvalidArgument,
@@ -155,7 +156,8 @@ std::shared_ptr<std::vector<char>> WindowService::TakeBuffer(Entry& e) {
 
 int64_t WindowService::Queue(std::unique_ptr<Op> op, const std::shared_ptr<Entry>& e) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stop_) throw BluefogError(StatusCode::kAborted, stop_reason_);
+  if (stop_ || closed_)
+    throw BluefogError(StatusCode::kAborted, stop_ ? stop_reason_ : closed_reason_);
   op->handle = next_handle_++;
   op->entry = e;
   ++e->pending;
@@ -189,7 +191,7 @@ int64_t WindowService::Put(const std::string& name, const void* data, DataType d
   std::sort(sorted.begin(), sorted.end());
   if (require_mutex && !dsts.empty()) {
     op->steps.push_back({kLock, sorted, {}});
-    op->unlock_granted = true;
+    op->release_at_end = true;
   }
   op->steps.push_back({accumulate ? kAccumulate : kPut, dsts, weights});
   return Queue(std::move(op), e);
@@ -205,7 +207,7 @@ int64_t WindowService::Get(const std::string& name, const std::vector<int32_t>& 
   std::sort(sorted.begin(), sorted.end());
   if (require_mutex && !srcs.empty()) {
     op->steps.push_back({kLock, sorted, {}});
-    op->unlock_granted = true;
+    op->release_at_end = true;
   }
   op->steps.push_back({kGetRequest, srcs, weights});
   return Queue(std::move(op), e);
@@ -224,6 +226,7 @@ int64_t WindowService::Mutex(const std::string& name, std::vector<int32_t> ranks
   }
   auto op = std::make_unique<Op>();
   op->name = "win_mutex";
+  op->win_mutex = true;
   op->steps.push_back({lock ? kLock : kUnlock, ranks, {}});
   return Queue(std::move(op), e);
 }
@@ -276,6 +279,14 @@ int WindowService::Poll(int64_t handle) {
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -1;
   return it->second.done ? 1 : 0;
+}
+
+void WindowService::Close(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_ || stop_) return;
+  closed_ = true;
+  closed_reason_ = reason;
+  wake_.notify_one();
 }
 
 void WindowService::Stop(const std::string& reason, bool free_comms) {

@@ -13,7 +13,8 @@
 // acknowledged once written; a get request is answered with the target's published value; a
 // lock is granted when the target's mutex for that window is free (waiters queue in arrival
 // order) and released by an acknowledged unlock. An operation's handle finishes when every
-// acknowledgement arrived, so a finished put is in the target's buffer.
+// acknowledgement arrived, so a finished put is in the target's buffer. Once a rank begins to
+// shut down (Close) it refuses every request but unlocks.
 #pragma once
 
 #include <atomic>
@@ -80,6 +81,12 @@ class WindowService {
   // 1: finished, 0: running, -1: no such handle (or already waited for).
   int Poll(int64_t handle);
 
+  // Any thread, first thing in shutdown. From now on the other ranks' puts, accumulates, gets
+  // and mutex requests to this rank's windows (and those waiting for its mutexes) are refused
+  // with an error that says it shut down (`reason`), and this rank's new operations fail;
+  // operations already running go on until Stop. Idempotent.
+  void Close(const std::string& reason);
+
   // Fails what is pending with `reason`, stops the thread and frees the communicators (unless
   // `free_comms` is false: MPI may then be left as it is). Idempotent.
   void Stop(const std::string& reason, bool free_comms);
@@ -100,6 +107,7 @@ class WindowService {
 
   // The service thread.
   void Loop();
+  void Begin(Op* op);
   void Advance(Op* op);
   void Finish(int64_t handle);
   void Receive(int src);
@@ -107,6 +115,8 @@ class WindowService {
             std::shared_ptr<std::vector<char>> data, int64_t bytes);
   void SendError(int dst, int window, int64_t op, const Status& status);
   bool TestOutgoing();
+  bool Closed(std::string* reason);
+  void RefuseWaiters(const std::string& reason);
   void Drain();
 
   void* world_comm_ = nullptr;
@@ -122,6 +132,8 @@ class WindowService {
   std::condition_variable wake_;
   bool stop_ = false;
   std::string stop_reason_;
+  bool closed_ = false;  // Close was called (Stop implies it)
+  std::string closed_reason_;
   int next_id_ = 0;
   int64_t next_handle_ = 1;
   std::map<std::string, std::shared_ptr<Entry>> by_name_;

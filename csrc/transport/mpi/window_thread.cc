@@ -13,8 +13,21 @@ namespace bluefog {
 
 using namespace window_internal;
 
+namespace {
+
+// The refusal of a request to a window of a rank that shut down.
+Status ShutDown(int rank, const std::string& name, const std::string& why) {
+  return Status(StatusCode::kAborted,
+                Concat("window '", name, "' on rank ", rank, " is shut down (", why,
+                       ") and takes no more puts, accumulates, gets or mutex requests; stop "
+                       "using it and call bf.shutdown() on this rank too"));
+}
+
+}  // namespace
+
 void WindowService::Loop() {
   auto pause = kMinPause;
+  bool waiters_refused = false;
   while (true) {
     std::deque<std::unique_ptr<Op>> fresh;
     {
@@ -24,9 +37,15 @@ void WindowService::Loop() {
     }
     bool worked = !fresh.empty();
     try {
+      std::string why;
+      if (!waiters_refused && Closed(&why)) {
+        RefuseWaiters(why);
+        waiters_refused = true;
+      }
       for (auto& op : fresh) {
         Op* raw = op.get();
         running_[raw->handle] = std::move(op);
+        Begin(raw);
         Advance(raw);
       }
       for (int k = 0; k < 64; ++k) {
@@ -63,12 +82,39 @@ void WindowService::Loop() {
   for (int64_t h : left) {
     Op* op = running_[h].get();
     op->status = WinError(StatusCode::kAborted, op->name, op->entry->window->spec().name, reason);
-    running_[h]->outstanding = 0;
-    running_[h]->steps.clear();
-    running_[h]->unlock_granted = false;
-    Advance(running_[h].get());
+    op->outstanding = 0;
+    op->steps.clear();
+    op->granted.clear();  // every rank stops now: nothing will be locked any more
+    Advance(op);
+  }
+  try {
+    std::string why;
+    if (Closed(&why)) RefuseWaiters(why);
+  } catch (const std::exception&) {
+    // MPI failed: Drain gives up at once too.
   }
   Drain();
+}
+
+bool WindowService::Closed(std::string* reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!closed_ && !stop_) return false;
+  *reason = closed_ ? closed_reason_ : stop_reason_;
+  return true;
+}
+
+// After Close: the ranks queued for this rank's mutexes would wait for a grant that never comes.
+void WindowService::RefuseWaiters(const std::string& reason) {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [id, e] : by_id_) entries.push_back(e);
+  }
+  for (auto& e : entries) {
+    for (auto [src, op] : e->waiters)
+      SendError(src, e->window->id(), op, ShutDown(rank_, e->window->spec().name, reason));
+    e->waiters.clear();
+  }
 }
 
 void WindowService::Send(int dst, int kind, int window, int64_t op, double weight, double p,
@@ -126,6 +172,38 @@ bool WindowService::TestOutgoing() {
   return any;
 }
 
+// Checks a starting op's locks against the mutexes this rank's win_mutex holds, before it asks
+// for any: asking for one of them would be refused part-way (or wait for itself), and the
+// overlap is known here. A win_mutex lock or unlock updates what is held.
+void WindowService::Begin(Op* op) {
+  if (op->steps.empty()) return;
+  const Op::Step& first = op->steps.front();
+  std::vector<int32_t>& held = op->entry->held;
+  if (op->win_mutex && first.kind == kUnlock) {
+    for (int32_t r : first.ranks) held.erase(std::remove(held.begin(), held.end(), r), held.end());
+    return;
+  }
+  if (first.kind != kLock) return;
+  std::vector<int32_t> both;
+  for (int32_t r : first.ranks)
+    if (std::find(held.begin(), held.end(), r) != held.end()) both.push_back(r);
+  if (!both.empty()) {
+    const std::string& name = op->entry->window->spec().name;
+    op->status = WinError(
+        StatusCode::kInvalidArgument, op->name, name,
+        Concat("rank ", rank_, " holds the mutex of window '", name, "' on ", RanksText(both),
+               " already (in a bf.win_mutex block), and asking for it again would wait for "
+               "itself; nothing was locked or sent. Inside win_mutex use require_mutex=False "
+               "for those ranks, or leave the block first"));
+    op->steps.clear();
+    return;
+  }
+  if (op->win_mutex) {
+    op->holds = first.ranks;
+    held.insert(held.end(), first.ranks.begin(), first.ranks.end());
+  }
+}
+
 // Sends the next step's messages, or finishes the op once nothing is outstanding.
 void WindowService::Advance(Op* op) {
   while (op->outstanding == 0) {
@@ -134,18 +212,26 @@ void WindowService::Advance(Op* op) {
       op->steps.clear();
     }
     if (op->steps.empty()) {
-      if (op->unlock_granted && !op->granted.empty()) {
-        op->unlock_granted = false;
-        op->steps.push_back({kUnlock, op->granted, {}});
-        op->granted.clear();
-        // Sent even after a failure: the lock must not stay held.
+      if (!op->granted.empty() && (op->release_at_end || !op->status.ok())) {
+        // Sent even after a failure: no mutex this op took may stay held. Only those it was
+        // granted: a refused request's mutex may be this rank's win_mutex's.
+        if (!op->status.ok())
+          op->status = Status(op->status.code(),
+                              Concat(op->status.message(), " (the mutexes it had taken, on ",
+                                     RanksText(op->granted), ", were released)"));
         const int window = op->entry->window->id();
-        for (int32_t r : op->steps.front().ranks) {
+        for (int32_t r : op->granted) {
           Send(r, kUnlock, window, op->handle, 0, 0, nullptr, 0);
           ++op->outstanding;
         }
-        op->steps.clear();
+        op->granted.clear();
+        op->release_at_end = false;
         continue;
+      }
+      if (!op->status.ok()) {
+        std::vector<int32_t>& held = op->entry->held;
+        for (int32_t r : op->holds)
+          held.erase(std::remove(held.begin(), held.end(), r), held.end());
       }
       Finish(op->handle);
       return;
@@ -162,7 +248,6 @@ void WindowService::Advance(Op* op) {
       step.ranks.erase(step.ranks.begin());
       if (step.ranks.empty()) op->steps.pop_front();
       Send(r, kLock, window, op->handle, 0, 0, nullptr, 0);
-      op->granted.push_back(r);  // released by the final unlock even if the grant fails
       op->outstanding = 1;
       return;
     }
@@ -229,9 +314,10 @@ void WindowService::Receive(int src) {
     Op* op = it->second.get();
     if (h.kind == kAck && h.code != 0 && op->status.ok()) {
       op->status =
-          Status(static_cast<StatusCode>(h.code),
-                 Concat("rank ", src, " refused: ", std::string(scratch_.data(), h.bytes)));
+          WinError(static_cast<StatusCode>(h.code), op->name, op->entry->window->spec().name,
+                   Concat("rank ", src, " refused: ", std::string(scratch_.data(), h.bytes)));
     }
+    if (h.kind == kGrant) op->granted.push_back(src);
     if (h.kind == kGetReply) {
       if (static_cast<size_t>(h.bytes) == op->entry->window->bytes()) {
         op->entry->window->Write(src, scratch_.data(), h.weight, h.weight * h.p, false);
@@ -258,6 +344,11 @@ void WindowService::Receive(int src) {
   if (!e) return refuse("it has no such window (freed, or not created there)");
   Window& w = *e->window;
   const std::string& name = w.spec().name;
+  // After shutdown began here only unlocks are served, so the other ranks' operations end
+  // with an error at once instead of landing (or waiting) while this rank goes away.
+  std::string why;
+  if (h.kind != kUnlock && Closed(&why))
+    return SendError(src, h.window, h.op, ShutDown(rank_, name, why));
   switch (h.kind) {
     case kPut:
     case kAccumulate:
@@ -299,7 +390,9 @@ void WindowService::Receive(int src) {
         return refuse(
             Concat("rank ", src, " unlocks the mutex of window '", name, "' but does not hold it"));
       e->holder = -1;
-      if (!e->waiters.empty()) {
+      if (Closed(&why)) {
+        RefuseWaiters(why);
+      } else if (!e->waiters.empty()) {
         auto [next, next_op] = e->waiters.front();
         e->waiters.pop_front();
         e->holder = next;
