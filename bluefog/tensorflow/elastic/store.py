@@ -25,16 +25,20 @@ class CommitStore:
         self.folder = folder
         self.path = os.path.join(folder, f"commit-{socket.gethostname()}.pkl")
 
-    def write(self, commit_id: int, values: List[np.ndarray], attrs: Dict[str, Any]) -> None:
+    def write(self, commit_id: int, values: List[np.ndarray], attrs: Dict[str, Any],
+              names: Optional[List[str]] = None) -> None:
         os.makedirs(self.folder, exist_ok=True)
         tmp = f"{self.path}.tmp{os.getpid()}"
-        record = {"format": FORMAT, "commit": commit_id, "values": values, "attrs": attrs}
+        record = {"format": FORMAT, "commit": commit_id, "values": values, "attrs": attrs,
+                  "names": names}
         with open(tmp, "wb") as f:
             pickle.dump(record, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, self.path)
 
     def read(self) -> Optional[Dict[str, Any]]:
-        """The commit on this host, or None when there is none (or it cannot be read: warned)."""
+        """The commit on this host, or None when there is none (or it cannot be unpickled, or is
+        not a bluefog commit: warned). Raises ``ValueError`` saying what is wrong when it is a
+        bluefog commit whose content is malformed (a file edited or made by hand)."""
         try:
             with open(self.path, "rb") as f:
                 record = pickle.load(f)
@@ -48,4 +52,27 @@ class CommitStore:
             warnings.warn(f"bluefog elastic: ignoring {self.path}: not a bluefog commit of "
                           f"format {FORMAT}", stacklevel=2)
             return None
+        problem = malformed(record)
+        if problem:
+            raise ValueError(f"{self.path} is malformed: {problem}")
         return record
+
+
+def malformed(record: Dict[str, Any]) -> str:
+    """What is wrong with the fields of a commit record, or "" when nothing is."""
+    commit = record.get("commit")
+    if isinstance(commit, bool) or not isinstance(commit, (int, np.integer)) or commit < 0:
+        return f"'commit' must be an int >= 0, it is {commit!r}"
+    values = record.get("values")
+    if not isinstance(values, list):
+        return f"'values' must be a list of numpy arrays, it is a {type(values).__name__}"
+    for j, value in enumerate(values):
+        if not isinstance(value, np.ndarray):
+            return f"'values'[{j}] must be a numpy array, it is a {type(value).__name__}"
+    attrs = record.get("attrs")
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
+        return f"'attrs' must be a dict with str keys, it is {type(attrs).__name__}"
+    names = record.get("names")
+    if names is not None and (not isinstance(names, list) or len(names) != len(values)):
+        return "'names' must be None or a list with one name per value"
+    return ""
