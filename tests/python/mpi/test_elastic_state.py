@@ -6,6 +6,7 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import time
 
 import keras
@@ -16,6 +17,7 @@ import tensorflow as tf
 import bluefog.tensorflow as bf
 from bluefog.common import elastic_env
 from bluefog.tensorflow.elastic import interrupts
+from bluefog.tensorflow.elastic.store import CommitStore
 
 
 def gather(value):
@@ -91,6 +93,56 @@ def test_a_commit_that_does_not_fit_is_an_error_on_every_rank(state_dir):
     other = bf.elastic.TensorFlowState([tf.Variable([0.0])], epoch=0)
     with pytest.raises(ValueError, match="does not fit this state.*2 variables, the state has 1"):
         other.sync()
+
+
+def dead_pid():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_commit_removes_temporaries_of_killed_writers_and_no_others(tmp_path):
+    store = CommitStore(str(tmp_path))
+    base = os.path.basename(store.path)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        names = {"dead": f"{base}.tmp{dead_pid()}", "live": f"{base}.tmp{live.pid}",
+                 "other host": f"commit-elsewhere.pkl.tmp{dead_pid()}", "unrelated": "notes.txt"}
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"x" * 1000)
+        store.write(0, [np.zeros(2, np.float32)], {"epoch": 1})
+        store.write(1, [np.ones(2, np.float32)], {"epoch": 2})
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted([base, names["live"], names["other host"], names["unrelated"]])
+        assert store.read()["commit"] == 1
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_commit_is_flushed_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", None))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    CommitStore(str(tmp_path)).write(0, [np.zeros(2, np.float32)], {})
+    assert events == [("fsync", False), ("replace", None), ("fsync", True)]
+
+
+def test_a_failed_write_leaves_no_temporary(tmp_path):
+    store = CommitStore(str(tmp_path))
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        store.write(0, [np.zeros(2, np.float32)], {"f": lambda: 0})  # lambdas do not pickle
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_commit_with_other_dtypes_is_an_error_not_a_cast(state_dir):
