@@ -75,6 +75,7 @@ class ElasticDriver:
         self.proc: Optional[subprocess.Popen] = None
         self.stopping = 0  # the signal that asked the driver to stop (0: none)
         self.stop_requests = 0
+        self.terminated: Optional[subprocess.Popen] = None  # the mpirun sent its one SIGTERM
         self.output: Deque[str] = collections.deque(maxlen=_OUTPUT_LINES)
         if args.state_dir:
             self.state_dir, self.keep = os.path.abspath(args.state_dir), True
@@ -187,13 +188,13 @@ class ElasticDriver:
         while self.proc.poll() is None:
             time.sleep(0.1)
             now = time.time()
+            if self.stopping and self.terminated is not self.proc:  # stopped while starting
+                self._terminate()
             if self.stop_requests != stop_seen:  # said here, not in the signal handler
                 if stop_seen == 0:
                     log(f"interrupted: stopping the ranks (SIGTERM to mpirun; they are killed "
                         f"if still running after {_STOP_GRACE_S:.0f} s, or at a second Ctrl-C)")
-                    stop_deadline = now + _STOP_GRACE_S
-                else:
-                    stop_deadline = now
+                stop_deadline = now + _STOP_GRACE_S if self.stop_requests == 1 else now
                 stop_seen = self.stop_requests
             if stop_seen and now >= stop_deadline:
                 log("killing mpirun and the ranks on this host")
@@ -240,8 +241,14 @@ class ElasticDriver:
         relaunch."""
         if not self.stopping:
             self.stopping = signum
-            self._signal(signal.SIGTERM)
+            self._terminate()
         self.stop_requests += 1
+
+    def _terminate(self) -> None:
+        """The one SIGTERM to the current mpirun (a second one would make Open MPI abort)."""
+        if self.proc is not None and self.terminated is not self.proc:
+            self.terminated = self.proc
+            self._signal(signal.SIGTERM)
 
     def stopped(self, hosts: Optional[eh.Hosts]) -> int:
         """The end of a job stopped by a signal: the temporary folder removed (the user asked
@@ -285,9 +292,10 @@ class ElasticDriver:
                 return self.stopped(hosts)
             failed_resets = sorted({int(r) for r in _RESET_FAILED.findall("".join(self.output))})
             if rc != 0 and (failed_resets or rc == elastic_env.GIVE_UP_EXIT_CODE):
-                return self.fail(f"a reset callback raised on rank(s) {failed_resets} (the "
-                                 "traceback is above); every relaunch would raise again. Fix "
-                                 "it and run the job again")
+                where = f"on rank(s) {failed_resets}" if failed_resets else "on a rank"
+                return self.fail(f"a reset callback raised {where} (the traceback is above); "
+                                 "every relaunch would raise again. Fix it and run the job "
+                                 "again")
             if rc == 0:
                 log(f"the job finished after {self.resets} reset(s)")
                 if not self.keep:

@@ -164,7 +164,8 @@ def test_a_killed_driver_takes_mpirun_and_the_ranks_with_it():
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_ctrl_c_says_what_it_does_stops_the_ranks_and_removes_the_folder():
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_says_what_it_does_stops_the_ranks_and_removes_the_folder(presses):
     job = BackgroundJob(bfrun("--min-np", "1", "-H", "localhost:2", PYTHON, WORKER,
                               "--steps", "100000", "--quiet-after", "6"))
     tree = []
@@ -172,12 +173,17 @@ def test_ctrl_c_says_what_it_does_stops_the_ranks_and_removes_the_folder():
         tree = job_tree(job)
         folder = re.search(r"state of the commits under (\S+) on each host", job.output).group(1)
         assert os.path.isdir(folder)
-        os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        for press in range(presses):
+            if press:
+                time.sleep(0.2)  # signals at once would reach Python's handler as one
+            os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
         job.proc.wait(timeout=DRIVER_GONE_BOUND_S + 30)
         job.reader.join(timeout=10)
         out = job.output
         assert job.proc.returncode == 130, out[-4000:]
         assert "interrupted: stopping the ranks" in out, out[-4000:]
+        # A second Ctrl-C does not wait for mpirun: what runs on this host is killed.
+        assert ("killing mpirun and the ranks" in out) == (presses == 2), out[-4000:]
         assert not job.wait_gone(tree, DRIVER_GONE_BOUND_S), out[-4000:]
         assert not os.path.exists(folder), "the temporary commit folder was left behind"
         assert "removed " + folder in out, out[-4000:]
