@@ -16,6 +16,7 @@ The multi-host cases (a lost host, a host that comes back) are in test_elastic_n
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -161,6 +162,10 @@ def test_a_killed_driver_takes_mpirun_and_the_ranks_with_it():
         assert not left, f"still running {DRIVER_GONE_BOUND_S} s after the driver died: {left}"
     finally:
         job.kill(tree)
+        # A killed driver cannot remove its temporary commit folder; the test does.
+        found = re.search(r"state of the commits under (\S+) on each host", job.output)
+        if found:
+            shutil.rmtree(found.group(1), ignore_errors=True)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
