@@ -10,7 +10,12 @@ No TensorFlow here: the driver imports this module too. The protocol has three p
   ignore it: a process that has no handler yet (mpirun starting, a rank still importing)
   drops it instead of dying, and the driver repeats it until the launch ends;
 * ``RESIZE_EXIT_CODE``: every rank exits with it after that commit, which tells the driver to
-  relaunch on the new hosts (any other non-zero status is a failure).
+  relaunch on the new hosts (any other non-zero status is a failure);
+* ``GIVE_UP_EXIT_CODE`` and a line with ``RESET_FAILED``: a rank's reset callback raised, a bug
+  that every relaunch would repeat; the driver ends the job instead of relaunching.
+
+The driver starts ``mpirun`` so that it gets SIGTERM when the driver dies (Linux's parent-death
+signal), and Open MPI then ends every rank: no launch outlives its driver.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ ENV_STATE_DIR = "BLUEFOG_ELASTIC_STATE_DIR"  # where each host keeps its last co
 HOST_UPDATE_SIGNAL = signal.SIGURG
 HOST_UPDATE_SIGNAL_NAME = "SIGURG"
 RESIZE_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on purpose, relaunch me"
+GIVE_UP_EXIT_CODE = 76  # "a relaunch would fail the same way: end the job"
+RESET_FAILED = "a reset callback raised"  # in "bluefog elastic: rank R: <this>; ..."
 
 
 def is_elastic() -> bool:

@@ -8,8 +8,15 @@ launch carries on from the newest commit of the previous one. A launch ends:
 * with status 0: the job is done;
 * with ``RESIZE_EXIT_CODE``: the ranks stopped on purpose at a commit because the driver told
   them (``HOST_UPDATE_SIGNAL`` through mpirun) that hosts came or went; relaunch on the new set;
+* with ``GIVE_UP_EXIT_CODE`` (or a rank's "reset callback raised" line): a bug every relaunch
+  would repeat; the job ends;
 * otherwise: a process or host failed. The host mpirun blames is blacklisted, then relaunch on
   the others, as long as ``--min-np`` slots remain and ``--reset-limit`` is not used up.
+
+``mpirun`` runs in a session of its own, so a Ctrl-C reaches the driver alone, which stops the
+launch with one SIGTERM (what Open MPI reads as "end the job": a SIGINT followed by a SIGTERM
+makes it abort without stopping its ranks); and it gets SIGTERM from the kernel when the
+driver dies, SIGKILL included, so no launch outlives its driver.
 
 docs/design.md says why it is built this way (Open MPI 4.1 cannot shrink a running job).
 """
@@ -17,7 +24,9 @@ docs/design.md says why it is built this way (Open MPI 4.1 cannot shrink a runni
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -35,6 +44,10 @@ from bluefog.run import elastic_hosts as eh
 # the driver repeats it until the launch ends.
 _RESIGNAL_S = 3.0
 _OUTPUT_LINES = 400  # lines of mpirun output kept for reading its verdict
+# After a Ctrl-C / SIGTERM, how long mpirun gets to end its ranks before they are killed.
+_STOP_GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+_RESET_FAILED = re.compile(r"bluefog elastic: rank (\d+): " + re.escape(elastic_env.RESET_FAILED))
 
 
 def log(msg: str) -> None:
@@ -60,7 +73,9 @@ class ElasticDriver:
         self.lost: List[Tuple[str, str]] = []
         self.resets = 0
         self.proc: Optional[subprocess.Popen] = None
-        self.stopping = False
+        self.stopping = 0  # the signal that asked the driver to stop (0: none)
+        self.stop_requests = 0
+        self.terminated: Optional[subprocess.Popen] = None  # the mpirun sent its one SIGTERM
         self.output: Deque[str] = collections.deque(maxlen=_OUTPUT_LINES)
         if args.state_dir:
             self.state_dir, self.keep = os.path.abspath(args.state_dir), True
@@ -158,7 +173,8 @@ class ElasticDriver:
         self.output.clear()
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace",
-                                     bufsize=1)
+                                     bufsize=1, start_new_session=True,
+                                     preexec_fn=_end_with(os.getpid()))
         pumps = [threading.Thread(target=self._pump, args=(self.proc.stdout, sys.stdout),
                                   daemon=True),
                  threading.Thread(target=self._pump, args=(self.proc.stderr, sys.stderr),
@@ -166,10 +182,24 @@ class ElasticDriver:
         for t in pumps:
             t.start()
         signalled_at = None
+        stop_seen = 0
+        stop_deadline = 0.0
         next_poll = time.time() + self.args.discovery_interval
         while self.proc.poll() is None:
             time.sleep(0.1)
             now = time.time()
+            if self.stopping and self.terminated is not self.proc:  # stopped while starting
+                self._terminate()
+            if self.stop_requests != stop_seen:  # said here, not in the signal handler
+                if stop_seen == 0:
+                    log(f"interrupted: stopping the ranks (SIGTERM to mpirun; they are killed "
+                        f"if still running after {_STOP_GRACE_S:.0f} s, or at a second Ctrl-C)")
+                stop_deadline = now + _STOP_GRACE_S if self.stop_requests == 1 else now
+                stop_seen = self.stop_requests
+            if stop_seen and now >= stop_deadline:
+                log("killing mpirun and the ranks on this host")
+                _kill_tree(self.proc.pid)
+                stop_deadline = float("inf")
             if self.stopping or now < next_poll:
                 continue
             next_poll = now + self.args.discovery_interval
@@ -206,9 +236,31 @@ class ElasticDriver:
                 pass
 
     def stop(self, signum, _frame) -> None:
-        """Ctrl-C / SIGTERM: end the current launch and do not relaunch."""
-        self.stopping = True
-        self._signal(signal.SIGTERM)
+        """Ctrl-C / SIGTERM: end the current launch (one SIGTERM to mpirun; the launch loop
+        says so, and kills what is left after a grace period or a second request) and do not
+        relaunch."""
+        if not self.stopping:
+            self.stopping = signum
+            self._terminate()
+        self.stop_requests += 1
+
+    def _terminate(self) -> None:
+        """The one SIGTERM to the current mpirun (a second one would make Open MPI abort)."""
+        if self.proc is not None and self.terminated is not self.proc:
+            self.terminated = self.proc
+            self._signal(signal.SIGTERM)
+
+    def stopped(self, hosts: Optional[eh.Hosts]) -> int:
+        """The end of a job stopped by a signal: the temporary folder removed (the user asked
+        the job to end; a --state-dir folder is kept), status 128 + the signal."""
+        if not self.keep and hosts:
+            self.remove_state(hosts)
+            log(f"stopped; removed {self.state_dir}")
+        elif self.keep:
+            log(f"stopped; the last commit stays in {self.state_dir}")
+        else:
+            log("stopped")
+        return 128 + int(self.stopping)
 
     # -- the job -------------------------------------------------------------------------------
 
@@ -224,18 +276,26 @@ class ElasticDriver:
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGTERM, self.stop)
         log(f"state of the commits under {self.state_dir} on each host"
-            + ("" if self.keep else " (removed when the job succeeds)"))
+            + ("" if self.keep else " (removed when the job succeeds or is stopped)"))
+        launched: Optional[eh.Hosts] = None
         while True:
             hosts = self.wait_for_hosts()
             if self.stopping:
-                return 130
+                return self.stopped(launched)
             if hosts is None:
                 have = eh.total_slots(self.target(time.time()))
                 return self.fail(f"{have} slot(s) left, below --min-np {self.args.min_np}")
+            launched = hosts
             rc = self.launch(hosts)
             ended = time.time()
             if self.stopping:
-                return rc or 130
+                return self.stopped(hosts)
+            failed_resets = sorted({int(r) for r in _RESET_FAILED.findall("".join(self.output))})
+            if rc != 0 and (failed_resets or rc == elastic_env.GIVE_UP_EXIT_CODE):
+                where = f"on rank(s) {failed_resets}" if failed_resets else "on a rank"
+                return self.fail(f"a reset callback raised {where} (the traceback is above); "
+                                 "every relaunch would raise again. Fix it and run the job "
+                                 "again")
             if rc == 0:
                 log(f"the job finished after {self.resets} reset(s)")
                 if not self.keep:
@@ -259,6 +319,53 @@ class ElasticDriver:
             if self.args.reset_limit is not None and self.resets >= self.args.reset_limit:
                 return self.fail(f"--reset-limit {self.args.reset_limit} reached")
             self.resets += 1
+
+
+def _end_with(parent: int) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies (Linux; None
+    elsewhere). SIGTERM is what makes mpirun end its ranks and daemons."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+
+    def setup() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody will signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
+
+
+def _descendants(pid: int) -> List[int]:
+    """pid's descendants on this host, from /proc (empty where there is none)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL to pid and its descendants on this host (mpirun and its local ranks; the daemons
+    on other hosts end their ranks when mpirun's connection drops)."""
+    for victim in [pid] + _descendants(pid):
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def check_args(args) -> Optional[str]:

@@ -34,24 +34,16 @@ def _check_rank_at_least_one(tensor: tf.Tensor, op: str, name: str) -> None:
                          "and needs a tensor of rank >= 1; reshape the scalar to [1] first")
 
 
-def _static_splits(splits, tensor: tf.Tensor, what: str, size: int) -> Optional[list]:
-    """``splits`` as a list of ints when it is known before running (else None), checked."""
+def _static_splits(splits) -> Optional[list]:
+    """``splits`` as a list of ints when it is known before running (else None). Not checked
+    here: the negotiation checks every rank's splits, so that one rank's mistake fails the
+    alltoall on every rank instead of leaving the others waiting."""
     if isinstance(splits, (tf.Tensor, tf.Variable)):
         value = tf.get_static_value(splits)
         if value is None:
             return None
         splits = value
-    values = [int(s) for s in np.asarray(splits).reshape([-1])]
-    if len(values) != size:
-        raise ValueError(f"{what}: splits has {len(values)} entries for {size} ranks; "
-                         "pass one row count per rank")
-    if any(s < 0 for s in values):
-        raise ValueError(f"{what}: splits {values} has a negative entry")
-    rows = tensor.shape[0]
-    if rows is not None and sum(values) != rows:
-        raise ValueError(f"{what}: splits {values} add up to {sum(values)} rows, but the tensor "
-                         f"has {rows} rows")
-    return values
+    return [int(s) for s in np.asarray(splits).reshape([-1])]
 
 
 def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
@@ -80,7 +72,7 @@ def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
                              f"over {size} ranks; pass splits (one row count per rank)")
         splits_input = tf.zeros([0], tf.int64)
     else:
-        static = _static_splits(splits, tensor, what, size) if size else None
+        static = _static_splits(splits)
         splits_input = (tf.constant(static, tf.int64, shape=[len(static)]) if static is not None
                         else tf.cast(tf.reshape(splits, [-1]), tf.int64))
     output, received = ops.bluefog_alltoall(tensor, tensor_name=name_input(name),

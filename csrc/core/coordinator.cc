@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/op_rules.h"
+#include "core/validation.h"
 
 namespace bluefog {
 namespace {
@@ -115,6 +116,17 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
                     Concat("rank ", r, " has ", metas[r]->splits[0],
                            " window operations that have not finished"),
                     "Wait for them (bf.win_wait on their handles) on every rank, then free.");
+    }
+  }
+  if (m0.op == OpType::kAlltoall) {
+    const int n = static_cast<int>(metas.size());
+    for (int r = 0; r < n; ++r) {
+      const std::string problem = AlltoallSplitsProblem(*metas[r], n);
+      if (!problem.empty())
+        return OpError(StatusCode::kPrecondition, m0.op, m0.name,
+                       Concat("rank ", r, "'s ", problem,
+                              ". Pass splits with one non-negative row count per rank, adding "
+                              "up to dimension 0 of the tensor."));
     }
   }
   if (IsNeighborOp(m0.op) || m0.op == OpType::kWinCreate) {

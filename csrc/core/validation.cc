@@ -128,21 +128,28 @@ Status ValidateForLayout(const Request& request, int rank, int size) {
         return Invalid(meta, Concat("rank ", ranks[k], " is listed twice"));
     }
   }
-  if (meta.op == OpType::kAlltoall) {
-    if (meta.splits.size() != static_cast<size_t>(size))
-      return Invalid(meta, Concat("splits has ", meta.splits.size(), " entries for ", size,
-                                  " ranks; pass one row count per rank"));
-    int64_t rows = 0;
-    for (int64_t s : meta.splits) {
-      if (s < 0)
-        return Invalid(meta, Concat("splits ", ShapeString(meta.splits), " has a negative entry"));
-      rows += s;
-    }
-    if (rows != meta.shape[0])
-      return Invalid(meta, Concat("splits ", ShapeString(meta.splits), " add up to ", rows,
-                                  " rows, but the tensor has ", meta.shape[0], " rows"));
-  }
   return Status::Ok();
+}
+
+std::string AlltoallSplitsProblem(const TensorMeta& meta, int size) {
+  if (meta.splits.size() != static_cast<size_t>(size))
+    return Concat("splits has ", meta.splits.size(), " entries for ", size,
+                  " ranks; pass one row count per rank");
+  const int64_t tensor_rows = meta.shape.empty() ? 0 : meta.shape[0];
+  int64_t rows = 0;
+  for (int64_t s : meta.splits) {
+    if (s < 0) return Concat("splits ", ShapeString(meta.splits), " has a negative entry");
+    // Wrapped around, a sum of huge entries could equal the rows: receivers would then size
+    // their outputs from the entries themselves.
+    if (__builtin_add_overflow(rows, s, &rows))
+      return Concat("splits ", ShapeString(meta.splits),
+                    " add up to more than an int64 holds, but the tensor has ", tensor_rows,
+                    " rows");
+  }
+  if (rows != tensor_rows)
+    return Concat("splits ", ShapeString(meta.splits), " add up to ", rows,
+                  " rows, but the tensor has ", tensor_rows, " rows");
+  return "";
 }
 
 }  // namespace bluefog

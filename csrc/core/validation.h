@@ -15,5 +15,10 @@ constexpr size_t kMaxDims = 64;
 Status ValidateRequest(const Request& request);
 // Checks against the job's layout: root rank, neighbour ranks and weights.
 Status ValidateForLayout(const Request& request, int rank, int size);
+// What is wrong with an alltoall's splits (one non-negative row count per rank, adding up to
+// dimension 0 without overflow), or "". Not a local check: the coordinator applies it to
+// every rank's announcement, so one rank's bad splits fail the alltoall on every rank instead
+// of leaving the others waiting for it.
+std::string AlltoallSplitsProblem(const TensorMeta& meta, int size);
 
 }  // namespace bluefog

@@ -1,6 +1,7 @@
 #include "runtime/runtime.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -46,7 +47,21 @@ Runtime& Runtime::Get() {
 
 bool Runtime::running() const { return started_ && world_->running(); }
 
+bool Runtime::forked() const { return started_ && getpid() != init_pid_; }
+
+std::string Runtime::ForkedChildError(const std::string& what) const {
+  return Concat("rank ", info_.rank, ": ", what, ": called in process ", getpid(),
+                ", a fork of process ", init_pid_,
+                " which called bf.init(); bluefog's communicator, shared memory and background "
+                "thread belong to that process, and using them here would break its "
+                "collectives. Call bluefog only in the process that called bf.init(), or start "
+                "the child processes before bf.init() (or with multiprocessing's 'spawn' start "
+                "method) and give each its own job.");
+}
+
 void Runtime::Init() {
+  if (forked())  // before the lock: the parent's thread may have held it at the fork
+    throw BluefogError(StatusCode::kPrecondition, ForkedChildError("bluefog init"));
   std::lock_guard<std::mutex> guard(InitMutex());
   if (started_) {
     if (world_->running()) return;
@@ -65,10 +80,12 @@ void Runtime::Init() {
     thread_.join();
     throw;
   }
+  init_pid_ = getpid();
   started_ = true;
 }
 
 void Runtime::Shutdown() {
+  if (forked()) return;  // the parent's runtime (at exit of a forked child, say): not ours
   std::lock_guard<std::mutex> guard(InitMutex());
   if (!started_) return;
   const std::string reason =
@@ -153,6 +170,8 @@ Status Runtime::Enqueue(Request request, bool drive) {
   if (!started_)
     return OpError(StatusCode::kPrecondition, meta.op, meta.name,
                    "bluefog is not initialized; call bf.init() first");
+  if (forked())
+    return Status(StatusCode::kPrecondition, ForkedChildError(OpContext(meta.op, meta.name)));
   if (request.process_set == 0) {
     if (meta.op != OpType::kJoin) return world_->Enqueue(std::move(request), drive);
     const std::string name = meta.name;

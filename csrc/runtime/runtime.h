@@ -32,6 +32,13 @@ class Runtime {
   void Shutdown();
 
   bool running() const;
+  // Whether this process is a fork (os.fork, multiprocessing's "fork") of the one that called
+  // Init. Only the calling thread survives a fork; the communicator, the shared memory of the
+  // rounds and the channels' state are the parent's, and the child must not touch them: its
+  // collectives are refused (ForkedChildError), its Shutdown does nothing.
+  bool forked() const;
+  // The error a forked child gets for `what` ("bluefog allreduce of tensor 'x'", say).
+  std::string ForkedChildError(const std::string& what) const;
   // BLUEFOG_EAGER_C_API (read at Init).
   bool eager_c_api() const { return config_.eager_c_api; }
   // This rank in the whole job.
@@ -117,6 +124,7 @@ class Runtime {
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
   std::atomic<bool> started_{false};
   std::thread thread_;
+  int init_pid_ = 0;  // the process that called Init
 
   struct ProcessSet {
     std::vector<int> ranks;                   // job-wide, ascending

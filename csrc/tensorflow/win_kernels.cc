@@ -30,6 +30,15 @@ absl::Status NotRunning(const char* op) {
       Concat("bluefog ", op, ": bluefog is not initialized; call bf.init() first"));
 }
 
+// Ok when window operations may run here: bluefog running, in the process that started it
+// (the window service and its thread are the parent's in a forked child).
+absl::Status Usable(const char* op, const std::string& what) {
+  if (!Runtime::Get().running()) return NotRunning(op);
+  if (Runtime::Get().forked())
+    return absl::FailedPreconditionError(Runtime::Get().ForkedChildError(what));
+  return absl::OkStatus();
+}
+
 // Checks the ranks of inputs [first, ...) (0: scalar, 1: vector) and reads the window name.
 absl::Status ReadName(OpKernelContext* ctx, const char* op, int name_index,
                       std::initializer_list<int> side_ranks, std::string* name) {
@@ -43,8 +52,7 @@ absl::Status ReadName(OpKernelContext* ctx, const char* op, int name_index,
     ++i;
   }
   *name = std::string(ctx->input(name_index).scalar<::tensorflow::tstring>()());
-  if (!Runtime::Get().running()) return NotRunning(op);
-  return absl::OkStatus();
+  return Usable(op, Concat("bluefog ", op, " of window '", *name, "'"));
 }
 
 bool TensorMetaOf(const Tensor& t, DataType* dtype, std::vector<int64_t>* shape) {
@@ -211,7 +219,7 @@ class WinWaitKernel : public AsyncOpKernel {
     OP_REQUIRES_ASYNC(ctx, ctx->input(0).dims() == 0,
                       absl::InvalidArgumentError("bluefog win_wait: the handle must be a scalar"),
                       done);
-    OP_REQUIRES_ASYNC(ctx, Runtime::Get().running(), NotRunning("win_wait"), done);
+    OP_REQUIRES_OK_ASYNC(ctx, Usable("win_wait", "bluefog win_wait"), done);
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
     out->scalar<bool>()() = true;
@@ -228,7 +236,7 @@ class WinPollKernel : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     OP_REQUIRES(ctx, ctx->input(0).dims() == 0,
                 absl::InvalidArgumentError("bluefog win_poll: the handle must be a scalar"));
-    OP_REQUIRES(ctx, Runtime::Get().running(), NotRunning("win_poll"));
+    OP_REQUIRES_OK(ctx, Usable("win_poll", "bluefog win_poll"));
     const int64_t handle = ctx->input(0).scalar<int64_t>()();
     const int state = Runtime::Get().windows().Poll(handle);
     OP_REQUIRES(

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace bluefog {
 namespace {
 
@@ -120,6 +125,32 @@ TEST(Coordinator, AlltoallCollectsEverySplitAndChecksTrailingShapes) {
   EXPECT_NE(ready[0].status.message().find("alltoall tensors may differ only in their first"),
             std::string::npos)
       << ready[0].status.message();
+}
+
+// One rank's bad splits fail the alltoall on every rank, naming that rank: a sum that wraps
+// around to the rows must not pass (receivers would size outputs from the huge entries).
+TEST(Coordinator, AlltoallSplitsAreCheckedForEveryRank) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
+      {{kMax, kMax, 2},
+       "rank 2's splits [" + std::to_string(kMax) + ", " + std::to_string(kMax) +
+           ", 2] add up to more than an int64 holds"},
+      {{-1, 1, 0}, "rank 2's splits [-1, 1, 0] has a negative entry"},
+      {{1, 1, 1}, "rank 2's splits [1, 1, 1] add up to 3 rows, but the tensor has 0 rows"},
+      {{0, 0}, "rank 2's splits has 2 entries for 3 ranks"},
+  };
+  for (const auto& [splits, want] : cases) {
+    Coordinator c(3);
+    for (int r = 0; r < 3; ++r) {
+      TensorMeta m = Meta("a", OpType::kAlltoall, {r == 2 ? 0 : 3, 4});
+      m.splits = r == 2 ? splits : std::vector<int64_t>{1, 1, 1};
+      c.Announce(r, m);
+    }
+    auto ready = c.TakeReady();
+    ASSERT_EQ(ready.size(), 1u);
+    EXPECT_EQ(ready[0].status.code(), StatusCode::kPrecondition);
+    EXPECT_NE(ready[0].status.message().find(want), std::string::npos) << ready[0].status.message();
+  }
 }
 
 TEST(Coordinator, JoinedRanksAreStoodInForUntilEveryRankJoins) {

@@ -89,17 +89,23 @@ TEST(RuntimeMpi, AlltoallUnevenSplits) {
   EXPECT_EQ(at * sizeof(float), p->output.size());
 }
 
+// Checked in the negotiation, so every rank gets the error (a rank refusing its own request
+// would leave the others waiting for it).
 TEST(RuntimeMpi, AlltoallSplitsMustMatchTheRows) {
   std::vector<float> in(4, 1.0f);
+  auto p = std::make_unique<Pending>();
   Request req;
   req.meta.name = "alltoall.bad";
   req.meta.op = OpType::kAlltoall;
   req.meta.shape = {4};
   req.meta.splits = std::vector<int64_t>(Size(), 5);
   req.input = in.data();
-  req.done = [](const Status&) {};
-  Status s = Runtime::Get().Enqueue(std::move(req));
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  Pending* raw = p.get();
+  req.done = [raw](const Status& s) { raw->promise.set_value(s); };
+  ASSERT_TRUE(Runtime::Get().Enqueue(std::move(req)).ok());
+  Status s = Wait(*p);
+  EXPECT_EQ(s.code(), StatusCode::kPrecondition);
+  EXPECT_NE(s.message().find("rank 0's splits"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("add up to " + std::to_string(5 * Size()) + " rows"),
             std::string::npos)
       << s.message();

@@ -8,6 +8,8 @@ resets happened (a lost commit or a rank left out of a sync would show as a wron
 --die-rank R --die-at N: in the first launch, rank R kills itself (SIGKILL) after step N.
 --stop-at N: in the first launch, every rank exits with status 3 after step N (the whole job
 lost, for the --state-dir restart test).
+--bad-reset: the reset callback raises (a bug in the user's callback).
+--quiet-after N: no STEP lines after step N (a job whose launcher writes nothing for a while).
 """
 
 import argparse
@@ -34,6 +36,8 @@ def main():
     p.add_argument("--die-rank", type=int)
     p.add_argument("--die-at", type=int)
     p.add_argument("--stop-at", type=int)
+    p.add_argument("--bad-reset", action="store_true")
+    p.add_argument("--quiet-after", type=int)
     args = p.parse_args()
     launch = int(os.environ.get("BLUEFOG_ELASTIC_RESTART", "0"))
     counter = tf.Variable(0.0)
@@ -41,6 +45,8 @@ def main():
     state.register_reset_callbacks([lambda: print(
         f"RESET launch {launch} size {bf.size()} step {state.step}", flush=True)
         if bf.rank() == 0 else None])
+    if args.bad_reset:
+        state.register_reset_callbacks([lambda: 1 / 0])
 
     @bf.elastic.run
     def train(state):
@@ -48,7 +54,7 @@ def main():
             n = bf.allreduce(tf.constant(1.0), average=False)
             counter.assign_add(1.0)
             state.step += 1
-            if bf.rank() == 0:
+            if bf.rank() == 0 and (args.quiet_after is None or state.step <= args.quiet_after):
                 print(f"STEP launch {launch} step {state.step} size {int(n)}", flush=True)
             if state.step % args.commit_every == 0:
                 state.commit()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -85,7 +87,7 @@ class JobResult:
         return self.output[-n:]
 
 
-def _descendants(pid: int) -> List[int]:
+def descendants(pid: int) -> List[int]:
     children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -107,13 +109,13 @@ def _descendants(pid: int) -> List[int]:
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGTERM to the launcher (mpirun then ends its ranks), then SIGKILL to what is left."""
-    victims = _descendants(proc.pid)
+    victims = descendants(proc.pid)
     try:
         proc.terminate()
         proc.wait(timeout=10)
     except (subprocess.TimeoutExpired, OSError):
         pass
-    for pid in [proc.pid] + victims + _descendants(proc.pid):
+    for pid in [proc.pid] + victims + descendants(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -137,3 +139,65 @@ def run_job(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = 
         kill_tree(proc)
         out, _ = proc.communicate()
     return JobResult(proc.returncode, out or "", started, time.time(), timed_out)
+
+
+def alive(pid: int) -> bool:
+    """Whether pid is a process that has not exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class BackgroundJob:
+    """A launcher in a session of its own (as a terminal's foreground job: a signal to its
+    process group reaches what a Ctrl-C would), its output read as it comes."""
+
+    def __init__(self, cmd: Sequence[str], env: Optional[Dict[str, str]] = None):
+        self.proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=job_env(env), cwd=REPO, text=True, errors="replace",
+                                     start_new_session=True)
+        self.started = time.time()
+        self.lines: List[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            found = re.search(pattern, self.output, re.M)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"never saw {pattern!r}:\n{self.output[-6000:]}")
+
+    def wait_gone(self, pids: Sequence[int], timeout: float) -> List[int]:
+        """Waits until none of pids is alive; returns those still alive after timeout."""
+        deadline = time.time() + timeout
+        while time.time() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.1)
+        return [p for p in pids if alive(p)]
+
+    def kill(self, pids: Sequence[int] = ()) -> None:
+        """SIGKILL to the launcher's tree and to pids (what a test leaves behind)."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid), *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.reader.join(timeout=10)

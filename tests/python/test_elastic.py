@@ -8,18 +8,22 @@ elastic bfrun of tests/elastic/worker.py (a counter committed every few steps).
   on both ranks);
 * --reset-limit 0: the same growth is refused with a clear error;
 * --state-dir: a job that is lost as a whole resumes from its last commit when started again
-  with the same folder.
+  with the same folder;
+* the driver's end: Ctrl-C stops the ranks and removes the temporary folder, a SIGKILLed
+  driver takes mpirun and the ranks with it, a failing reset callback ends the job at once.
 The multi-host cases (a lost host, a host that comes back) are in test_elastic_netns.py.
 """
 
 import os
 import re
+import shutil
+import signal
 import subprocess
 import time
 
 import pytest
 
-from mpi_jobs import PYTHON, have_mpirun, job_env, kill_tree, run_job
+from mpi_jobs import PYTHON, BackgroundJob, descendants, have_mpirun, job_env, kill_tree, run_job
 
 pytestmark = pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed")
 
@@ -28,6 +32,8 @@ TIMEOUT_S = 240
 # A lost rank ends the launch through mpirun within seconds (tests/python/test_faults.py);
 # the driver then gives up at once when too few slots remain.
 BELOW_MIN_BOUND_S = 30.0
+# docs/training.md: the ranks end within a few seconds of their driver's death.
+DRIVER_GONE_BOUND_S = 10.0
 
 
 def bfrun(*args):
@@ -56,12 +62,12 @@ def test_below_min_np_ends_the_job_naming_what_was_lost(tmp_path):
     print(f"ended {result.ended - died:.1f} s after the rank died")
 
 
-def grow(tmp_path, extra=()):
+def grow(tmp_path, extra=(), worker_args=()):
     """Starts on 1 slot, switches the discovery script to 2 once the job is under way."""
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text("localhost:1\n")
     cmd = bfrun("--min-np", "1", "--host-discovery-script", f"cat {hostfile}", *extra,
-                PYTHON, WORKER, "--steps", "40")
+                PYTHON, WORKER, "--steps", "40", *worker_args)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=job_env(), errors="replace")
     lines = []
@@ -132,3 +138,69 @@ def test_a_bad_discovery_script_is_reported_and_the_wait_is_bounded(tmp_path):
     assert out.count("discovery script line 1: 'not a host' is not 'host' or 'host:slots'") == 1
     assert "giving up: 0 slot(s) left, below --min-np 1" in out
     assert result.wall < 30
+
+
+def job_tree(job):
+    """mpirun and the ranks under the driver, once every rank runs."""
+    job.wait_for(r"^STEP launch 0 step 6 ", TIMEOUT_S)  # after the first commit
+    tree = descendants(job.proc.pid)
+    argvs = {p: open(f"/proc/{p}/cmdline").read().split("\0") for p in tree}
+    ranks = [p for p, argv in argvs.items() if argv[:2] == [PYTHON, WORKER]]
+    assert len(ranks) == 2, (tree, job.output[-4000:])
+    return tree
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_killed_driver_takes_mpirun_and_the_ranks_with_it():
+    job = BackgroundJob(bfrun("--min-np", "1", "-H", "localhost:2", PYTHON, WORKER,
+                              "--steps", "100000", "--quiet-after", "6"))
+    tree = []
+    try:
+        tree = job_tree(job)
+        os.kill(job.proc.pid, signal.SIGKILL)
+        left = job.wait_gone(tree, DRIVER_GONE_BOUND_S)
+        assert not left, f"still running {DRIVER_GONE_BOUND_S} s after the driver died: {left}"
+    finally:
+        job.kill(tree)
+        # A killed driver cannot remove its temporary commit folder; the test does.
+        found = re.search(r"state of the commits under (\S+) on each host", job.output)
+        if found:
+            shutil.rmtree(found.group(1), ignore_errors=True)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_says_what_it_does_stops_the_ranks_and_removes_the_folder(presses):
+    job = BackgroundJob(bfrun("--min-np", "1", "-H", "localhost:2", PYTHON, WORKER,
+                              "--steps", "100000", "--quiet-after", "6"))
+    tree = []
+    try:
+        tree = job_tree(job)
+        folder = re.search(r"state of the commits under (\S+) on each host", job.output).group(1)
+        assert os.path.isdir(folder)
+        for press in range(presses):
+            if press:
+                time.sleep(0.2)  # signals at once would reach Python's handler as one
+            os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        job.proc.wait(timeout=DRIVER_GONE_BOUND_S + 30)
+        job.reader.join(timeout=10)
+        out = job.output
+        assert job.proc.returncode == 130, out[-4000:]
+        assert "interrupted: stopping the ranks" in out, out[-4000:]
+        # A second Ctrl-C does not wait for mpirun: what runs on this host is killed.
+        assert ("killing mpirun and the ranks" in out) == (presses == 2), out[-4000:]
+        assert not job.wait_gone(tree, DRIVER_GONE_BOUND_S), out[-4000:]
+        assert not os.path.exists(folder), "the temporary commit folder was left behind"
+        assert "removed " + folder in out, out[-4000:]
+    finally:
+        job.kill(tree)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_failing_reset_callback_ends_the_job_with_its_traceback(tmp_path):
+    rc, out = grow(tmp_path, ["--state-dir", str(tmp_path / "state")], ["--bad-reset"])
+    assert rc == 1, out[-4000:]
+    assert "ZeroDivisionError" in out and "in <lambda>" in out, out[-4000:]
+    assert re.search(r"giving up: a reset callback raised on rank\(s\) \[0, 1\]", out), \
+        out[-4000:]
+    assert "blacklisted" not in out and "slot(s) available, waiting" not in out, out[-4000:]

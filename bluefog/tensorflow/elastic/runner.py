@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import traceback
 from typing import Any, Callable
 
 from bluefog.common import basics, elastic_env
@@ -17,6 +18,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     On each call, on every rank: ``state.sync()`` (the newest commit of any rank or host, or
     rank 0's values on a fresh start), then the reset callbacks when the state came from an
     earlier launch (``bf.rank()``/``bf.size()`` are those of this launch), then ``func``.
+    A reset callback that raises is a bug that every relaunch would repeat: under an elastic
+    ``bfrun`` the rank prints the traceback and exits with the status that makes ``bfrun`` end
+    the job (instead of blacklisting the host and relaunching).
 
     When ``func`` raises ``HostsUpdatedInterrupt`` (from a ``commit()``) under an elastic
     ``bfrun``, the state has just been committed: bluefog shuts down and the process exits
@@ -38,7 +42,16 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                              "before the training function")
         state.sync()
         if state.restored_commit or elastic_env.restart_count() > 0:
-            state.on_reset()
+            try:
+                state.on_reset()
+            except Exception:
+                if not elastic_env.is_elastic():
+                    raise
+                print(f"bluefog elastic: rank {basics.rank()}: {elastic_env.RESET_FAILED}; a "
+                      "relaunch would raise again, so the job ends. Fix the callback (its "
+                      f"traceback follows) and run the job again.\n{traceback.format_exc()}",
+                      file=sys.stderr, flush=True)
+                _exit(elastic_env.GIVE_UP_EXIT_CODE)
         try:
             result = func(state, *args, **kwargs)
         except HostsUpdatedInterrupt as e:
@@ -47,10 +60,14 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             if basics.rank() == 0:
                 print(f"bluefog elastic: {e}; relaunching on the new hosts", file=sys.stderr,
                       flush=True)
-            basics.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            raise SystemExit(elastic_env.RESIZE_EXIT_CODE) from None
+            _exit(elastic_env.RESIZE_EXIT_CODE)
         return result
 
     return wrapper
+
+
+def _exit(status: int) -> None:
+    basics.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    raise SystemExit(status) from None

@@ -110,7 +110,7 @@ class State:
         self._commit_id += 1
         self.save()
         if self._store is not None and basics.local_rank() == 0:
-            self._store.write(*self._saved)
+            self._store.write(*self._saved, names=[_var_name(v) for v in self._variables()])
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -133,11 +133,14 @@ class State:
         _check_initialized("sync")
         variables = self._variables()
         best = self._saved if self._saved is not None and self._saved[0] >= 0 else None
-        found = self._store.read() if self._store is not None else None
         problem = ""
+        try:
+            found = self._store.read() if self._store is not None else None
+        except ValueError as e:  # malformed: every rank must hear of it, in the allgather
+            found, problem = None, str(e)
         if found is not None:
             disk = (int(found["commit"]), list(found["values"]), dict(found["attrs"]))
-            problem = self._mismatch(disk, variables)
+            problem = self._mismatch(disk, variables, found.get("names"))
             if not problem and (best is None or disk[0] > best[0]):
                 best = disk
         my_id = -2 if problem else (best[0] if best is not None else -1)
@@ -145,15 +148,28 @@ class State:
         gathered = mpi_ops.allgather(tf.constant([[my_id, held]], tf.int64),
                                      name=_name("sync.ids")).numpy()
         ids = gathered[:, 0]
-        if (ids == -2).any():
+        if (ids == -2).any():  # every rank sees it: each raises the first bad rank's reason
             bad = [int(r) for r in np.flatnonzero(ids == -2)]
+            reasons = objects.allgather_object(problem, name=_name("sync.problems"))
             raise ValueError(f"bluefog elastic sync: the commit on the host(s) of rank(s) {bad} "
-                             f"does not fit this state{': ' + problem if problem else ''}. "
+                             f"does not fit this state: rank {bad[0]}: {reasons[bad[0]]}. "
                              "Delete the state folder to start afresh.")
         newest = int(ids.max())
         root = int(np.flatnonzero(ids == newest)[0]) if newest >= 0 else 0
+        # The root alone loads; if that fails, the others must not wait for its broadcasts.
+        failure = ""
         if basics.rank() == root and newest >= 0:
-            self._load(best)
+            try:
+                self._load(best)
+            except Exception as e:  # noqa: BLE001 - reported on every rank just below
+                failure = f"{type(e).__name__}: {e}"
+        if basics.size() > 1:
+            failure = objects.broadcast_object(failure if basics.rank() == root else None,
+                                               root_rank=root, name=_name("sync.loaded"))
+        if failure:
+            raise ValueError(f"bluefog elastic sync: rank {root} could not load commit "
+                             f"{newest}, the newest, so no rank took it: {failure}. Delete the "
+                             "state folder to start afresh.")
         if variables and basics.size() > 1:
             bf_variables.broadcast_variables(variables, root_rank=root)
         attrs = objects.broadcast_object(self._attrs() if basics.rank() == root else None,
@@ -174,14 +190,22 @@ class State:
     def _values(self) -> List[np.ndarray]:
         return [np.array(v.numpy(), copy=True) for v in self._variables()]
 
-    def _mismatch(self, snapshot: Snapshot, variables: List[Any]) -> str:
+    def _mismatch(self, snapshot: Snapshot, variables: List[Any],
+                  names: Optional[List[str]] = None) -> str:
+        """Why ``snapshot`` cannot be loaded into ``variables`` without changing a value, or
+        "" when it can: a cast (an int committed into a float variable) would not be noticed
+        later, so dtypes must match exactly, like counts and shapes."""
         _, values, attrs = snapshot
         if len(values) != len(variables):
             return f"it holds {len(values)} variables, the state has {len(variables)}"
         for j, (value, v) in enumerate(zip(values, variables)):
+            committed = f" (committed as {names[j]})" if names else ""
             if tuple(value.shape) != tuple(v.shape):
-                return (f"variable {j} ({getattr(v, 'path', getattr(v, 'name', '?'))}) has "
-                        f"shape {tuple(v.shape)}, the commit {tuple(value.shape)}")
+                return (f"variable {j} ({_var_name(v)}) has shape {tuple(v.shape)}, the "
+                        f"commit {tuple(value.shape)}{committed}")
+            if _dtype_name(value.dtype) != _dtype_name(v.dtype):
+                return (f"variable {j} ({_var_name(v)}) has dtype {_dtype_name(v.dtype)}, the "
+                        f"commit {_dtype_name(value.dtype)}{committed}")
         if sorted(attrs) != sorted(self._attr_names):
             return f"it has attributes {sorted(attrs)}, the state {sorted(self._attr_names)}"
         return ""
@@ -199,8 +223,18 @@ class State:
         self._commit_id = commit_id
 
 
-
 HostsUpdatedInterrupt = interrupts.HostsUpdatedInterrupt
+
+
+def _var_name(v: Any) -> str:
+    return str(getattr(v, "path", getattr(v, "name", "?")))
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return tf.as_dtype(dtype).name
+    except TypeError:  # a numpy dtype TensorFlow has no name for (object, say)
+        return str(dtype)
 
 
 class ObjectState(State):

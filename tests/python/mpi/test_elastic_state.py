@@ -3,7 +3,10 @@ check, ``run`` and the Keras callbacks. (The driver, bfrun --min-np, is tested b
 tests/python/test_elastic.py and test_elastic_netns.py.)"""
 
 import os
+import pickle
 import signal
+import socket
+import subprocess
 import time
 
 import keras
@@ -14,6 +17,7 @@ import tensorflow as tf
 import bluefog.tensorflow as bf
 from bluefog.common import elastic_env
 from bluefog.tensorflow.elastic import interrupts
+from bluefog.tensorflow.elastic.store import CommitStore
 
 
 def gather(value):
@@ -89,6 +93,117 @@ def test_a_commit_that_does_not_fit_is_an_error_on_every_rank(state_dir):
     other = bf.elastic.TensorFlowState([tf.Variable([0.0])], epoch=0)
     with pytest.raises(ValueError, match="does not fit this state.*2 variables, the state has 1"):
         other.sync()
+
+
+def dead_pid():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_commit_removes_temporaries_of_killed_writers_and_no_others(tmp_path):
+    store = CommitStore(str(tmp_path))
+    base = os.path.basename(store.path)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        names = {"dead": f"{base}.tmp{dead_pid()}", "live": f"{base}.tmp{live.pid}",
+                 "other host": f"commit-elsewhere.pkl.tmp{dead_pid()}", "unrelated": "notes.txt"}
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"x" * 1000)
+        store.write(0, [np.zeros(2, np.float32)], {"epoch": 1})
+        store.write(1, [np.ones(2, np.float32)], {"epoch": 2})
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted([base, names["live"], names["other host"], names["unrelated"]])
+        assert store.read()["commit"] == 1
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_commit_is_flushed_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", None))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    CommitStore(str(tmp_path)).write(0, [np.zeros(2, np.float32)], {})
+    assert events == [("fsync", False), ("replace", None), ("fsync", True)]
+
+
+def test_a_failed_write_leaves_no_temporary(tmp_path):
+    store = CommitStore(str(tmp_path))
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        store.write(0, [np.zeros(2, np.float32)], {"f": lambda: 0})  # lambdas do not pickle
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_commit_with_other_dtypes_is_an_error_not_a_cast(state_dir):
+    # An optimizer's scalars in another order: same count, same shapes, other dtypes.
+    bf.elastic.TensorFlowState([tf.Variable(0.001), tf.Variable(120, dtype=tf.int64)]).commit()
+    iterations, learning_rate = tf.Variable(0, dtype=tf.int64), tf.Variable(0.5)
+    swapped = bf.elastic.TensorFlowState([iterations, learning_rate])
+    with pytest.raises(ValueError, match="does not fit this state: rank 0: variable 0 .* has "
+                                         "dtype int64, the commit float32 .*Delete the state"):
+        swapped.sync()
+    assert int(iterations.numpy()) == 0 and float(learning_rate.numpy()) == 0.5
+
+
+def write_commit(folder, record):
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"commit-{socket.gethostname()}.pkl")
+    with open(path, "wb") as f:
+        pickle.dump(record, f)
+
+
+@pytest.mark.parametrize("record, reason", [
+    ({"format": 1, "values": [np.zeros(1, np.float32)], "attrs": {}}, "'commit' must be an int"),
+    ({"format": 1, "commit": "3", "values": [np.zeros(1, np.float32)], "attrs": {}},
+     "'commit' must be an int"),
+    ({"format": 1, "commit": 3, "values": [[0.0]], "attrs": {}}, r"'values'\[0\] must be a numpy"),
+    ({"format": 1, "commit": 3, "values": [np.zeros(1, np.float32)], "attrs": "x"},
+     "'attrs' must be a dict"),
+])
+def test_a_hand_made_commit_gets_the_documented_error(state_dir, record, reason, rank):
+    if rank == 0:
+        write_commit(state_dir, record)
+    bf.allreduce(tf.constant(0.0))  # written before any rank reads
+    state = bf.elastic.TensorFlowState([tf.Variable([1.0])])
+    with pytest.raises(ValueError, match=f"does not fit this state: rank 0: .*malformed: {reason}"
+                                         ".*Delete the state folder"):
+        state.sync()
+
+
+def test_a_bad_commit_on_one_host_is_an_error_on_every_rank(tmp_path, monkeypatch, rank, size):
+    # Each rank its own folder, as if on its own host; only the last one's file is bad.
+    monkeypatch.setenv(elastic_env.ENV_STATE_DIR, str(tmp_path / f"rank{rank}"))
+    if rank == size - 1:
+        write_commit(str(tmp_path / f"rank{rank}"), {"format": 1, "values": [], "attrs": {}})
+    state = bf.elastic.TensorFlowState([tf.Variable([1.0])])
+    with pytest.raises(ValueError, match=f"host.* of rank.*{size - 1}.* does not fit this state: "
+                                         f"rank {size - 1}: .*'commit' must be an int"):
+        state.sync()
+
+
+def test_a_load_that_fails_on_the_root_alone_is_an_error_on_every_rank(rank, size):
+    v = tf.Variable([0.0])
+    state = bf.elastic.TensorFlowState([v], step=0)
+    state._commit_id = rank  # the last rank holds the newest commit, and loads it
+    state.save()
+    if rank == size - 1:
+        def broken_load(snapshot):
+            raise OSError("the disk went away")
+        state._load = broken_load
+    with pytest.raises(ValueError, match=f"rank {size - 1} could not load commit {size - 1}.*"
+                                         "OSError: the disk went away.*Delete the state folder"):
+        state.sync()
 
 
 def test_host_update_notice_interrupts_the_next_commit_on_every_rank(rank, size):

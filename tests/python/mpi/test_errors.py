@@ -370,3 +370,49 @@ def test_ops_before_init_tell_to_call_init(rank, size, op_name):
         for op in ("allreduce", "allgather", "broadcast"):
             assert op in report[op][1] and "'x'" in report[op][1], report[op]
     _check_next_op_works(op_name, rank, size)
+
+
+def _in_forked_child(body):
+    """Runs body() in a child made with os.fork(); returns what it returned (a str), or the
+    exception it raised as "TypeName: message"."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            try:
+                result = str(body())
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                result = f"{type(e).__name__}: {e}"
+            os.write(write_end, result.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        result = f.read().decode()
+    os.waitpid(pid, 0)
+    return result
+
+
+@pytest.mark.parametrize("call", ["allreduce", "broadcast_object", "win_create", "init",
+                                  "shutdown"])
+def test_a_forked_child_is_refused_and_the_parent_carries_on(call, rank, size, op_name):
+    calls = {
+        "allreduce": lambda: bf.allreduce(tf.constant([1.0]), name=op_name).numpy(),
+        "broadcast_object": lambda: bf.broadcast_object("x", root_rank=0, name=op_name),
+        "win_create": lambda: bf.win_create(tf.constant([1.0]), name=op_name),
+        "init": bf.init,
+        "shutdown": bf.shutdown,  # what interpreter exit runs: a no-op in the child
+    }
+    result = _in_forked_child(calls[call])
+    if call == "shutdown":
+        assert result == "None", result
+    else:
+        what = "init" if call == "init" else None
+        assert result.startswith(("FailedPreconditionError", "BluefogError")), result
+        assert f"rank {rank}: bluefog {what or ''}" in result, result
+        assert f"a fork of process {os.getpid()} which called bf.init()" in result, result
+        assert "Call bluefog only in the process that called bf.init()" in result, result
+        if call == "allreduce":
+            assert f"bluefog allreduce of tensor '{op_name}'" in result, result
+    _check_next_op_works(op_name, rank, size)
+    assert bf.is_initialized()

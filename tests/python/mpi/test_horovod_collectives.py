@@ -100,10 +100,37 @@ def test_alltoall_mistakes(rank, size, op_name):
     if size > 1:
         with pytest.raises(ValueError, match="splits"):
             bf.alltoall(tf.ones([2 * size + 1, 2]), name=op_name + ".uneven")
-    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="add up to"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="rank 0's splits .* add up to"):
         bf.alltoall(tf.ones([3, 2]), splits=[5] * size, name=op_name + ".sum")
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="rank >= 1"):
         bf.alltoall(tf.constant(1.0), name=op_name + ".scalar")
+    out = bf.allreduce(tf.constant([1.0]), average=False, name=op_name + ".after")
+    np.testing.assert_allclose(out.numpy(), [size])
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("bad, problem", [
+    ([2**63 - 1, 2**63 - 1, 2], "add up to more than an int64 holds"),  # wraps around to 0
+    ([-1, 1, 0], "has a negative entry"),
+    ([1, 1, 1], "add up to 3 rows, but the tensor has 0 rows"),
+])
+def test_alltoall_one_ranks_bad_splits_fail_on_every_rank(mode, bad, problem, rank, size,
+                                                          op_name):
+    if size < 3:
+        pytest.skip("the wrapped-around sum needs 3 entries")
+    last = rank == size - 1
+    splits = tf.constant(bad + [0] * (size - 3) if last else [1] * size, tf.int64)
+    x = tf.zeros([0 if last else size, 2])
+
+    def run(x, splits):
+        return bf.alltoall(x, splits=splits, name=op_name)[0]
+
+    if mode == "function":  # the splits are unknown until run: only the runtime sees them
+        run = tf.function(run, input_signature=[tf.TensorSpec([None, 2]),
+                                                tf.TensorSpec([None], tf.int64)])
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=f"rank {size - 1}'s splits .*{problem}.*Pass splits"):
+        run(x, splits)
     out = bf.allreduce(tf.constant([1.0]), average=False, name=op_name + ".after")
     np.testing.assert_allclose(out.numpy(), [size])
 
