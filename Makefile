@@ -19,15 +19,17 @@ SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py'
 
 all: build
 
-# System packages: Open MPI (compilers, mpirun) and GoogleTest. Installed only when missing.
+# System packages: Open MPI (compilers, mpirun), Gloo (the backend for jobs started without
+# mpirun) and GoogleTest. Installed only when missing.
 deps: $(VENV)/.deps-stamp
 $(VENV)/.deps-stamp: requirements.txt
-	@if ! command -v mpicxx >/dev/null || ! command -v mpirun >/dev/null || [ ! -f /usr/include/gtest/gtest.h ]; then \
-	  echo "Installing Open MPI and GoogleTest from Debian..."; \
+	@if ! command -v mpicxx >/dev/null || ! command -v mpirun >/dev/null || [ ! -f /usr/include/gtest/gtest.h ] || \
+	    [ ! -f /usr/include/gloo/allreduce.h ]; then \
+	  echo "Installing Open MPI, Gloo and GoogleTest from Debian..."; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-	    openmpi-bin libopenmpi-dev libgtest-dev >/dev/null || { \
-	    echo "Could not install openmpi-bin libopenmpi-dev libgtest-dev; install them by hand."; exit 1; }; \
+	    openmpi-bin libopenmpi-dev libgloo-dev libgtest-dev >/dev/null || { \
+	    echo "Could not install openmpi-bin libopenmpi-dev libgloo-dev libgtest-dev; install them by hand."; exit 1; }; \
 	fi
 	@# The eager calls' extension module needs Python's headers (Debian's python3-dev for its
 	@# own Python; a Python built from source, pyenv's included, has them).
