@@ -43,6 +43,7 @@ def _load() -> ctypes.CDLL:
             # RTLD_GLOBAL: Open MPI's plugins look up MPI symbols in the global namespace.
             lib = ctypes.CDLL(os.path.join(library_dir(), _LIB_NAME), mode=ctypes.RTLD_GLOBAL)
             lib.bluefog_last_error.restype = ctypes.c_char_p
+            lib.bluefog_backend.restype = ctypes.c_char_p
             lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
             lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
@@ -149,6 +150,16 @@ def is_homogeneous() -> bool:
     need it. Agreed by all ranks at ``init()``, so it is the same on every rank.
     """
     return bool(_query("bluefog_is_homogeneous"))
+
+
+def backend() -> str:
+    """The backend running the job: ``"mpi"`` (started by mpirun, bfrun or srun) or ``"gloo"``
+    (started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; docs/design.md)."""
+    name = _load().bluefog_backend() if _lib is not None else None
+    if name is None:
+        raise ValueError("bluefog is not initialized (or was shut down): call bf.init() before "
+                         "bf.backend()")
+    return name.decode()
 
 
 def mpi_threads_supported() -> bool:
