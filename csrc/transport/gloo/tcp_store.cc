@@ -153,7 +153,8 @@ void TcpStoreServer::Accept() {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      BF_LOG(LogLevel::kError, "Gloo rendezvous server: poll failed: ", std::strerror(errno));
+      BF_LOG(LogLevel::kError,
+             "rank 0, Gloo rendezvous server: poll failed: ", std::strerror(errno));
       return;
     }
     if (fds[1].revents || stopping_) return;
@@ -174,7 +175,7 @@ void TcpStoreServer::Serve(int fd) {
   if (!ReadAll(fd, magic, 4) || std::memcmp(magic, kMagic, 4) != 0 || !ReadAll(fd, &len, 4) ||
       len > kMaxTokenBytes) {
     ++refused_;
-    BF_LOG(LogLevel::kWarning, "Gloo rendezvous server: refused a connection from ", peer,
+    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
            ": it did not open with bluefog's handshake (another program on MASTER_PORT?)");
     ::shutdown(fd, SHUT_RDWR);
     return;
@@ -183,7 +184,7 @@ void TcpStoreServer::Serve(int fd) {
   if (!ReadAll(fd, token.data(), len)) return;
   if (token != token_) {
     ++refused_;
-    BF_LOG(LogLevel::kWarning, "Gloo rendezvous server: refused a connection from ", peer,
+    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
            ": its job token differs from this job's (every rank needs the same "
            "BLUEFOG_JOB_TOKEN, MASTER_ADDR, MASTER_PORT and WORLD_SIZE)");
     WriteAll(fd, &kNo, 1);
@@ -196,8 +197,8 @@ void TcpStoreServer::Serve(int fd) {
     uint32_t key_len = 0;
     if (!ReadAll(fd, &op, 1) || !ReadAll(fd, &key_len, 4)) break;
     if (key_len > kMaxKeyBytes || (op != kSet && op != kGet && op != kHas)) {
-      BF_LOG(LogLevel::kWarning, "Gloo rendezvous server: dropped the connection from ", peer,
-             ": malformed request");
+      BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: dropped the connection from ",
+             peer, ": malformed request");
       break;
     }
     std::string key(key_len, '\0');
