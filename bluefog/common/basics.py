@@ -12,6 +12,8 @@ import sys
 import threading
 from typing import Dict, List, Optional, Sequence, Union
 
+from bluefog.common import tf_config
+
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -87,8 +89,18 @@ def init(process_sets=None) -> None:
     collective. ``shutdown()`` runs automatically at interpreter exit. ``process_sets`` (a list
     of ``ProcessSet`` or rank lists, the same on every rank) are registered right away, as
     Horovod's ``init(process_sets=...)`` does.
+
+    Without mpirun, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set (or a TF_CONFIG
+    that lists the workers), it runs on Gloo instead (docs/design.md, "Without mpirun").
     """
     global _atexit_registered
+    if not is_initialized():
+        try:
+            rendezvous = tf_config.rendezvous_from_tf_config(os.environ)
+        except ValueError as e:
+            raise BluefogError(str(e)) from None
+        if rendezvous:
+            os.environ.update(rendezvous)
     _check(_load().bluefog_init())
     if not _atexit_registered:
         atexit.register(shutdown)

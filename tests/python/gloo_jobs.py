@@ -16,13 +16,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mpi_jobs import REPO, JobResult, job_env, kill_tree  # noqa: E402
 
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TF_CONFIG")
 
 
 def free_port() -> int:
@@ -31,13 +32,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def gloo_env(rank: int, size: int, port: int,
-             extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def gloo_env(rank: int, size: int, port: int, extra: Optional[Dict[str, str]] = None,
+             rendezvous: bool = True) -> Dict[str, str]:
     """The environment of one rank: job_env() without MPI launcher variables, plus the
-    rendezvous."""
-    env = {k: v for k, v in job_env().items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-               WORLD_SIZE=str(size))
+    rendezvous (or, with rendezvous=False, without any of its variables)."""
+    env = {k: v for k, v in job_env().items()
+           if not k.startswith(_LAUNCHER_PREFIXES) and k not in _RENDEZVOUS}
+    if rendezvous:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE=str(size))
     env.setdefault("BLUEFOG_GLOO_TIMEOUT", "60")
     if extra:
         env.update(extra)
@@ -46,8 +49,10 @@ def gloo_env(rank: int, size: int, port: int,
 
 def run_gloo_job(cmd: Sequence[str], np_: int, timeout: float,
                  env: Optional[Dict[str, str]] = None, ranks: Optional[Sequence[int]] = None,
-                 cwd: str = REPO) -> JobResult:
+                 cwd: str = REPO,
+                 rank_env: Optional[Callable[[int, int], Dict[str, str]]] = None) -> JobResult:
     """Runs `cmd` as ranks 0..np_-1 (or only `ranks` of them: the others never come).
+    With `rank_env`, rank r's variables are rank_env(r, port) instead of the rendezvous.
     returncode is the worst rank's; output has every rank's, rank 0 first, each under a
     header."""
     port = free_port()
@@ -57,8 +62,11 @@ def run_gloo_job(cmd: Sequence[str], np_: int, timeout: float,
     for r in ranks if ranks is not None else range(np_):
         log = tempfile.TemporaryFile(mode="w+", errors="replace")
         logs.append((r, log))
+        rank_vars = gloo_env(r, np_, port, env, rendezvous=rank_env is None)
+        if rank_env is not None:
+            rank_vars.update(rank_env(r, port))
         procs.append(subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
-                                      env=gloo_env(r, np_, port, env), cwd=cwd))
+                                      env=rank_vars, cwd=cwd))
     deadline = started + timeout
     timed_out = False
     for p in procs:

@@ -7,6 +7,7 @@ unchanged on it, windows fail at the call with an error that says they need MPI,
 that never arrives ends the job within BLUEFOG_GLOO_TIMEOUT with an error naming it.
 """
 
+import json
 import os
 import re
 import textwrap
@@ -123,6 +124,31 @@ def test_lost_rank_ends_the_job(mode):
         named = (f"rank {survivor}: Gloo" in result.output
                  or "rank 1 shut down" in result.output)
         assert named and f"rank {survivor}: bluefog allreduce" in result.output, result.tail()
+
+
+def test_tf_config_starts_a_gloo_job(tmp_path):
+    """Only TF_CONFIG (two workers, this one's index): bf.init() derives the rendezvous from
+    it; a chief task is refused at init with an error saying why."""
+    job = _script(tmp_path, """
+        import tensorflow as tf
+        import bluefog.tensorflow as bf
+        bf.init()
+        x = bf.allreduce(tf.constant([float(bf.rank())]), average=False)
+        print("TFCONFIG", bf.backend(), bf.rank(), bf.size(), x.numpy()[0])
+        """)
+
+    def tf_config(kind):
+        def rank_env(rank, port):
+            workers = [f"127.0.0.1:{port}", "127.0.0.1:1"]
+            return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                             "task": {"type": kind, "index": rank}})}
+        return rank_env
+
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S, rank_env=tf_config("worker"))
+    assert result.returncode == 0 and not result.timed_out, result.tail()
+    assert "TFCONFIG gloo 0 2 1.0" in result.output and "TFCONFIG gloo 1 2 1.0" in result.output
+    result = run_gloo_job([PYTHON, job], 1, JOB_TIMEOUT_S, rank_env=tf_config("chief"))
+    assert result.returncode != 0 and "task type 'chief'" in result.output, result.tail()
 
 
 def test_mpi_launcher_variables_keep_mpi(tmp_path):
