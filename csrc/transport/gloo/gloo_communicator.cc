@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -88,7 +89,8 @@ void GlooCommunicator::Run(const char* op, F&& body) {
     throw;
   } catch (const std::exception& e) {
     throw BluefogError(StatusCode::kAborted,
-                       Concat("rank ", rank_, ": Gloo ", op, " failed: ", e.what(),
+                       Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
+                              ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
                               ". A peer may have exited, or not called it within "
                               "BLUEFOG_GLOO_TIMEOUT (",
                               setup_.timeout.count() / 1000, " s)"));
@@ -162,14 +164,16 @@ TransportInfo GlooCommunicator::Init() {
                   : IsLoopback(setup_.master_addr) ? std::string("127.0.0.1")
                                                    : host;
   Run("device creation", [&] { device_ = gloo::transport::tcp::CreateDevice(attr); });
-  gloo::rendezvous::PrefixStore world("bluefog/world", *store_);
-  Connect(world);
+  world_ranks_.resize(size_);
+  for (int r = 0; r < size_; ++r) world_ranks_[r] = r;
+  Connect("bluefog/world");
   return info;
 }
 
-void GlooCommunicator::Connect(gloo::rendezvous::Store& store) {
+void GlooCommunicator::Connect(const std::string& prefix) {
   auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
   context->setTimeout(setup_.timeout);
+  gloo::rendezvous::PrefixStore store(prefix, *store_);
   Run("connect (rendezvous of the pairs)", [&] { context->connectFullMesh(store, device_); });
   context_ = std::move(context);
   exchange_send_.assign(kSlotBytes, 0);
@@ -184,11 +188,33 @@ std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<i
              " is not in the process set it creates (ranks ", RanksText(ranks), ")");
   std::unique_ptr<GlooCommunicator> subset(new GlooCommunicator(
       *this, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size())));
-  // Sets are numbered alike on every rank, and a subset of a subset carries its parent's
-  // prefix, so the keys of two creations never meet.
-  gloo::rendezvous::PrefixStore store(Concat("bluefog/set/", tag, "/", RanksText(ranks)), *store_);
-  subset->Connect(store);
+  for (int r : ranks) subset->world_ranks_.push_back(world_ranks_[r]);
+  // Sets are numbered alike on every rank, and the key names the job-wide ranks, so the keys
+  // of two creations never meet.
+  subset->Connect(Concat("bluefog/set/", tag, "/", RanksText(subset->world_ranks_)));
   return subset;
+}
+
+std::string GlooCommunicator::GoneNote() {
+  if (!store_) return "";
+  // Rank 0's server marks a rank gone when that rank's connection to it ends; it may learn a
+  // moment after this rank's Gloo connection broke.
+  try {
+    std::vector<std::string> keys;
+    for (int r : world_ranks_) keys.push_back(GoneKey(r));
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      std::vector<std::string> missing = store_->Missing(keys);
+      std::vector<int> gone;
+      for (size_t k = 0; k < keys.size(); ++k)
+        if (std::find(missing.begin(), missing.end(), keys[k]) == missing.end())
+          gone.push_back(world_ranks_[k]);
+      if (!gone.empty()) return Concat(" (rank(s) ", RanksText(gone), " left the job)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    return " (rank 0's rendezvous server is gone too: has rank 0 exited?)";
+  }
+  return "";
 }
 
 void GlooCommunicator::Shutdown() {

@@ -80,8 +80,12 @@ class GlooCommunicator : public Communicator {
 
  private:
   GlooCommunicator(const GlooCommunicator& parent, int rank, int size);
-  // Connects this communicator's context through `store` (every rank of it calls this).
-  void Connect(gloo::rendezvous::Store& store);
+  // Connects this communicator's context through the keys under `prefix` (every rank of it
+  // calls this).
+  void Connect(const std::string& prefix);
+  // For an error of a Gloo call: " (rank(s) R left the job)" when rank 0's server saw those
+  // ranks' connections end, a note when the server is gone too, else empty.
+  std::string GoneNote();
   // Runs one Gloo call, turning its exceptions into BluefogError naming rank and op.
   template <typename F>
   void Run(const char* op, F&& body);
@@ -95,6 +99,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;  // job-wide rank of each of this communicator's ranks
   bool initialized_ = false;
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;

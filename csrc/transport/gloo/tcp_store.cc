@@ -21,10 +21,10 @@
 namespace bluefog {
 namespace {
 
-// The wire: a connection opens with kMagic, the token's length (u32) and the token; the server
-// answers kYes or kNo. Then requests: an op byte, the key's length (u32), the key and, for a
-// set, the value's length (u64) and the value. A set is answered kDone; a get kYes, the length
-// (u64) and the bytes, or kNo while the key is unset; a has kYes or kNo.
+// The wire: a connection opens with kMagic, the token's length (u32), the token and the
+// client's rank (i32); the server answers kYes or kNo. Then requests: an op byte, the key's length
+// (u32), the key and, for a set, the value's length (u64) and the value. A set is answered kDone; a
+// get kYes, the length (u64) and the bytes, or kNo while the key is unset; a has kYes or kNo.
 constexpr char kMagic[4] = {'B', 'F', 'G', '1'};
 constexpr char kSet = 'S';
 constexpr char kGet = 'G';
@@ -89,6 +89,8 @@ struct AddrInfo {
 };
 
 }  // namespace
+
+std::string GoneKey(int rank) { return Concat("bluefog/gone/", rank); }
 
 std::string JobToken(const std::string& secret, const std::string& addr, int port, int world_size) {
   const std::string text = secret.empty() ? Concat("bluefog-job|", addr, "|", port, "|", world_size)
@@ -181,7 +183,8 @@ void TcpStoreServer::Serve(int fd) {
     return;
   }
   std::string token(len, '\0');
-  if (!ReadAll(fd, token.data(), len)) return;
+  int32_t rank = -1;
+  if (!ReadAll(fd, token.data(), len) || !ReadAll(fd, &rank, 4)) return;
   if (token != token_) {
     ++refused_;
     BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
@@ -233,6 +236,12 @@ void TcpStoreServer::Serve(int fd) {
     if (!WriteAll(fd, &kYes, 1) || !WriteAll(fd, &n, 8) || !WriteAll(fd, value.data(), n)) break;
   }
   ::shutdown(fd, SHUT_RDWR);
+  // A rank's connection lasts as long as its process (or until its shutdown), so its end is
+  // how the others learn which rank left when a Gloo connection breaks (GoneKey).
+  if (!stopping_ && rank >= 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    data_[GoneKey(rank)] = {};
+  }
 }
 
 TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, int rank,
@@ -278,8 +287,10 @@ TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, 
   setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   const uint32_t len = static_cast<uint32_t>(token.size());
   char answer = 0;
+  const int32_t rank32 = rank;
   bool ok = WriteAll(fd_, kMagic, 4) && WriteAll(fd_, &len, 4) &&
-            WriteAll(fd_, token.data(), token.size()) && ReadAll(fd_, &answer, 1);
+            WriteAll(fd_, token.data(), token.size()) && WriteAll(fd_, &rank32, 4) &&
+            ReadAll(fd_, &answer, 1);
   if (!ok || answer != kYes) {
     ::close(fd_);
     fd_ = -1;

@@ -27,6 +27,10 @@ namespace bluefog {
 // address and the world size (so jobs at different addresses or sizes never mix).
 std::string JobToken(const std::string& secret, const std::string& addr, int port, int world_size);
 
+// Set by the server when rank `rank`'s connection to it ends (its process exited, or shut
+// bluefog down): read by the ranks whose Gloo connection to it broke.
+std::string GoneKey(int rank);
+
 class TcpStoreServer {
  public:
   // Binds and listens at addr:port (throws BluefogError naming both when it cannot).
