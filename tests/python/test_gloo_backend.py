@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from gloo_jobs import run_gloo_job
-from mpi_jobs import PYTHON, REPO
+from mpi_jobs import PYTHON, REPO, netns_skip_reason, run_job
 
 
 def _gloo_built() -> bool:
@@ -152,6 +152,17 @@ def test_tf_config_starts_a_gloo_job(tmp_path):
     assert "TFCONFIG gloo 0 2 1.0" in result.output and "TFCONFIG gloo 1 2 1.0" in result.output
     result = run_gloo_job([PYTHON, job], 1, JOB_TIMEOUT_S, rank_env=tf_config("chief"))
     assert result.returncode != 0 and "task type 'chief'" in result.output, result.tail()
+
+
+@pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
+def test_two_netns_hosts():
+    """tests/multihost/gloo_netns.sh: 2 network-namespace hosts, one rank each, no mpirun:
+    each rank alone on its host (local_size 1, cross_size 2) and the collectives, process sets
+    and Horovod API tests across them (14 s measured)."""
+    result = run_job(["tests/multihost/gloo_netns.sh"], timeout=SUITE_TIMEOUT_S)
+    if result.returncode == 77:
+        pytest.skip(result.tail(400))
+    assert result.returncode == 0 and "[gloo_netns] all passed" in result.output, result.tail()
 
 
 def test_mpi_launcher_variables_keep_mpi(tmp_path):

@@ -1,5 +1,7 @@
 #include "transport/gloo/gloo_communicator.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,8 +38,31 @@ std::string RanksText(const std::vector<int>& ranks) {
   return s;
 }
 
-bool IsLoopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+// This host's address on the route to addr:port (a UDP socket's source address after
+// connect(), which sends nothing): the interface the other ranks reach rank 0 by is the one
+// they can reach this rank by. Empty when there is no route.
+std::string LocalAddressToward(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  std::string out;
+  for (addrinfo* a = res; a != nullptr && out.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char host[NI_MAXHOST];
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        getnameinfo(reinterpret_cast<sockaddr*>(&local), len, host, sizeof(host), nullptr, 0,
+                    NI_NUMERICHOST) == 0)
+      out = host;
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return out;
 }
 
 std::string HostName() {
@@ -160,9 +185,10 @@ TransportInfo GlooCommunicator::Init() {
     info.homogeneous = hosts[r] == hosts[r - r % L] && local_rank[r] == r % L;
 
   gloo::transport::tcp::attr attr;
-  attr.hostname = !setup_.host.empty()             ? setup_.host
-                  : IsLoopback(setup_.master_addr) ? std::string("127.0.0.1")
-                                                   : host;
+  attr.hostname = setup_.host;
+  if (attr.hostname.empty())
+    attr.hostname = LocalAddressToward(setup_.master_addr, setup_.master_port);
+  if (attr.hostname.empty()) attr.hostname = host;
   Run("device creation", [&] { device_ = gloo::transport::tcp::CreateDevice(attr); });
   world_ranks_.resize(size_);
   for (int r = 0; r < size_; ++r) world_ranks_[r] = r;

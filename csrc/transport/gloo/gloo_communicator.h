@@ -38,8 +38,8 @@ struct GlooSetup {
   int local_rank = -1;  // -1: from the hostnames every rank announces
   int local_size = -1;
   std::string token;  // JobToken(...)
-  // The address peers reach this rank's Gloo connections at; empty: 127.0.0.1 when
-  // MASTER_ADDR is a loopback address, else this host's name.
+  // The address peers reach this rank's Gloo connections at; empty: this host's address on
+  // the route to MASTER_ADDR (127.0.0.1 when that is a loopback address), else its name.
   std::string host;
   std::chrono::milliseconds timeout{300000};
 };
