@@ -175,7 +175,8 @@ def backend() -> str:
 
 
 def mpi_threads_supported() -> bool:
-    """Whether MPI granted MPI_THREAD_MULTIPLE, so other threads may also call MPI directly."""
+    """Whether MPI granted MPI_THREAD_MULTIPLE, so other threads may also call MPI directly.
+    On the Gloo backend: True (each process set has a Gloo context of its own)."""
     return bool(_query("bluefog_mpi_threads_supported"))
 
 
