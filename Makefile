@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress \
-	bench clean sdist test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
+	bench clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
 
@@ -73,6 +73,15 @@ test-python: build
 	for n in 1 2 3 4; do \
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
+	done
+
+# The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
+# 3 ranks; the window tests skip there.
+test-gloo: build
+	for n in 2 3; do \
+	  echo "== pytest on Gloo, $$n ranks =="; \
+	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \
+	    tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
 	done
 
 # Static checks: ruff over the Python (rules in pyproject.toml's [tool.ruff]).
