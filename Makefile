@@ -15,19 +15,21 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
-	bench clean sdist test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
+	bench clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
 
-# System packages: Open MPI (compilers, mpirun) and GoogleTest. Installed only when missing.
+# System packages: Open MPI (compilers, mpirun), Gloo (the backend for jobs started without
+# mpirun) and GoogleTest. Installed only when missing.
 deps: $(VENV)/.deps-stamp
 $(VENV)/.deps-stamp: requirements.txt
-	@if ! command -v mpicxx >/dev/null || ! command -v mpirun >/dev/null || [ ! -f /usr/include/gtest/gtest.h ]; then \
-	  echo "Installing Open MPI and GoogleTest from Debian..."; \
+	@if ! command -v mpicxx >/dev/null || ! command -v mpirun >/dev/null || [ ! -f /usr/include/gtest/gtest.h ] || \
+	    [ ! -f /usr/include/gloo/allreduce.h ]; then \
+	  echo "Installing Open MPI, Gloo and GoogleTest from Debian..."; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-	    openmpi-bin libopenmpi-dev libgtest-dev >/dev/null || { \
-	    echo "Could not install openmpi-bin libopenmpi-dev libgtest-dev; install them by hand."; exit 1; }; \
+	    openmpi-bin libopenmpi-dev libgloo-dev libgtest-dev >/dev/null || { \
+	    echo "Could not install openmpi-bin libopenmpi-dev libgloo-dev libgtest-dev; install them by hand."; exit 1; }; \
 	fi
 	@# The eager calls' extension module needs Python's headers (Debian's python3-dev for its
 	@# own Python; a Python built from source, pyenv's included, has them).
@@ -71,6 +73,15 @@ test-python: build
 	for n in 1 2 3 4; do \
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
+	done
+
+# The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
+# 3 ranks; the window tests skip there.
+test-gloo: build
+	for n in 2 3; do \
+	  echo "== pytest on Gloo, $$n ranks =="; \
+	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \
+	    tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
 	done
 
 # Static checks: ruff over the Python (rules in pyproject.toml's [tool.ruff]).

@@ -65,6 +65,17 @@ int bluefog_cross_rank(void) {
 int bluefog_cross_size(void) {
   return IfRunning([](const auto& i) { return i.cross_size; });
 }
+const char* bluefog_backend(void) {
+  const bluefog::Runtime& rt = bluefog::Runtime::Get();
+  return rt.running() ? rt.backend() : nullptr;
+}
+int bluefog_gloo_built(void) {
+#ifdef BLUEFOG_HAVE_GLOO
+  return 1;
+#else
+  return 0;
+#endif
+}
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
 
 int bluefog_start_timeline(const char* path) {

@@ -17,6 +17,10 @@ int bluefog_is_homogeneous(void);
 int bluefog_mpi_threads_supported(void);
 int bluefog_cross_rank(void);  // among the ranks with this local rank (one per host)
 int bluefog_cross_size(void);
+// The backend running the job: "mpi" or "gloo"; NULL when not initialized.
+const char* bluefog_backend(void);
+// 1 when this build has the Gloo backend, else 0 (needs no init).
+int bluefog_gloo_built(void);
 // Records this rank's timeline into `path` (Chrome trace), replacing any open one; stops it.
 int bluefog_start_timeline(const char* path);
 int bluefog_stop_timeline(void);

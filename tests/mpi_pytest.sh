@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs pytest on one MPI rank. Rank 0 prints to the terminal; the others write a log that is
+# Runs pytest on one rank of an MPI job, or of a Gloo job (RANK and WORLD_SIZE, no mpirun). Rank 0 prints to the terminal; the others write a log that is
 # shown only if that rank fails, so a failure on any rank is visible and fails the job.
 set -u
 python=$1; shift
-rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}
-size=${OMPI_COMM_WORLD_SIZE:-1}
+rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${RANK:-0}}}
+size=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${WORLD_SIZE:-1}}}
 if [ "$rank" = 0 ]; then
   exec "$python" -m pytest -q -p no:cacheprovider "$@"
 fi

@@ -13,6 +13,8 @@ import sys
 import threading
 from typing import Dict, List, Optional, Sequence, Union
 
+from bluefog.common import tf_config
+
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -44,6 +46,7 @@ def _load() -> ctypes.CDLL:
             # RTLD_GLOBAL: Open MPI's plugins look up MPI symbols in the global namespace.
             lib = ctypes.CDLL(os.path.join(library_dir(), _LIB_NAME), mode=ctypes.RTLD_GLOBAL)
             lib.bluefog_last_error.restype = ctypes.c_char_p
+            lib.bluefog_backend.restype = ctypes.c_char_p
             lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
             lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
@@ -87,8 +90,18 @@ def init(process_sets=None) -> None:
     collective. ``shutdown()`` runs automatically at interpreter exit. ``process_sets`` (a list
     of ``ProcessSet`` or rank lists, the same on every rank) are registered right away, as
     Horovod's ``init(process_sets=...)`` does.
+
+    Without mpirun, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set (or a TF_CONFIG
+    that lists the workers), it runs on Gloo instead (docs/design.md, "Without mpirun").
     """
     global _atexit_registered
+    if not is_initialized():
+        try:
+            rendezvous = tf_config.rendezvous_from_tf_config(os.environ)
+        except ValueError as e:
+            raise BluefogError(str(e)) from None
+        if rendezvous:
+            os.environ.update(rendezvous)
     _check(_load().bluefog_init())
     if not _atexit_registered:
         atexit.register(shutdown)
@@ -156,8 +169,19 @@ def is_homogeneous() -> bool:
     return bool(_query("bluefog_is_homogeneous"))
 
 
+def backend() -> str:
+    """The backend running the job: ``"mpi"`` (started by mpirun, bfrun or srun) or ``"gloo"``
+    (started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; docs/design.md)."""
+    name = _load().bluefog_backend() if _lib is not None else None
+    if name is None:
+        raise ValueError("bluefog is not initialized (or was shut down): call bf.init() before "
+                         "bf.backend()")
+    return name.decode()
+
+
 def mpi_threads_supported() -> bool:
-    """Whether MPI granted MPI_THREAD_MULTIPLE, so other threads may also call MPI directly."""
+    """Whether MPI granted MPI_THREAD_MULTIPLE, so other threads may also call MPI directly.
+    On the Gloo backend: True (each process set has a Gloo context of its own)."""
     return bool(_query("bluefog_mpi_threads_supported"))
 
 

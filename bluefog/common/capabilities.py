@@ -1,7 +1,8 @@
 """What this build of bluefog has, under Horovod's names, so scripts that ask keep working.
 
-bluefog runs every collective over MPI on the CPU: MPI is built and enabled; Gloo, NCCL, DDL,
-oneCCL, CUDA and ROCm are not. None of these needs ``init()``.
+bluefog runs every collective on the CPU, over MPI (jobs started by mpirun, bfrun or srun) or,
+when this build has it, over Gloo (jobs started with MASTER_ADDR, MASTER_PORT, RANK and
+WORLD_SIZE); NCCL, DDL, oneCCL, CUDA and ROCm are not built. None of these needs ``init()``.
 """
 
 from __future__ import annotations
@@ -12,19 +13,27 @@ def mpi_built() -> bool:
     return True
 
 
+def _running_backend() -> str | None:
+    from bluefog.common import basics
+
+    return basics.backend() if basics.is_initialized() else None
+
+
 def mpi_enabled() -> bool:
-    """True: MPI is the controller and the transport (there is no other)."""
-    return True
+    """Whether MPI runs this job (before ``init()``: True, MPI being the default)."""
+    return _running_backend() in (None, "mpi")
 
 
 def gloo_built() -> bool:
-    """False: there is no Gloo controller; ``bfrun`` launches with Open MPI."""
-    return False
+    """Whether this build has the Gloo backend (built when libgloo-dev was installed)."""
+    from bluefog.common import basics
+
+    return bool(basics._load().bluefog_gloo_built())
 
 
 def gloo_enabled() -> bool:
-    """False: there is no Gloo controller."""
-    return False
+    """Whether Gloo runs this job (started without an MPI launcher; docs/design.md)."""
+    return _running_backend() == "gloo"
 
 
 def nccl_built() -> bool:

@@ -241,6 +241,8 @@ def unified_mpi_window_model_supported() -> bool:
 
     bluefog's windows keep their buffers in each process's own memory, written under a lock by
     the core's window thread (docs/windows.md), so this holds wherever windows work at all:
-    when MPI granted MPI_THREAD_MULTIPLE, which that thread needs.
+    when MPI granted MPI_THREAD_MULTIPLE, which that thread needs (never on the Gloo backend,
+    which has no windows).
     """
-    return basics.is_initialized() and basics.mpi_threads_supported()
+    return (basics.is_initialized() and basics.backend() == "mpi"
+            and basics.mpi_threads_supported())

@@ -2,6 +2,7 @@
 
 from bluefog.common.basics import (  # noqa: F401
     BluefogError,
+    backend,
     init,
     is_homogeneous,
     is_initialized,

@@ -87,7 +87,54 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
   if (const char* v = lookup("OMPI_COMM_WORLD_LOCAL_SIZE"))
     config.launcher_local_size = std::max(0, std::atoi(v));
   config.mpi_yield_chosen = lookup("OMPI_MCA_mpi_yield_when_idle") != nullptr;
+
+  if (const char* v = lookup("BLUEFOG_BACKEND")) {
+    config.backend = v;
+    BF_ENFORCE(config.backend == "mpi" || config.backend == "gloo" || config.backend.empty(),
+               StatusCode::kInvalidArgument, "environment variable BLUEFOG_BACKEND='", v,
+               "' is not one of mpi, gloo");
+  }
+  auto whole = [&](const char* var, int* out) {
+    if (const char* v = lookup(var)) {
+      if (*v != '\0') *out = static_cast<int>(ParseBytes(var, v));
+    }
+  };
+  if (const char* v = lookup("MASTER_ADDR")) config.master_addr = v;
+  whole("MASTER_PORT", &config.master_port);
+  whole("RANK", &config.env_rank);
+  whole("WORLD_SIZE", &config.env_world_size);
+  whole("LOCAL_RANK", &config.env_local_rank);
+  whole("LOCAL_WORLD_SIZE", &config.env_local_size);
+  if (const char* v = lookup("BLUEFOG_JOB_TOKEN")) config.job_token = v;
+  if (const char* v = lookup("BLUEFOG_GLOO_TIMEOUT"))
+    config.gloo_timeout_seconds = ParseDouble("BLUEFOG_GLOO_TIMEOUT", v, 0.001);
+  config.mpi_launched = lookup("OMPI_COMM_WORLD_SIZE") != nullptr ||
+                        lookup("PMI_SIZE") != nullptr || lookup("PMIX_RANK") != nullptr;
   return config;
+}
+
+bool Config::UseGloo() const {
+  if (backend == "mpi") return false;
+  if (backend != "gloo") {
+    const bool rendezvous =
+        !master_addr.empty() && master_port >= 0 && env_rank >= 0 && env_world_size >= 0;
+    if (mpi_launched || !rendezvous) return false;
+  }
+  const char* missing = master_addr.empty()  ? "MASTER_ADDR"
+                        : master_port < 0    ? "MASTER_PORT"
+                        : env_rank < 0       ? "RANK"
+                        : env_world_size < 0 ? "WORLD_SIZE"
+                                             : nullptr;
+  BF_ENFORCE(missing == nullptr, StatusCode::kInvalidArgument,
+             "BLUEFOG_BACKEND=gloo needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; ", missing,
+             " is not set");
+  BF_ENFORCE(
+      env_world_size >= 1 && env_rank < env_world_size && master_port > 0 && master_port < 65536,
+      StatusCode::kInvalidArgument, "RANK=", env_rank, " WORLD_SIZE=", env_world_size,
+      " MASTER_PORT=", master_port,
+      ": RANK must be below WORLD_SIZE and MASTER_PORT a TCP port (1-65535); or set "
+      "BLUEFOG_BACKEND=mpi to ignore these variables");
+  return true;
 }
 
 Config Config::FromEnvironment() {

@@ -62,6 +62,26 @@ struct Config {
   bool mpi_yield_chosen = false;
   std::string timeline_prefix;  // empty: no timeline
 
+  // The backend (BLUEFOG_BACKEND): "mpi", "gloo", or empty to choose by the launcher (see
+  // UseGloo). Gloo's rendezvous is read from the variables torchrun and most schedulers set:
+  // MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, and LOCAL_RANK/LOCAL_WORLD_SIZE when known.
+  std::string backend;
+  std::string master_addr;
+  int master_port = -1;
+  int env_rank = -1;
+  int env_world_size = -1;
+  int env_local_rank = -1;
+  int env_local_size = -1;
+  std::string job_token;  // BLUEFOG_JOB_TOKEN; empty: derived from the rendezvous address
+  double gloo_timeout_seconds = 300.0;  // BLUEFOG_GLOO_TIMEOUT
+  // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set: an MPI launcher started this process.
+  bool mpi_launched = false;
+
+  // Whether the runtime runs on Gloo: BLUEFOG_BACKEND=gloo, or no BLUEFOG_BACKEND, no MPI
+  // launcher and the four rendezvous variables set. Throws BluefogError naming the variable
+  // when BLUEFOG_BACKEND=gloo lacks one of them.
+  bool UseGloo() const;
+
   // Reads the variables through `lookup` (getenv in production, a map in tests).
   // Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
   static Config FromLookup(const std::function<const char*(const char*)>& lookup);

@@ -11,6 +11,10 @@
 #include "core/op_rules.h"
 #include "core/validation.h"
 #include "transport/mpi/mpi_communicator.h"
+#ifdef BLUEFOG_HAVE_GLOO
+#include "transport/gloo/gloo_communicator.h"
+#include "transport/gloo/tcp_store.h"
+#endif
 
 namespace bluefog {
 namespace {
@@ -35,6 +39,36 @@ void YieldWhenOversubscribed(const Config& config) {
   cpu_set_t cpus;
   if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
   if (config.launcher_local_size > CPU_COUNT(&cpus)) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+}
+
+// The Gloo communicator over the job's rendezvous variables (Config::UseGloo).
+std::unique_ptr<Communicator> MakeGloo(const Config& config, TransportInfo* info) {
+#ifdef BLUEFOG_HAVE_GLOO
+  GlooSetup setup;
+  setup.master_addr = config.master_addr;
+  setup.master_port = config.master_port;
+  setup.rank = config.env_rank;
+  setup.size = config.env_world_size;
+  setup.local_rank = config.env_local_rank;
+  setup.local_size = config.env_local_size;
+  setup.token =
+      JobToken(config.job_token, config.master_addr, config.master_port, config.env_world_size);
+  setup.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(config.gloo_timeout_seconds * 1000.0));
+  auto gloo = std::make_unique<GlooCommunicator>(setup, TransportOptions::FromConfig(config));
+  *info = gloo->Init();
+  return gloo;
+#else
+  (void)info;
+  throw BluefogError(
+      StatusCode::kPrecondition,
+      Concat("rank ", config.env_rank,
+             ": this process was started for the Gloo backend (BLUEFOG_BACKEND=",
+             config.backend.empty() ? "unset" : config.backend,
+             ", MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set, no MPI launcher), "
+             "but bluefog was built without Gloo. Install libgloo-dev and "
+             "reinstall bluefog, or start the job with mpirun (BLUEFOG_BACKEND=mpi)"));
+#endif
 }
 
 }  // namespace
@@ -99,10 +133,14 @@ void Runtime::Shutdown() {
 
 void Runtime::Main(std::promise<void>* started) {
   try {
-    YieldWhenOversubscribed(config_);
-    auto mpi = std::make_unique<MpiCommunicator>(TransportOptions::FromConfig(config_));
-    info_ = mpi->Init();
-    transport_ = std::move(mpi);
+    if (config_.UseGloo()) {
+      transport_ = MakeGloo(config_, &info_);
+    } else {
+      YieldWhenOversubscribed(config_);
+      auto mpi = std::make_unique<MpiCommunicator>(TransportOptions::FromConfig(config_));
+      info_ = mpi->Init();
+      transport_ = std::move(mpi);
+    }
     inline_threshold_ = config_.inline_threshold_bytes;
   } catch (...) {
     started->set_exception(std::current_exception());
@@ -320,6 +358,11 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
   const std::vector<int32_t>& list = response.meta.send_ranks;
   if (response.meta.op == OpType::kWinCreate) {
     BF_ENFORCE(mine != nullptr, StatusCode::kInternal, "no request for the window");
+    // The op's error names the rank and the window; this says why and what to do.
+    BF_ENFORCE(transport_->native_handle() != nullptr, StatusCode::kPrecondition,
+               "windows (win_create, win_put/get/accumulate and the window optimizers) need the "
+               "MPI backend, and this job runs on ",
+               transport_->backend(), "; start it with mpirun or bfrun (BLUEFOG_BACKEND=mpi)");
     BF_ENFORCE(info_.threads_multiple, StatusCode::kPrecondition,
                "windows need MPI_THREAD_MULTIPLE, which this MPI library did not grant "
                "(bf.mpi_threads_supported() is False); use an MPI built with thread support");

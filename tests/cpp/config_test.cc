@@ -37,6 +37,36 @@ TEST(Config, OpenMpiLaunchVariables) {
   EXPECT_TRUE(FromMap({{"OMPI_MCA_mpi_yield_when_idle", "0"}}).mpi_yield_chosen);
 }
 
+TEST(Config, BackendChoice) {
+  const std::map<std::string, std::string> rendezvous = {
+      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(rendezvous.begin(), rendezvous.end());
+    return FromMap(extra);
+  };
+  EXPECT_FALSE(FromMap({}).UseGloo());  // plain process: MPI (a singleton)
+  Config gloo = with({});
+  EXPECT_TRUE(gloo.UseGloo());  // the four variables, no MPI launcher
+  EXPECT_EQ(gloo.master_addr, "10.0.0.1");
+  EXPECT_EQ(gloo.env_rank, 1);
+  EXPECT_EQ(gloo.gloo_timeout_seconds, 300.0);
+  EXPECT_FALSE(with({{"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());  // mpirun wins
+  EXPECT_FALSE(with({{"PMI_SIZE", "2"}}).UseGloo());
+  EXPECT_FALSE(with({{"PMIX_RANK", "0"}}).UseGloo());
+  EXPECT_FALSE(with({{"BLUEFOG_BACKEND", "mpi"}}).UseGloo());
+  EXPECT_TRUE(with({{"BLUEFOG_BACKEND", "gloo"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());
+  EXPECT_EQ(with({{"BLUEFOG_GLOO_TIMEOUT", "2.5"}}).gloo_timeout_seconds, 2.5);
+  // Asked for Gloo without a rendezvous, or with a rank outside the job: named.
+  try {
+    FromMap({{"BLUEFOG_BACKEND", "gloo"}, {"MASTER_ADDR", "h"}}).UseGloo();
+    FAIL() << "no error";
+  } catch (const BluefogError& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_PORT is not set"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(with({{"RANK", "2"}}).UseGloo(), BluefogError);
+  EXPECT_THROW(FromMap({{"BLUEFOG_BACKEND", "nccl"}}), BluefogError);
+}
+
 TEST(Config, EagerInlineSwitch) {
   EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_INLINE", "0"}}).eager_inline);
   EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_INLINE", "sometimes"}}), BluefogError);

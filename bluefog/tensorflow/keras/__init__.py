@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bluefog.common.basics import (  # noqa: F401
     BluefogError,
+    backend,
     init,
     is_homogeneous,
     is_initialized,

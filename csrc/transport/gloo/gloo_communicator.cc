@@ -1,0 +1,390 @@
+#include "transport/gloo/gloo_communicator.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "core/reduce_kernels.h"
+#include "core/status.h"
+#include "transport/gloo/tcp_store.h"
+
+namespace bluefog {
+namespace {
+
+constexpr size_t kSlotHeader = Communicator::kExchangeSlotHeader;
+constexpr size_t kSlotPayload = Communicator::kExchangeSlotBytes;
+constexpr size_t kSlotBytes = kSlotHeader + kSlotPayload;
+// Gloo's collectives use slot prefixes 0x01-0x08; the neighbour exchange takes one of its own.
+constexpr uint64_t kNeighborSlot = uint64_t{0x20} << 56;
+
+std::string RanksText(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+// This host's address on the route to addr:port (a UDP socket's source address after
+// connect(), which sends nothing): the interface the other ranks reach rank 0 by is the one
+// they can reach this rank by. Empty when there is no route.
+std::string LocalAddressToward(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  std::string out;
+  for (addrinfo* a = res; a != nullptr && out.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char host[NI_MAXHOST];
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        getnameinfo(reinterpret_cast<sockaddr*>(&local), len, host, sizeof(host), nullptr, 0,
+                    NI_NUMERICHOST) == 0)
+      out = host;
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// Gloo splits a buffer into segments by whole elements of T, so T must have the dtype's size;
+// the reduction itself is bluefog's kernel for the dtype (float16, bfloat16 and bool included).
+template <typename T>
+void GlooAllreduce(const std::shared_ptr<gloo::Context>& context, void* data, int64_t count,
+                   DataType dtype, ReduceOp op) {
+  gloo::AllreduceOptions opts(context);
+  opts.setOutput(static_cast<T*>(data), static_cast<size_t>(count));
+  opts.setReduceFunction([dtype, op](void* c, const void* a, const void* b, size_t n) {
+    ReduceOf(c, a, b, static_cast<int64_t>(n), dtype, op);
+  });
+  gloo::allreduce(opts);
+}
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(GlooSetup setup, const TransportOptions& options)
+    : setup_(std::move(setup)),
+      options_(options),
+      tuning_(std::make_shared<Tuning>(options)),
+      rank_(setup_.rank),
+      size_(setup_.size) {}
+
+GlooCommunicator::GlooCommunicator(const GlooCommunicator& parent, int rank, int size)
+    : setup_(parent.setup_),
+      options_(parent.options_),
+      tuning_(parent.tuning_),
+      store_(parent.store_),
+      device_(parent.device_),
+      rank_(rank),
+      size_(size) {}
+
+GlooCommunicator::~GlooCommunicator() { Shutdown(); }
+
+int GlooCommunicator::refused_connections() const { return server_ ? server_->refused() : 0; }
+
+template <typename F>
+void GlooCommunicator::Run(const char* op, F&& body) {
+  try {
+    body();
+  } catch (const BluefogError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw BluefogError(StatusCode::kAborted,
+                       Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
+                              ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
+                              ". A peer may have exited, or not called it within "
+                              "BLUEFOG_GLOO_TIMEOUT (",
+                              setup_.timeout.count() / 1000, " s)"));
+  }
+}
+
+TransportInfo GlooCommunicator::Init() {
+  BF_ENFORCE(setup_.size >= 1 && setup_.rank >= 0 && setup_.rank < setup_.size,
+             StatusCode::kInvalidArgument, "RANK=", setup_.rank, " and WORLD_SIZE=", setup_.size,
+             ": RANK must be at least 0 and below WORLD_SIZE");
+  if (setup_.rank == 0)
+    server_ =
+        std::make_shared<TcpStoreServer>(setup_.master_addr, setup_.master_port, setup_.token);
+  store_ = std::make_shared<TcpStore>(setup_.master_addr, setup_.master_port, setup_.token,
+                                      setup_.rank, setup_.timeout);
+
+  // Every rank announces its host; a rank that never comes is named, not waited on forever.
+  const std::string host = HostName();
+  store_->set(Concat("bluefog/arrived/", rank_), std::vector<char>(host.begin(), host.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(Concat("bluefog/arrived/", r));
+  const auto deadline = std::chrono::steady_clock::now() + setup_.timeout;
+  auto pause = std::chrono::milliseconds(1);
+  for (std::vector<std::string> missing = keys;;) {
+    missing = store_->Missing(missing);
+    if (missing.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::vector<int> ranks;
+      for (const std::string& k : missing) ranks.push_back(std::stoi(k.substr(16)));
+      throw BluefogError(
+          StatusCode::kAborted,
+          Concat("rank ", rank_, ": Gloo rendezvous at ", setup_.master_addr, ":",
+                 setup_.master_port, " timed out after ", setup_.timeout.count() / 1000,
+                 " s (BLUEFOG_GLOO_TIMEOUT): rank(s) ", RanksText(ranks), " of ", size_,
+                 " never arrived. Start every rank with the same MASTER_ADDR, MASTER_PORT and "
+                 "WORLD_SIZE, and RANK from 0 to WORLD_SIZE-1"));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  std::vector<std::string> hosts(size_);
+  for (int r = 0; r < size_; ++r) {
+    std::vector<char> v = store_->get(keys[r]);
+    hosts[r].assign(v.begin(), v.end());
+  }
+
+  TransportInfo info;
+  info.rank = rank_;
+  info.size = size_;
+  info.threads_multiple = true;  // one gloo::Context per communicator, each on its own thread
+  // Local rank: this rank's index among the ranks on its host, unless the launcher said.
+  std::map<std::string, int> per_host;
+  std::vector<int> local_rank(size_);
+  for (int r = 0; r < size_; ++r) local_rank[r] = per_host[hosts[r]]++;
+  info.local_rank = setup_.local_rank >= 0 ? setup_.local_rank : local_rank[rank_];
+  info.local_size = setup_.local_size > 0 ? setup_.local_size : per_host[hosts[rank_]];
+  info.cross_size = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (local_rank[r] != local_rank[rank_]) continue;
+    if (r == rank_) info.cross_rank = info.cross_size;
+    ++info.cross_size;
+  }
+  // Homogeneous: the same count on every host, host h holding ranks h*L .. h*L+L-1.
+  const int L = per_host[hosts[0]];
+  info.homogeneous = size_ % L == 0;
+  for (int r = 0; r < size_ && info.homogeneous; ++r)
+    info.homogeneous = hosts[r] == hosts[r - r % L] && local_rank[r] == r % L;
+
+  gloo::transport::tcp::attr attr;
+  attr.hostname = setup_.host;
+  if (attr.hostname.empty())
+    attr.hostname = LocalAddressToward(setup_.master_addr, setup_.master_port);
+  if (attr.hostname.empty()) attr.hostname = host;
+  Run("device creation", [&] { device_ = gloo::transport::tcp::CreateDevice(attr); });
+  world_ranks_.resize(size_);
+  for (int r = 0; r < size_; ++r) world_ranks_[r] = r;
+  Connect("bluefog/world");
+  return info;
+}
+
+void GlooCommunicator::Connect(const std::string& prefix) {
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+  context->setTimeout(setup_.timeout);
+  gloo::rendezvous::PrefixStore store(prefix, *store_);
+  Run("connect (rendezvous of the pairs)", [&] { context->connectFullMesh(store, device_); });
+  context_ = std::move(context);
+  exchange_send_.assign(kSlotBytes, 0);
+  exchange_recv_.assign(kSlotBytes * static_cast<size_t>(size_), 0);
+  initialized_ = true;
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<int>& ranks,
+                                                             int tag) {
+  auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  BF_ENFORCE(me != ranks.end(), StatusCode::kInternal, "rank ", rank_,
+             " is not in the process set it creates (ranks ", RanksText(ranks), ")");
+  std::unique_ptr<GlooCommunicator> subset(new GlooCommunicator(
+      *this, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size())));
+  for (int r : ranks) subset->world_ranks_.push_back(world_ranks_[r]);
+  // Sets are numbered alike on every rank, and the key names the job-wide ranks, so the keys
+  // of two creations never meet.
+  subset->Connect(Concat("bluefog/set/", tag, "/", RanksText(subset->world_ranks_)));
+  return subset;
+}
+
+std::string GlooCommunicator::GoneNote() {
+  if (!store_) return "";
+  // Rank 0's server marks a rank gone when that rank's connection to it ends; it may learn a
+  // moment after this rank's Gloo connection broke.
+  try {
+    std::vector<std::string> keys;
+    for (int r : world_ranks_) keys.push_back(GoneKey(r));
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      std::vector<std::string> missing = store_->Missing(keys);
+      std::vector<int> gone;
+      for (size_t k = 0; k < keys.size(); ++k)
+        if (std::find(missing.begin(), missing.end(), keys[k]) == missing.end())
+          gone.push_back(world_ranks_[k]);
+      if (!gone.empty()) return Concat(" (rank(s) ", RanksText(gone), " left the job)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    return " (rank 0's rendezvous server is gone too: has rank 0 exited?)";
+  }
+  return "";
+}
+
+void GlooCommunicator::Shutdown() {
+  if (!initialized_) return;
+  initialized_ = false;
+  context_.reset();
+  store_.reset();
+  device_.reset();
+  server_.reset();
+}
+
+std::vector<std::string> GlooCommunicator::ExchangeAll(const std::string& mine,
+                                                       const std::function<void()>& on_wait) {
+  // Gloo's allgather blocks until every rank joined or the timeout passed, so `on_wait` (the
+  // stall report) does not run while waiting: a missing rank ends in the timeout's error.
+  (void)on_wait;
+  const uint64_t total = mine.size();
+  std::memcpy(exchange_send_.data(), &total, sizeof(total));
+  std::memcpy(exchange_send_.data() + kSlotHeader, mine.data(),
+              std::min(mine.size(), kSlotPayload));
+  Run("allgather (negotiation round)", [&] {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(exchange_send_.data(), kSlotBytes);
+    opts.setOutput(exchange_recv_.data(), kSlotBytes * static_cast<size_t>(size_));
+    gloo::allgather(opts);
+  });
+
+  std::vector<std::string> out(size_);
+  std::vector<int64_t> extra(size_, 0);
+  bool overflow = false;
+  for (int r = 0; r < size_; ++r) {
+    const char* slot = exchange_recv_.data() + static_cast<size_t>(r) * kSlotBytes;
+    uint64_t len;
+    std::memcpy(&len, slot, sizeof(len));
+    out[r].assign(slot + kSlotHeader, std::min<uint64_t>(len, kSlotPayload));
+    out[r].resize(len);
+    extra[r] = static_cast<int64_t>(len > kSlotPayload ? len - kSlotPayload : 0);
+    overflow |= extra[r] > 0;
+  }
+  if (!overflow) return out;
+  // Second step only when some rank had more to say than its slot holds.
+  int64_t recv_total = 0;
+  for (int64_t n : extra) recv_total += n;
+  std::vector<char> recv(static_cast<size_t>(recv_total));
+  Allgatherv(mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr, recv.data(), extra);
+  int64_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (extra[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + offset, extra[r]);
+    offset += extra[r];
+  }
+  return out;
+}
+
+void GlooCommunicator::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
+                                 ReduceOp op, int64_t divisor) {
+  BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
+             "only a sum can be averaged (PlanAverage decides who divides)");
+  if (count <= 0) return;
+  const size_t element = ElementSize(dtype);
+  if (in != out) std::memcpy(out, in, static_cast<size_t>(count) * element);
+  if (size_ > 1) {
+    Run("allreduce", [&] {
+      switch (element) {
+        case 1: GlooAllreduce<uint8_t>(context_, out, count, dtype, op); break;
+        case 2: GlooAllreduce<uint16_t>(context_, out, count, dtype, op); break;
+        case 4: GlooAllreduce<uint32_t>(context_, out, count, dtype, op); break;
+        default: GlooAllreduce<uint64_t>(context_, out, count, dtype, op); break;
+      }
+    });
+  }
+  if (divisor > 1) DivideBy(out, count, dtype, divisor);
+}
+
+void GlooCommunicator::ReduceScatter(const void* in, void* out,
+                                     const std::vector<int64_t>& counts_per_rank, DataType dtype,
+                                     ReduceOp op, int64_t divisor) {
+  // The whole input is reduced, then this rank keeps its slice: simple, and twice the bytes
+  // of a reduce-scatter proper.
+  int64_t total = 0, offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) offset = total;
+    total += counts_per_rank[r];
+  }
+  const size_t element = ElementSize(dtype);
+  if (scratch_.size() < static_cast<size_t>(total) * element)
+    scratch_.resize(static_cast<size_t>(total) * element);
+  Allreduce(in, scratch_.data(), total, dtype, op, divisor);
+  std::memcpy(out, scratch_.data() + static_cast<size_t>(offset) * element,
+              static_cast<size_t>(counts_per_rank[rank_]) * element);
+}
+
+void GlooCommunicator::Allgatherv(const void* in, void* out,
+                                  const std::vector<int64_t>& bytes_per_rank) {
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) total += bytes_per_rank[r];
+  if (total == 0) return;
+  if (size_ == 1) {
+    if (in != out) std::memcpy(out, in, static_cast<size_t>(bytes_per_rank[0]));
+    return;
+  }
+  std::vector<size_t> elements(bytes_per_rank.begin(), bytes_per_rank.end());
+  Run("allgatherv", [&] {
+    gloo::AllgathervOptions opts(context_);
+    if (bytes_per_rank[rank_] > 0)
+      opts.setInput(static_cast<char*>(const_cast<void*>(in)),
+                    static_cast<size_t>(bytes_per_rank[rank_]));
+    else
+      opts.setInput(static_cast<char*>(out), 0);
+    opts.setOutput(static_cast<char*>(out), elements);
+    gloo::allgatherv(opts);
+  });
+}
+
+void GlooCommunicator::Broadcast(void* buffer, int64_t bytes, int root) {
+  if (bytes <= 0 || size_ == 1) return;
+  Run("broadcast", [&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<char*>(buffer), static_cast<size_t>(bytes));
+    opts.setRoot(root);
+    gloo::broadcast(opts);
+  });
+}
+
+void GlooCommunicator::NeighborExchange(const std::vector<PeerBuffer>& sends,
+                                        const std::vector<PeerBuffer>& recvs) {
+  Run("neighbor exchange", [&] {
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> posted_recvs, posted_sends;
+    for (const PeerBuffer& r : recvs) {
+      if (r.bytes <= 0) continue;
+      posted_recvs.push_back(context_->createUnboundBuffer(r.data, static_cast<size_t>(r.bytes)));
+      posted_recvs.back()->recv(r.rank, kNeighborSlot);
+    }
+    for (const PeerBuffer& s : sends) {
+      if (s.bytes <= 0) continue;
+      posted_sends.push_back(context_->createUnboundBuffer(s.data, static_cast<size_t>(s.bytes)));
+      posted_sends.back()->send(s.rank, kNeighborSlot);
+    }
+    for (auto& b : posted_recvs)
+      BF_ENFORCE(b->waitRecv(setup_.timeout), StatusCode::kAborted, "rank ", rank_,
+                 ": Gloo neighbor exchange: a receive was aborted");
+    for (auto& b : posted_sends)
+      BF_ENFORCE(b->waitSend(setup_.timeout), StatusCode::kAborted, "rank ", rank_,
+                 ": Gloo neighbor exchange: a send was aborted");
+  });
+}
+
+}  // namespace bluefog

@@ -1,0 +1,109 @@
+// The Gloo backend: the communicator over Gloo's TCP transport, for jobs started without an
+// MPI launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE). The only code that calls Gloo.
+// Rendezvous through TcpStore (rank 0 runs its server); one gloo::Context per communicator,
+// so a process set's thread never shares one with another thread. Reductions run bluefog's
+// own kernels (core/reduce_kernels.h), so every dtype and op reduces as on MPI.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/communicator.h"
+#include "transport/options.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+namespace rendezvous {
+class Store;
+}
+}  // namespace gloo
+
+namespace bluefog {
+
+class TcpStore;
+class TcpStoreServer;
+
+// Where the job meets: from Config (MASTER_ADDR, ...), or set by tests.
+struct GlooSetup {
+  std::string master_addr;
+  int master_port = 0;
+  int rank = 0;
+  int size = 1;
+  int local_rank = -1;  // -1: from the hostnames every rank announces
+  int local_size = -1;
+  std::string token;  // JobToken(...)
+  // The address peers reach this rank's Gloo connections at; empty: this host's address on
+  // the route to MASTER_ADDR (127.0.0.1 when that is a loopback address), else its name.
+  std::string host;
+  std::chrono::milliseconds timeout{300000};
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  explicit GlooCommunicator(GlooSetup setup, const TransportOptions& options = TransportOptions());
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+  ~GlooCommunicator() override;
+
+  // The rendezvous: rank 0 starts the store's server; every rank announces itself and waits
+  // for the others (throws BluefogError naming the ranks that did not arrive within the
+  // timeout), then Gloo connects every pair.
+  TransportInfo Init();
+
+  // Tests: connections the server (rank 0) refused for a wrong token.
+  int refused_connections() const;
+
+  // Communicator
+  const char* backend() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  TransportPaths paths() const override { return TransportPaths(); }
+  Tuning& tuning() override { return *tuning_; }
+  std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) override;
+  void Shutdown() override;
+  std::vector<std::string> ExchangeAll(const std::string& mine,
+                                       const std::function<void()>& on_wait) override;
+  void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
+                 int64_t divisor = 1) override;
+  void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts_per_rank,
+                     DataType dtype, ReduceOp op, int64_t divisor = 1) override;
+  void Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
+  void Broadcast(void* buffer, int64_t bytes, int root) override;
+  void NeighborExchange(const std::vector<PeerBuffer>& sends,
+                        const std::vector<PeerBuffer>& recvs) override;
+
+ private:
+  GlooCommunicator(const GlooCommunicator& parent, int rank, int size);
+  // Connects this communicator's context through the keys under `prefix` (every rank of it
+  // calls this).
+  void Connect(const std::string& prefix);
+  // For an error of a Gloo call: " (rank(s) R left the job)" when rank 0's server saw those
+  // ranks' connections end, a note when the server is gone too, else empty.
+  std::string GoneNote();
+  // Runs one Gloo call, turning its exceptions into BluefogError naming rank and op.
+  template <typename F>
+  void Run(const char* op, F&& body);
+
+  GlooSetup setup_;
+  TransportOptions options_;
+  std::shared_ptr<Tuning> tuning_;
+  std::shared_ptr<TcpStoreServer> server_;  // rank 0 of the world only
+  std::shared_ptr<TcpStore> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> world_ranks_;  // job-wide rank of each of this communicator's ranks
+  bool initialized_ = false;
+  std::vector<char> exchange_send_;
+  std::vector<char> exchange_recv_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace bluefog

@@ -1,0 +1,377 @@
+#include "transport/gloo/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "core/logging.h"
+#include "core/status.h"
+
+namespace bluefog {
+namespace {
+
+// The wire: a connection opens with kMagic, the token's length (u32), the token and the
+// client's rank (i32); the server answers kYes or kNo. Then requests: an op byte, the key's length
+// (u32), the key and, for a set, the value's length (u64) and the value. A set is answered kDone; a
+// get kYes, the length (u64) and the bytes, or kNo while the key is unset; a has kYes or kNo.
+constexpr char kMagic[4] = {'B', 'F', 'G', '1'};
+constexpr char kSet = 'S';
+constexpr char kGet = 'G';
+constexpr char kHas = 'H';
+constexpr char kYes = 'Y';
+constexpr char kNo = 'N';
+constexpr char kDone = 'K';
+// Anything larger is not a rendezvous message: the connection is dropped.
+constexpr uint32_t kMaxKeyBytes = 4096;
+constexpr uint64_t kMaxValueBytes = uint64_t{64} << 20;
+constexpr uint32_t kMaxTokenBytes = 256;
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+std::string PeerName(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "an unknown peer";
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), port, sizeof(port),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "an unknown peer";
+  return Concat(host, ":", port);
+}
+
+// 64-bit FNV-1a, twice with different seeds: a stable digest, not a secret.
+uint64_t Fnv(const std::string& s, uint64_t h) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+struct AddrInfo {
+  addrinfo* list = nullptr;
+  ~AddrInfo() {
+    if (list) freeaddrinfo(list);
+  }
+};
+
+}  // namespace
+
+std::string GoneKey(int rank) { return Concat("bluefog/gone/", rank); }
+
+std::string JobToken(const std::string& secret, const std::string& addr, int port, int world_size) {
+  const std::string text = secret.empty() ? Concat("bluefog-job|", addr, "|", port, "|", world_size)
+                                          : Concat("bluefog-token|", secret);
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx",
+                static_cast<unsigned long long>(Fnv(text, 14695981039346656037ull)),
+                static_cast<unsigned long long>(Fnv(text, 0x9e3779b97f4a7c15ull)));
+  return hex;
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& addr, int port, std::string token)
+    : token_(std::move(token)) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  AddrInfo res;
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res.list);
+  BF_ENFORCE(rc == 0, StatusCode::kInvalidArgument, "rank 0: MASTER_ADDR=", addr,
+             " cannot be resolved (", gai_strerror(rc), "); set it to this host's address");
+  std::string last_error = "no address";
+  for (addrinfo* a = res.list; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
+      listen_fd_ = fd;
+      break;
+    }
+    last_error = std::strerror(errno);
+    ::close(fd);
+  }
+  BF_ENFORCE(listen_fd_ >= 0, StatusCode::kPrecondition, "rank 0: cannot listen at ", addr, ":",
+             port, " for the Gloo rendezvous (", last_error,
+             "); is MASTER_PORT free and MASTER_ADDR an address of rank 0's host?");
+  BF_ENFORCE(::pipe2(wake_fd_, O_CLOEXEC) == 0, StatusCode::kInternal,
+             "pipe2 failed: ", std::strerror(errno));
+  accept_ = std::thread(&TcpStoreServer::Accept, this);
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stopping_ = true;
+  char c = 0;
+  (void)!::write(wake_fd_[1], &c, 1);
+  if (accept_.joinable()) accept_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int fd : clients_) ::shutdown(fd, SHUT_RDWR);
+  }
+  for (auto& t : threads_) t.join();
+  for (int fd : clients_) ::close(fd);
+  ::close(listen_fd_);
+  ::close(wake_fd_[0]);
+  ::close(wake_fd_[1]);
+}
+
+void TcpStoreServer::Accept() {
+  while (!stopping_) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      BF_LOG(LogLevel::kError,
+             "rank 0, Gloo rendezvous server: poll failed: ", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents || stopping_) return;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::lock_guard<std::mutex> lock(mutex_);
+    clients_.push_back(fd);
+    threads_.emplace_back(&TcpStoreServer::Serve, this, fd);
+  }
+}
+
+void TcpStoreServer::Serve(int fd) {
+  const std::string peer = PeerName(fd);
+  char magic[4];
+  uint32_t len = 0;
+  if (!ReadAll(fd, magic, 4) || std::memcmp(magic, kMagic, 4) != 0 || !ReadAll(fd, &len, 4) ||
+      len > kMaxTokenBytes) {
+    ++refused_;
+    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
+           ": it did not open with bluefog's handshake (another program on MASTER_PORT?)");
+    ::shutdown(fd, SHUT_RDWR);
+    return;
+  }
+  std::string token(len, '\0');
+  int32_t rank = -1;
+  if (!ReadAll(fd, token.data(), len) || !ReadAll(fd, &rank, 4)) return;
+  if (token != token_) {
+    ++refused_;
+    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
+           ": its job token differs from this job's (every rank needs the same "
+           "BLUEFOG_JOB_TOKEN, MASTER_ADDR, MASTER_PORT and WORLD_SIZE)");
+    WriteAll(fd, &kNo, 1);
+    ::shutdown(fd, SHUT_RDWR);
+    return;
+  }
+  if (!WriteAll(fd, &kYes, 1)) return;
+  for (;;) {
+    char op;
+    uint32_t key_len = 0;
+    if (!ReadAll(fd, &op, 1) || !ReadAll(fd, &key_len, 4)) break;
+    if (key_len > kMaxKeyBytes || (op != kSet && op != kGet && op != kHas)) {
+      BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: dropped the connection from ",
+             peer, ": malformed request");
+      break;
+    }
+    std::string key(key_len, '\0');
+    if (!ReadAll(fd, key.data(), key_len)) break;
+    if (op == kSet) {
+      uint64_t n = 0;
+      if (!ReadAll(fd, &n, 8) || n > kMaxValueBytes) break;
+      std::vector<char> value(n);
+      if (!ReadAll(fd, value.data(), n)) break;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        data_[key] = std::move(value);
+      }
+      if (!WriteAll(fd, &kDone, 1)) break;
+      continue;
+    }
+    std::vector<char> value;
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        found = true;
+        if (op == kGet) value = it->second;
+      }
+    }
+    if (!found || op == kHas) {
+      if (!WriteAll(fd, found ? &kYes : &kNo, 1)) break;
+      continue;
+    }
+    const uint64_t n = value.size();
+    if (!WriteAll(fd, &kYes, 1) || !WriteAll(fd, &n, 8) || !WriteAll(fd, value.data(), n)) break;
+  }
+  ::shutdown(fd, SHUT_RDWR);
+  // A rank's connection lasts as long as its process (or until its shutdown), so its end is
+  // how the others learn which rank left when a Gloo connection breaks (GoneKey).
+  if (!stopping_ && rank >= 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    data_[GoneKey(rank)] = {};
+  }
+}
+
+TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, int rank,
+                   std::chrono::milliseconds timeout)
+    : where_(Concat(addr, ":", port)), rank_(rank), timeout_(timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string service = std::to_string(port);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last_error = "no answer";
+  while (fd_ < 0) {
+    AddrInfo res;
+    int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res.list);
+    if (rc != 0) {
+      last_error = gai_strerror(rc);
+    } else {
+      for (addrinfo* a = res.list; a != nullptr && fd_ < 0; a = a->ai_next) {
+        int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          fd_ = fd;
+        } else {
+          last_error = std::strerror(errno);
+          ::close(fd);
+        }
+      }
+    }
+    if (fd_ >= 0) break;
+    BF_ENFORCE(std::chrono::steady_clock::now() < deadline, StatusCode::kAborted, "rank ", rank,
+               ": the Gloo rendezvous server at ", where_,
+               " (MASTER_ADDR:MASTER_PORT, run by "
+               "rank 0) did not answer within ",
+               timeout.count() / 1000, " s (BLUEFOG_GLOO_TIMEOUT): ", last_error,
+               ". Is rank 0 started, and are MASTER_ADDR and MASTER_PORT the same on every rank?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // A server that stops answering must not hang a rank forever.
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(std::max<int64_t>(1, timeout.count() / 1000));
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const uint32_t len = static_cast<uint32_t>(token.size());
+  char answer = 0;
+  const int32_t rank32 = rank;
+  bool ok = WriteAll(fd_, kMagic, 4) && WriteAll(fd_, &len, 4) &&
+            WriteAll(fd_, token.data(), token.size()) && WriteAll(fd_, &rank32, 4) &&
+            ReadAll(fd_, &answer, 1);
+  if (!ok || answer != kYes) {
+    ::close(fd_);
+    fd_ = -1;
+    throw BluefogError(StatusCode::kPrecondition,
+                       Concat("rank ", rank, ": the Gloo rendezvous server at ", where_,
+                              " refused this rank's job token: every rank needs the same "
+                              "BLUEFOG_JOB_TOKEN (or, without one, the same MASTER_ADDR, "
+                              "MASTER_PORT and WORLD_SIZE); is another job using this port?"));
+  }
+}
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::vector<char> TcpStore::Call(char op, const std::string& key, const std::vector<char>& value,
+                                 bool* found) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint32_t key_len = static_cast<uint32_t>(key.size());
+  bool ok =
+      WriteAll(fd_, &op, 1) && WriteAll(fd_, &key_len, 4) && WriteAll(fd_, key.data(), key.size());
+  if (ok && op == kSet) {
+    const uint64_t n = value.size();
+    ok = WriteAll(fd_, &n, 8) && WriteAll(fd_, value.data(), value.size());
+  }
+  char answer = 0;
+  ok = ok && ReadAll(fd_, &answer, 1);
+  std::vector<char> out;
+  if (ok && op == kGet && answer == kYes) {
+    uint64_t n = 0;
+    ok = ReadAll(fd_, &n, 8);
+    if (ok) {
+      out.resize(n);
+      ok = ReadAll(fd_, out.data(), n);
+    }
+  }
+  BF_ENFORCE(ok, StatusCode::kAborted, "rank ", rank_, ": lost the Gloo rendezvous server at ",
+             where_, " (rank 0) while ", op == kSet ? "setting" : "reading", " key '", key,
+             "'; has rank 0 exited?");
+  if (found) *found = answer == kYes || answer == kDone;
+  return out;
+}
+
+void TcpStore::set(const std::string& key, const std::vector<char>& data) {
+  Call(kSet, key, data, nullptr);
+}
+
+std::vector<char> TcpStore::get(const std::string& key) {
+  wait({key}, timeout_);
+  bool found = false;
+  std::vector<char> value = Call(kGet, key, {}, &found);
+  BF_ENFORCE(found, StatusCode::kInternal, "rank ", rank_, ": key '", key,
+             "' vanished from the Gloo rendezvous server");
+  return value;
+}
+
+std::vector<std::string> TcpStore::Missing(const std::vector<std::string>& keys) {
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    bool found = false;
+    Call(kHas, key, {}, &found);
+    if (!found) missing.push_back(key);
+  }
+  return missing;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys,
+                    const std::chrono::milliseconds& timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  std::vector<std::string> missing = keys;
+  for (;;) {
+    missing = Missing(missing);
+    if (missing.empty()) return;
+    BF_ENFORCE(std::chrono::steady_clock::now() < deadline, StatusCode::kAborted, "rank ", rank_,
+               ": waited ", timeout.count() / 1000, " s (BLUEFOG_GLOO_TIMEOUT) for key '",
+               missing.front(), "' of the Gloo rendezvous at ", where_, " (", missing.size(),
+               " keys missing); did every rank start?");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace bluefog

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The Gloo backend across hosts on one machine: 2 "hosts" made of Linux network namespaces
+# joined by a bridge (as run_netns.sh does for MPI), each rank started in its host's namespace
+# with its own hostname and MASTER_ADDR=10.79.0.1 (host 1), RANK, WORLD_SIZE: no mpirun.
+# Needs root (ip netns, unshare).
+#
+# Steps: hello (each rank alone on its host: local_size 1, cross_size 2, the allreduce crosses
+# the hosts), then api (test_collectives, test_process_sets, test_horovod_api through
+# tests/mpi_pytest.sh on both hosts).
+# Exit status: 0 passed, 1 failed, 77 skipped. Namespaces and their processes are removed on
+# exit.
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$repo"
+py=${PYTHON:-$repo/.venv/bin/python}
+prefix=${BF_NETNS_PREFIX:-bfgl}
+net=10.79.0
+nhosts=2
+api_tests="tests/python/mpi/test_collectives.py tests/python/mpi/test_process_sets.py tests/python/mpi/test_horovod_api.py"
+
+log() { echo "[gloo_netns] $*" >&2; }
+skip() { log "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
+command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
+command -v unshare >/dev/null || skip "unshare (util-linux) is not installed"
+ip netns list >/dev/null 2>&1 || skip "ip netns is not usable here"
+work=$(mktemp -d /tmp/bluefog-gloo-netns.XXXXXX)
+ns_sw=$prefix-sw
+host_ns() { echo "$prefix-h$1"; }
+
+cleanup() {
+  local ns pids
+  for ns in $(for i in $(seq 1 $nhosts); do host_ns "$i"; done) "$ns_sw"; do
+    if ip netns list | grep -qw "^$ns"; then
+      pids=$(ip netns pids "$ns" 2>/dev/null || true)
+      [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+      ip netns del "$ns" 2>/dev/null || log "could not delete namespace $ns"
+    fi
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+setup() {
+  ip netns add "$ns_sw" || return 1
+  ip -n "$ns_sw" link set lo up
+  ip -n "$ns_sw" link add br0 type bridge || return 1
+  ip -n "$ns_sw" link set br0 up
+  for i in $(seq 1 $nhosts); do
+    local ns; ns=$(host_ns "$i")
+    ip netns add "$ns" || return 1
+    ip -n "$ns" link set lo up
+    ip -n "$ns_sw" link add "h${i}p" type veth peer name eth0 netns "$ns" || return 1
+    ip -n "$ns_sw" link set "h${i}p" master br0 up
+    ip -n "$ns" addr add "$net.$i/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+# Runs "$@" as rank i-1 on host i for every host; each rank's output in $work/<name>.<rank>.
+# Returns the worst exit status.
+run_ranks() {
+  local name=$1 limit=$2; shift 2
+  local pids=() i rc worst=0
+  for i in $(seq 1 $nhosts); do
+    ip netns exec "$(host_ns "$i")" unshare --uts env MASTER_ADDR=$net.1 MASTER_PORT=29511 \
+      RANK=$((i - 1)) WORLD_SIZE=$nhosts BLUEFOG_GLOO_TIMEOUT=60 TF_CPP_MIN_LOG_LEVEL=3 \
+      PYTHONPATH="$repo" /bin/sh -c 'hostname "$0"; exec "$@"' \
+      "$(host_ns "$i")" timeout -k 10 "$limit" "$@" >"$work/$name.$((i - 1))" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    [ $rc -ne 0 ] && { log "$name: rank $i exited $rc:"; tail -n 30 "$work/$name.$i" >&2; }
+    [ $rc -gt $worst ] && worst=$rc
+  done
+  return $worst
+}
+
+step_hello() {
+  cat >"$work/hello.py" <<'PY'
+import socket, tensorflow as tf
+import bluefog.tensorflow as bf
+bf.init()
+n = int(bf.allreduce(tf.constant(1), average=False).numpy())
+print(f"HELLO rank {bf.rank()}/{bf.size()} {bf.backend()} on {socket.gethostname()} "
+      f"local_size {bf.local_size()} cross {bf.cross_rank()}/{bf.cross_size()} sum {n}")
+PY
+  run_ranks hello 300 "$py" "$work/hello.py" || { log "hello: FAILED"; return 1; }
+  local i
+  for i in $(seq 0 $((nhosts - 1))); do
+    grep -qE "HELLO rank $i/$nhosts gloo on $(host_ns $((i + 1))) local_size 1 cross $i/$nhosts sum $nhosts" \
+      "$work/hello.$i" || { log "hello: FAILED on rank $i:"; cat "$work/hello.$i" >&2; return 1; }
+  done
+  log "hello: passed"
+}
+
+step_api() {
+  # shellcheck disable=SC2086
+  run_ranks api 900 tests/mpi_pytest.sh "$py" -p no:cacheprovider $api_tests || {
+    log "api: FAILED"; return 1; }
+  log "api: $(grep -oE '[0-9]+ passed.*' "$work/api.0" | tail -n 1)"
+}
+
+setup || { log "setup failed"; exit 1; }
+log "hosts up: $(host_ns 1)=$net.1 $(host_ns 2)=$net.2"
+status=0
+step_hello || status=1
+[ $status = 0 ] && { step_api || status=1; }
+[ $status = 0 ] && log "all passed" || log "FAILED"
+exit $status

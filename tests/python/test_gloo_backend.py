@@ -1,0 +1,182 @@
+"""The Gloo backend end to end: jobs started without mpirun (MASTER_ADDR, MASTER_PORT, RANK,
+WORLD_SIZE, as torchrun or a scheduler sets them), at 2 ranks on this host.
+
+Plain pytest: each test starts its own job through gloo_jobs.run_gloo_job. Asserted: the
+backend is chosen and reported, a representative part of the TF suite (tests/python/mpi) passes
+unchanged on it, windows fail at the call with an error that says they need MPI, and a rank
+that never arrives ends the job within BLUEFOG_GLOO_TIMEOUT with an error naming it.
+"""
+
+import json
+import os
+import re
+import textwrap
+
+import pytest
+
+from gloo_jobs import run_gloo_job
+from mpi_jobs import PYTHON, REPO, netns_skip_reason, run_job
+
+
+def _gloo_built() -> bool:
+    try:
+        from bluefog.common.capabilities import gloo_built
+
+        return gloo_built()
+    except Exception:  # noqa: BLE001 - no built package: nothing to run
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _gloo_built(),
+                                reason="bluefog was built without Gloo (libgloo-dev)")
+
+# The parts of the TF suite that run on Gloo as they are: collectives of every kind and dtype,
+# gradients and optimizers, process sets, neighbour collectives, Horovod's API.
+SUITE = ["test_collectives.py", "test_gradients.py", "test_process_sets.py",
+         "test_decentralized.py", "test_horovod_api.py"]
+# Start-up (2 TensorFlow imports on 2 busy cores) plus the suite: ~30 s measured.
+SUITE_TIMEOUT_S = 600
+JOB_TIMEOUT_S = 180
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_backend_chosen_without_mpirun(tmp_path):
+    job = _script(tmp_path, """
+        import tensorflow as tf
+        import bluefog.tensorflow as bf
+        bf.init()
+        r, n = bf.rank(), bf.size()
+        x = bf.allreduce(tf.constant([float(r + 1)] * 3), average=False)
+        assert x.numpy().tolist() == [n * (n + 1) / 2] * 3, x
+        assert bf.backend() == "gloo" and bf.gloo_enabled() and not bf.mpi_enabled()
+        assert (bf.local_rank(), bf.local_size()) == (r, n)
+        print("OK", r, bf.backend())
+        """)
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S)
+    assert result.returncode == 0 and not result.timed_out, result.tail()
+    assert result.output.count("OK") == 2 and "OK 1 gloo" in result.output
+
+
+def test_suite_subset_passes_on_gloo():
+    files = [os.path.join("tests/python/mpi", f) for f in SUITE]
+    result = run_gloo_job(["tests/mpi_pytest.sh", PYTHON, *files, "-rfE"], 2, SUITE_TIMEOUT_S)
+    assert not result.timed_out, f"the suite hung on Gloo:\n{result.tail()}"
+    assert result.returncode == 0, result.tail(20000)
+    passed = re.search(r"(\d+) passed", result.output)
+    # 301 tests on 2 ranks when written; fewer means the files were not all collected.
+    assert passed and int(passed.group(1)) >= 290 and "failed" not in result.output, (
+        result.tail())
+
+
+def test_windows_say_they_need_mpi(tmp_path):
+    job = _script(tmp_path, """
+        import tensorflow as tf
+        import bluefog.tensorflow as bf
+        bf.init()
+        try:
+            bf.win_create(tf.zeros([4]), "w")
+        except Exception as e:  # the op's error, as TensorFlow raises it
+            print("ERROR", type(e).__name__, e)
+        else:
+            print("NO ERROR")
+        # The job is still usable after the refused call.
+        x = bf.allreduce(tf.constant([1.0]), average=False)
+        print("AFTER", x.numpy()[0])
+        """)
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S)
+    assert result.returncode == 0 and not result.timed_out, result.tail()
+    assert "NO ERROR" not in result.output, result.tail()
+    assert result.output.count("AFTER 2.0") == 2, result.tail()
+    for rank in (0, 1):
+        assert f"rank {rank}: bluefog win_create of window 'w'" in result.output, result.tail()
+    assert "need the MPI backend" in result.output and "BLUEFOG_BACKEND=mpi" in result.output
+
+
+def test_missing_rank_is_named_after_the_timeout(tmp_path):
+    job = _script(tmp_path, """
+        import bluefog.tensorflow as bf
+        bf.init()
+        """)
+    # Ranks 0 and 2 of 3 start; rank 1 never does.
+    result = run_gloo_job([PYTHON, job], 3, JOB_TIMEOUT_S, ranks=[0, 2],
+                          env={"BLUEFOG_GLOO_TIMEOUT": "3"})
+    assert not result.timed_out, result.tail()
+    assert result.returncode != 0
+    assert "rank(s) 1 of 3 never arrived" in result.output, result.tail()
+    assert "BLUEFOG_GLOO_TIMEOUT" in result.output
+
+
+@pytest.mark.parametrize("mode", ["sigkill", "raise"])
+def test_lost_rank_ends_the_job(mode):
+    """Rank 1 of 3 dies at step 20 of an allreduce loop (tests/faults/rank_fault.py): the
+    survivors fail with an error naming themselves, the failed call and the rank that left,
+    well within the job's timeout (6-9 s measured, start-up included)."""
+    result = run_gloo_job([PYTHON, "tests/faults/rank_fault.py", mode, "--victim", "1",
+                           "--step", "20"], 3, JOB_TIMEOUT_S)
+    assert not result.timed_out, f"the job hung after the fault:\n{result.tail()}"
+    assert result.returncode != 0
+    # Killed: the survivor's broken Gloo call, with the rank rank 0's server saw leave.
+    # Raised: rank 1's shutdown reached the others in a negotiation round.
+    named = ("Gloo allgather (negotiation round) failed (rank(s) 1 left the job)"
+             if mode == "sigkill" else "rank 1 shut down")
+    for survivor in (0, 2):
+        assert f"rank {survivor}: bluefog allreduce" in result.output, result.tail()
+    assert result.output.count(named) >= 2, result.tail()
+
+
+def test_tf_config_starts_a_gloo_job(tmp_path):
+    """Only TF_CONFIG (two workers, this one's index): bf.init() derives the rendezvous from
+    it; a chief task is refused at init with an error saying why."""
+    job = _script(tmp_path, """
+        import tensorflow as tf
+        import bluefog.tensorflow as bf
+        bf.init()
+        x = bf.allreduce(tf.constant([float(bf.rank())]), average=False)
+        print("TFCONFIG", bf.backend(), bf.rank(), bf.size(), x.numpy()[0])
+        """)
+
+    def tf_config(kind):
+        def rank_env(rank, port):
+            workers = [f"127.0.0.1:{port}", "127.0.0.1:1"]
+            return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                             "task": {"type": kind, "index": rank}})}
+        return rank_env
+
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S, rank_env=tf_config("worker"))
+    assert result.returncode == 0 and not result.timed_out, result.tail()
+    assert "TFCONFIG gloo 0 2 1.0" in result.output and "TFCONFIG gloo 1 2 1.0" in result.output
+    result = run_gloo_job([PYTHON, job], 1, JOB_TIMEOUT_S, rank_env=tf_config("chief"))
+    assert result.returncode != 0 and "task type 'chief'" in result.output, result.tail()
+
+
+@pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
+def test_two_netns_hosts():
+    """tests/multihost/gloo_netns.sh: 2 network-namespace hosts, one rank each, no mpirun:
+    each rank alone on its host (local_size 1, cross_size 2) and the collectives, process sets
+    and Horovod API tests across them (14 s measured)."""
+    result = run_job(["tests/multihost/gloo_netns.sh"], timeout=SUITE_TIMEOUT_S)
+    if result.returncode == 77:
+        pytest.skip(result.tail(400))
+    assert result.returncode == 0 and "[gloo_netns] all passed" in result.output, result.tail()
+
+
+def test_mpi_launcher_variables_keep_mpi(tmp_path):
+    """With the rendezvous variables set but BLUEFOG_BACKEND=mpi, a lone process is MPI's
+    singleton, as before."""
+    job = _script(tmp_path, """
+        import bluefog.tensorflow as bf
+        bf.init()
+        print("BACKEND", bf.backend(), bf.size())
+        """)
+    result = run_gloo_job([PYTHON, job], 1, JOB_TIMEOUT_S, env={"BLUEFOG_BACKEND": "mpi"})
+    assert result.returncode == 0, result.tail()
+    assert "BACKEND mpi 1" in result.output
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", "--rootdir", REPO]))
