@@ -34,16 +34,24 @@ def _check_rank_at_least_one(tensor: tf.Tensor, op: str, name: str) -> None:
                          "and needs a tensor of rank >= 1; reshape the scalar to [1] first")
 
 
-def _static_splits(splits) -> Optional[list]:
-    """``splits`` as a list of ints when it is known before running (else None). Not checked
-    here: the negotiation checks every rank's splits, so that one rank's mistake fails the
-    alltoall on every rank instead of leaving the others waiting."""
+def _static_splits(splits, what: str) -> Optional[list]:
+    """``splits`` as a list of ints when it is known before running (else None). Only its form
+    is checked here (one dimension of integers); the values are checked in the negotiation,
+    against every rank's splits, so that one rank's mistake fails the alltoall on every rank
+    instead of leaving the others waiting."""
     if isinstance(splits, (tf.Tensor, tf.Variable)):
+        if splits.shape.rank not in (None, 1) or not splits.dtype.is_integer:
+            raise ValueError(f"{what}: splits must be a 1-D integer tensor (one row count per "
+                             f"rank), got shape {splits.shape} and dtype {splits.dtype.name}")
         value = tf.get_static_value(splits)
         if value is None:
             return None
         splits = value
-    return [int(s) for s in np.asarray(splits).reshape([-1])]
+    array = np.asarray(splits)
+    if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+        raise ValueError(f"{what}: splits must be a flat list of ints (one row count per rank), "
+                         f"got {splits!r:.80}")
+    return [int(s) for s in array]
 
 
 def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
@@ -72,7 +80,7 @@ def alltoall(tensor: Union[tf.Tensor, tf.Variable], splits=None,
                              f"over {size} ranks; pass splits (one row count per rank)")
         splits_input = tf.zeros([0], tf.int64)
     else:
-        static = _static_splits(splits)
+        static = _static_splits(splits, what)
         splits_input = (tf.constant(static, tf.int64, shape=[len(static)]) if static is not None
                         else tf.cast(tf.reshape(splits, [-1]), tf.int64))
     output, received = ops.bluefog_alltoall(tensor, tensor_name=name_input(name),

@@ -26,6 +26,7 @@ import math
 import threading
 from typing import Dict, List, Optional, Union
 
+import numpy as np
 import tensorflow as tf
 
 from bluefog.common import basics, topology, topology_util
@@ -368,6 +369,11 @@ def win_mutex(name: str, for_self: bool = False, ranks: Optional[List[int]] = No
         ranks = [basics.rank()]
     elif ranks is None:
         ranks = list(w.out_ranks)
+    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, (int, np.integer))
+           or not 0 <= r < basics.size()]
+    if bad:
+        raise ValueError(f"{_prefix('win_mutex', name)}: ranks must be ints in "
+                         f"[0, {basics.size()}), got {bad!r:.80}")
     ranks = sorted(int(r) for r in ranks)
     rank_tensor = const_input(ranks, tf.int32)
     win_wait(ops.bluefog_win_mutex(name_input(name), rank_tensor, lock=True))

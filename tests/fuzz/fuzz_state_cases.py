@@ -152,7 +152,7 @@ def make_state_case(kind: str, rng, index: int, size: int):
 
     if kind == "process_set_bad":
         variant = int(rng.integers(8))
-        bad = [[size], [-1], [0, 0], [0.7], ["1"], [], [[0]], [None]][variant]
+        bad = [[size], [-1], [1.0], [0.7], ["1"], [], [[0]], [None]][variant]
 
         def run(rank, size):
             bf = _bf()
