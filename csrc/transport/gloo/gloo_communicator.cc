@@ -215,9 +215,12 @@ std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<i
   std::unique_ptr<GlooCommunicator> subset(new GlooCommunicator(
       *this, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size())));
   for (int r : ranks) subset->world_ranks_.push_back(world_ranks_[r]);
-  // Sets are numbered alike on every rank, and the key names the job-wide ranks, so the keys
-  // of two creations never meet.
-  subset->Connect(Concat("bluefog/set/", tag, "/", RanksText(subset->world_ranks_)));
+  // Sets are numbered alike on every rank, the key names the job-wide ranks, and every member
+  // counts its creations over these ranks alike (a removed set registered again gets its old
+  // id), so the keys of two creations never meet.
+  const std::string members = RanksText(subset->world_ranks_);
+  const int creation = subset_creations_[members]++;
+  subset->Connect(Concat("bluefog/set/", tag, "/", members, "/", creation));
   return subset;
 }
 

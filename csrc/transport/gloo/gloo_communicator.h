@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,9 @@ class GlooCommunicator : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> world_ranks_;  // job-wide rank of each of this communicator's ranks
+  // How many subsets over each list of ranks this communicator made: a set removed and made
+  // again (with its old id) must not find the old subset's addresses in the store.
+  std::map<std::string, int> subset_creations_;
   bool initialized_ = false;
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
