@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import tempfile
 
 import numpy as np
@@ -293,7 +294,7 @@ def make_state_case(kind: str, rng, index: int, size: int):
                 os.environ.pop("BLUEFOG_ELASTIC_STATE_DIR", None)
                 bf.barrier()
                 if bf.local_rank() == 0:
-                    _remove_tree(folder)
+                    shutil.rmtree(folder, ignore_errors=True)
         if variant == 5:
             return Case(kind, run, lambda rank, size: np.array([0.001, 120.0]),
                         "elastic sync over an unreadable commit", eager_only=True)
@@ -323,15 +324,5 @@ def make_state_case(kind: str, rng, index: int, size: int):
 
 def _shared_folder(bf, name: str) -> str:
     """A folder every rank of this host names alike (rank 0's choice, broadcast)."""
-    folder = os.path.join(tempfile.gettempdir(), f"bluefog-fuzz-{os.getppid()}-{name}")
+    folder = tempfile.mkdtemp(prefix="bluefog-fuzz-") if bf.rank() == 0 else None
     return str(bf.broadcast_object(folder, root_rank=0, name=f"{name}.folder"))
-
-
-def _remove_tree(folder: str) -> None:
-    for root, dirs, files in os.walk(folder, topdown=False):
-        for f in files:
-            os.unlink(os.path.join(root, f))
-        for d in dirs:
-            os.rmdir(os.path.join(root, d))
-    if os.path.isdir(folder):
-        os.rmdir(folder)

@@ -26,38 +26,14 @@ command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
 command -v unshare >/dev/null || skip "unshare (util-linux) is not installed"
 ip netns list >/dev/null 2>&1 || skip "ip netns is not usable here"
 work=$(mktemp -d /tmp/bluefog-gloo-netns.XXXXXX)
-ns_sw=$prefix-sw
-host_ns() { echo "$prefix-h$1"; }
+source "$repo/tests/multihost/netns_hosts.sh"
 
 cleanup() {
-  local ns pids
-  for ns in $(for i in $(seq 1 $nhosts); do host_ns "$i"; done) "$ns_sw"; do
-    if ip netns list | grep -qw "^$ns"; then
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
-      [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-      ip netns del "$ns" 2>/dev/null || log "could not delete namespace $ns"
-    fi
-  done
+  netns_cleanup
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-setup() {
-  ip netns add "$ns_sw" || return 1
-  ip -n "$ns_sw" link set lo up
-  ip -n "$ns_sw" link add br0 type bridge || return 1
-  ip -n "$ns_sw" link set br0 up
-  for i in $(seq 1 $nhosts); do
-    local ns; ns=$(host_ns "$i")
-    ip netns add "$ns" || return 1
-    ip -n "$ns" link set lo up
-    ip -n "$ns_sw" link add "h${i}p" type veth peer name eth0 netns "$ns" || return 1
-    ip -n "$ns_sw" link set "h${i}p" master br0 up
-    ip -n "$ns" addr add "$net.$i/24" dev eth0
-    ip -n "$ns" link set eth0 up
-  done
-}
 
 # Runs "$@" as rank i-1 on host i for every host; each rank's output in $work/<name>.<rank>.
 # Returns the worst exit status.
@@ -104,7 +80,7 @@ step_api() {
   log "api: $(grep -oE '[0-9]+ passed.*' "$work/api.0" | tail -n 1)"
 }
 
-setup || { log "setup failed"; exit 1; }
+netns_make || { log "setup failed"; exit 1; }
 log "hosts up: $(host_ns 1)=$net.1 $(host_ns 2)=$net.2"
 status=0
 step_hello || status=1

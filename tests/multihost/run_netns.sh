@@ -62,47 +62,20 @@ ip netns list >/dev/null 2>&1 || skip "ip netns is not usable here"
 [ -x "$py" ] || { log "no python at $py (set PYTHON)"; exit 1; }
 work=$(mktemp -d /tmp/bluefog-netns.XXXXXX)
 
-ns_sw=$prefix-sw
-host_ns() { echo "$prefix-h$1"; }
-host_ip() { echo "$net.$1"; }
+source "$repo/tests/multihost/netns_hosts.sh"
 
 cleanup() {
-  local ns pids
-  for ns in $(for i in $(seq 1 $nhosts); do host_ns "$i"; done) "$ns_sw"; do
-    if ip netns list | grep -qw "^$ns"; then
-      # Only processes inside our own namespaces: the ranks and daemons this script started.
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
-      [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-      ip netns del "$ns" 2>/dev/null || log "could not delete namespace $ns"
-    fi
-  done
+  netns_cleanup
   rm -rf "$work"
 }
 
 setup() {
-  cleanup_stale=0
-  for ns in "$ns_sw" $(for i in $(seq 1 $nhosts); do host_ns "$i"; done); do
-    ip netns list | grep -qw "^$ns" && cleanup_stale=1
-  done
-  if [ $cleanup_stale = 1 ]; then
+  if netns_exist; then
     log "removing namespaces left by an earlier run"
     cleanup
     work=$(mktemp -d /tmp/bluefog-netns.XXXXXX)
   fi
-  ip netns add "$ns_sw" || return 1
-  ip -n "$ns_sw" link set lo up
-  ip -n "$ns_sw" link add br0 type bridge || return 1
-  ip -n "$ns_sw" link set br0 up
-  for i in $(seq 1 $nhosts); do
-    local ns; ns=$(host_ns "$i")
-    ip netns add "$ns" || return 1
-    ip -n "$ns" link set lo up
-    # The veth pair is created inside the switch namespace, its peer directly in the host's.
-    ip -n "$ns_sw" link add "h${i}p" type veth peer name eth0 netns "$ns" || return 1
-    ip -n "$ns_sw" link set "h${i}p" master br0 up
-    ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-  done
+  netns_make || return 1
   # The remote-shell agent Open MPI uses instead of ssh: HOST COMMAND... -> run COMMAND in the
   # namespace of HOST, with that host's own hostname.
   cat >"$work/agent.sh" <<EOF

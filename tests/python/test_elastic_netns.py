@@ -22,12 +22,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 
 import pytest
 
-from mpi_jobs import PYTHON, REPO, job_env, kill_tree, netns_skip_reason
+from mpi_jobs import PYTHON, BackgroundJob, kill_tree, netns_skip_reason
 
 PREFIX = "bfel"
 NET = "10.78.0"
@@ -135,7 +134,7 @@ def _wait_for_bridge():
         time.sleep(0.2)
 
 
-class Job:
+class Job(BackgroundJob):
     """bfrun (elastic) inside host 1, output collected as it comes."""
 
     def __init__(self, hosts, bfrun_args, epochs=EPOCHS):
@@ -148,21 +147,7 @@ class Job:
                PYTHON, "-m", "bluefog.run", *bfrun_args, f"--mpi-args={mca}", "-x",
                "PYTHONPATH", PYTHON, "examples/elastic_digits.py", "--epochs", str(epochs),
                "--commit-every", str(COMMIT_EVERY), "--log-steps"]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=job_env({"TF_CPP_MIN_LOG_LEVEL": "3"}),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace")
-        self.lines = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.started = time.time()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self):
-        return "".join(self.lines)
+        super().__init__(cmd, {"TF_CPP_MIN_LOG_LEVEL": "3"})
 
     def summary(self, n=8000):
         """The output without the per-step lines: bfrun's and Open MPI's messages."""
@@ -170,15 +155,7 @@ class Job:
                        if not line.startswith(("STEP ", "COMMIT ")))[-n:]
 
     def wait_for(self, pattern, timeout=JOB_TIMEOUT_S):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            found = re.search(pattern, self.output, re.M)
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"never saw {pattern!r}:\n{self.output[-6000:]}")
+        return super().wait_for(pattern, timeout)
 
     def finish(self, timeout=JOB_TIMEOUT_S):
         try:

@@ -24,36 +24,20 @@ over. Rank 0 prints "SOAK SUMMARY {json}"; --json writes it to a file.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 
-# One malloc arena before TensorFlow starts its threads (see stress_collectives.py).
-try:
-    ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
-except (OSError, AttributeError):
-    pass
+from process_memory import limit_malloc_arenas, rss_kb
+
+limit_malloc_arenas(1)  # before TensorFlow starts its threads (see stress_collectives.py)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402 - after the allocator setting
 import tensorflow as tf  # noqa: E402
-
-
-def rss_kb() -> int:
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def counts(folder: str) -> dict:
@@ -184,9 +168,7 @@ def main(argv=None) -> int:
                 json.dump(summary, f)
     bf.barrier()
     if rank == 0:
-        for name in os.listdir(folder):
-            os.unlink(os.path.join(folder, name))
-        os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
     return 0 if n_bad == 0 else 1
 
 

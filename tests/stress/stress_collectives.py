@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import ctypes
-import gc
 import json
 import os
 import sys
 import threading
 import time
 import traceback
+
+from process_memory import limit_malloc_arenas, rss_kb
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -61,11 +61,7 @@ def _limit_malloc_arenas(argv) -> int:
             n = int(argv[i + 1])
         elif a.startswith("--malloc-arenas="):
             n = int(a.split("=", 1)[1])
-    if n > 0:
-        try:
-            ctypes.CDLL("libc.so.6").mallopt(-8, n)  # M_ARENA_MAX
-        except (OSError, AttributeError):
-            pass
+    limit_malloc_arenas(n)
     return n
 
 
@@ -118,16 +114,8 @@ def rss_mb() -> float:
     Random tensor sizes fragment malloc's heap; without the trim, RSS would measure how much
     freed memory glibc keeps around rather than what the process still holds.
     """
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
+    kb = rss_kb()
+    return kb / 1024.0 if kb else float("nan")
 
 
 # ------------------------------------------------------------------------------- case drawing

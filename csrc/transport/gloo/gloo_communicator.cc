@@ -21,14 +21,12 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
+#include "transport/exchange_slots.h"
 #include "transport/gloo/tcp_store.h"
 
 namespace bluefog {
 namespace {
 
-constexpr size_t kSlotHeader = Communicator::kExchangeSlotHeader;
-constexpr size_t kSlotPayload = Communicator::kExchangeSlotBytes;
-constexpr size_t kSlotBytes = kSlotHeader + kSlotPayload;
 // Gloo's collectives use slot prefixes 0x01-0x08; the neighbour exchange takes one of its own.
 constexpr uint64_t kNeighborSlot = uint64_t{0x20} << 56;
 
@@ -202,8 +200,8 @@ void GlooCommunicator::Connect(const std::string& prefix) {
   gloo::rendezvous::PrefixStore store(prefix, *store_);
   Run("connect (rendezvous of the pairs)", [&] { context->connectFullMesh(store, device_); });
   context_ = std::move(context);
-  exchange_send_.assign(kSlotBytes, 0);
-  exchange_recv_.assign(kSlotBytes * static_cast<size_t>(size_), 0);
+  exchange_send_.assign(kExchangeSlotTotal, 0);
+  exchange_recv_.assign(kExchangeSlotTotal * static_cast<size_t>(size_), 0);
   initialized_ = true;
 }
 
@@ -260,40 +258,23 @@ std::vector<std::string> GlooCommunicator::ExchangeAll(const std::string& mine,
   // Gloo's allgather blocks until every rank joined or the timeout passed, so `on_wait` (the
   // stall report) does not run while waiting: a missing rank ends in the timeout's error.
   (void)on_wait;
-  const uint64_t total = mine.size();
-  std::memcpy(exchange_send_.data(), &total, sizeof(total));
-  std::memcpy(exchange_send_.data() + kSlotHeader, mine.data(),
-              std::min(mine.size(), kSlotPayload));
+  FillExchangeSlot(exchange_send_.data(), mine);
   Run("allgather (negotiation round)", [&] {
     gloo::AllgatherOptions opts(context_);
-    opts.setInput(exchange_send_.data(), kSlotBytes);
-    opts.setOutput(exchange_recv_.data(), kSlotBytes * static_cast<size_t>(size_));
+    opts.setInput(exchange_send_.data(), kExchangeSlotTotal);
+    opts.setOutput(exchange_recv_.data(), kExchangeSlotTotal * static_cast<size_t>(size_));
     gloo::allgather(opts);
   });
 
-  std::vector<std::string> out(size_);
-  std::vector<int64_t> extra(size_, 0);
-  bool overflow = false;
-  for (int r = 0; r < size_; ++r) {
-    const char* slot = exchange_recv_.data() + static_cast<size_t>(r) * kSlotBytes;
-    uint64_t len;
-    std::memcpy(&len, slot, sizeof(len));
-    out[r].assign(slot + kSlotHeader, std::min<uint64_t>(len, kSlotPayload));
-    out[r].resize(len);
-    extra[r] = static_cast<int64_t>(len > kSlotPayload ? len - kSlotPayload : 0);
-    overflow |= extra[r] > 0;
-  }
-  if (!overflow) return out;
+  std::vector<std::string> out;
+  std::vector<int64_t> rest;
+  if (!ReadExchangeSlots(exchange_recv_.data(), size_, &out, &rest)) return out;
   // Second step only when some rank had more to say than its slot holds.
   int64_t recv_total = 0;
-  for (int64_t n : extra) recv_total += n;
+  for (int64_t n : rest) recv_total += n;
   std::vector<char> recv(static_cast<size_t>(recv_total));
-  Allgatherv(mine.size() > kSlotPayload ? mine.data() + kSlotPayload : nullptr, recv.data(), extra);
-  int64_t offset = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (extra[r] > 0) std::memcpy(&out[r][kSlotPayload], recv.data() + offset, extra[r]);
-    offset += extra[r];
-  }
+  Allgatherv(ExchangeRest(mine), recv.data(), rest);
+  AppendExchangeRests(recv.data(), rest, &out);
   return out;
 }
 

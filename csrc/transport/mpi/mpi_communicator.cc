@@ -8,6 +8,7 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
+#include "transport/exchange_slots.h"
 #include "transport/mpi/allreduce/algorithms.h"
 #include "transport/mpi/comm_handle.h"
 #include "transport/shared_heap.h"
@@ -206,15 +207,14 @@ void MpiCommunicator::SetUp(bool one_host) {
     if (auto* o = dynamic_cast<OneHostAllreduce*>(a.get())) one_host_ = o;
   }
   if (one_host) direct_->Probe();
-  constexpr size_t kSlotBytes = kExchangeSlotHeader + kExchangeSlotBytes;
-  exchange_send_.assign(kSlotBytes, 0);
-  exchange_recv_.assign(kSlotBytes * static_cast<size_t>(size_), 0);
+  exchange_send_.assign(kExchangeSlotTotal, 0);
+  exchange_recv_.assign(kExchangeSlotTotal * static_cast<size_t>(size_), 0);
   counts_.assign(size_, 0);
   displs_.assign(size_, 0);
   if (one_host && options_.local_rounds) {
     const int64_t staged = std::max<int64_t>(options_.staged_bytes, 0);
     local_rounds_ = LocalRounds::Create(
-        comm_, rank_, size_, kSlotBytes, static_cast<size_t>(staged),
+        comm_, rank_, size_, kExchangeSlotTotal, static_cast<size_t>(staged),
         staged > 0 ? static_cast<size_t>(std::max<int64_t>(options_.shared_heap_bytes, 0)) : 0);
     if (local_rounds_ && local_rounds_->heap()) SharedHeap::SetCurrent(local_rounds_->heap());
   }

@@ -108,6 +108,7 @@ class MpiCommunicator : public Communicator {
   OneHostAllreduce* one_host_ = nullptr;  // in allreduce_
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
+  std::vector<int64_t> rest_;  // the negotiation round's bytes beyond each rank's slot
   std::vector<int> counts_;
   std::vector<int> displs_;
   std::vector<char> requests_;
