@@ -24,7 +24,8 @@
 #        test_graph_concurrency.py) and the reductions and compression tests (test_reduce_ops.py,
 #        test_compression.py: bluefog's own MPI op over TCP), Horovod's collectives (alltoall,
 #        reducescatter: test_horovod_collectives.py), process sets (test_process_sets.py) and
-#        windows (test_windows.py, test_win_pushsum.py: puts served across hosts over TCP) and
+#        windows (test_windows.py, test_win_mutex.py, test_win_pushsum.py: puts served across
+#        hosts over TCP) and
 #        Horovod's host layout (test_horovod_api.py: cross_rank, cross_size);
 #        BF_MULTIHOST_TESTS=paths for others. One rank per host, through tests/mpi_pytest.sh.
 #   cut  runs a loop of allreduces on the 3 hosts, then takes host 3's link down (its bridge
@@ -45,7 +46,7 @@ py=${PYTHON:-$repo/.venv/bin/python}
 prefix=${BF_NETNS_PREFIX:-bfmh}
 net=10.77.0
 nhosts=3
-api_tests=${BF_MULTIHOST_TESTS:-tests/python/mpi/test_collectives.py tests/python/mpi/test_gradients.py tests/python/mpi/test_graph_concurrency.py tests/python/mpi/test_reduce_ops.py tests/python/mpi/test_compression.py tests/python/mpi/test_horovod_collectives.py tests/python/mpi/test_process_sets.py tests/python/mpi/test_windows.py tests/python/mpi/test_win_pushsum.py tests/python/mpi/test_horovod_api.py}
+api_tests=${BF_MULTIHOST_TESTS:-tests/python/mpi/test_collectives.py tests/python/mpi/test_gradients.py tests/python/mpi/test_graph_concurrency.py tests/python/mpi/test_reduce_ops.py tests/python/mpi/test_compression.py tests/python/mpi/test_horovod_collectives.py tests/python/mpi/test_process_sets.py tests/python/mpi/test_windows.py tests/python/mpi/test_win_mutex.py tests/python/mpi/test_win_pushsum.py tests/python/mpi/test_horovod_api.py}
 api_timeout=${BF_API_TIMEOUT:-900}
 cut_bound=${BF_CUT_BOUND:-120}
 steps=${*:-all}

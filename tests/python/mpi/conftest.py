@@ -24,7 +24,8 @@ bf.init()
 
 # Windows need the MPI backend (docs/design.md, "Without mpirun"); on Gloo their files are
 # skipped, and tests/python/test_gloo_backend.py checks the error win_create gives there.
-_WINDOW_FILES = ("test_windows.py", "test_win_pushsum.py", "test_win_optimizers.py")
+_WINDOW_FILES = ("test_windows.py", "test_win_mutex.py", "test_win_pushsum.py",
+                 "test_win_optimizers.py")
 
 
 def pytest_collection_modifyitems(config, items):
