@@ -180,3 +180,41 @@ def test_mpi_launcher_variables_keep_mpi(tmp_path):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "--rootdir", REPO]))
+
+
+def _can_unshare_mounts() -> bool:
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(),
+                    reason="needs root and unshare --mount (a private /etc/hosts)")
+def test_rank0_waits_for_its_name_to_resolve(tmp_path):
+    """MASTER_ADDR names rank 0's own host before the name resolves (Kubernetes publishes a
+    pod's DNS name only once it runs): rank 0 retries instead of failing at once. Here the name
+    appears in a private /etc/hosts 2 s after rank 0 began bf.init()."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    started = tmp_path / "started"
+    job = _script(tmp_path, f"""
+        import bluefog.tensorflow as bf
+        open({str(started)!r}, "w").close()
+        bf.init()
+        print("backend", bf.backend(), "size", bf.size(), flush=True)
+        bf.shutdown()
+        """)
+    script = (f"mount --bind {hosts} /etc/hosts || exit 1; "
+              f"(while [ ! -e {started} ]; do sleep 0.1; done; sleep 2; "
+              f"echo '127.0.0.1 late-rank0.test' >> {hosts}) & "
+              f"exec {PYTHON} {job}")
+    result = run_gloo_job(["unshare", "--mount", "sh", "-c", script], 1, JOB_TIMEOUT_S,
+                          env={"MASTER_ADDR": "late-rank0.test", "BLUEFOG_GLOO_TIMEOUT": "60"})
+    assert not result.timed_out, result.tail()
+    assert result.returncode == 0, result.tail()
+    assert "does not resolve yet" in result.output, result.tail()
+    assert "backend gloo size 1" in result.output, result.tail()

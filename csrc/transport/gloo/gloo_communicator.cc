@@ -125,8 +125,8 @@ TransportInfo GlooCommunicator::Init() {
              StatusCode::kInvalidArgument, "RANK=", setup_.rank, " and WORLD_SIZE=", setup_.size,
              ": RANK must be at least 0 and below WORLD_SIZE");
   if (setup_.rank == 0)
-    server_ =
-        std::make_shared<TcpStoreServer>(setup_.master_addr, setup_.master_port, setup_.token);
+    server_ = std::make_shared<TcpStoreServer>(setup_.master_addr, setup_.master_port, setup_.token,
+                                               setup_.timeout);
   store_ = std::make_shared<TcpStore>(setup_.master_addr, setup_.master_port, setup_.token,
                                       setup_.rank, setup_.timeout);
 

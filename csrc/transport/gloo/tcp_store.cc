@@ -102,7 +102,8 @@ std::string JobToken(const std::string& secret, const std::string& addr, int por
   return hex;
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& addr, int port, std::string token)
+TcpStoreServer::TcpStoreServer(const std::string& addr, int port, std::string token,
+                               std::chrono::milliseconds resolve_timeout)
     : token_(std::move(token)) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -110,7 +111,23 @@ TcpStoreServer::TcpStoreServer(const std::string& addr, int port, std::string to
   hints.ai_flags = AI_PASSIVE;
   AddrInfo res;
   const std::string service = std::to_string(port);
+  // A name may not resolve yet when rank 0 starts: Kubernetes publishes a pod's DNS name (a
+  // headless Service's record) only once the pod runs. Wait for it, up to the job's timeout.
+  const auto deadline = std::chrono::steady_clock::now() + resolve_timeout;
+  auto not_yet = [](int code) {
+    return code == EAI_NONAME || code == EAI_AGAIN || code == EAI_NODATA;
+  };
   int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res.list);
+  for (bool told = false; not_yet(rc) && std::chrono::steady_clock::now() < deadline;) {
+    if (!told) {
+      BF_LOG(LogLevel::kWarning, "rank 0: MASTER_ADDR=", addr, " does not resolve yet (",
+             gai_strerror(rc), "); retrying for up to ", resolve_timeout.count() / 1000,
+             " s (BLUEFOG_GLOO_TIMEOUT)");
+      told = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res.list);
+  }
   BF_ENFORCE(rc == 0, StatusCode::kInvalidArgument, "rank 0: MASTER_ADDR=", addr,
              " cannot be resolved (", gai_strerror(rc), "); set it to this host's address");
   std::string last_error = "no address";

@@ -33,8 +33,10 @@ std::string GoneKey(int rank);
 
 class TcpStoreServer {
  public:
-  // Binds and listens at addr:port (throws BluefogError naming both when it cannot).
-  TcpStoreServer(const std::string& addr, int port, std::string token);
+  // Binds and listens at addr:port (throws BluefogError naming both when it cannot). A name
+  // that does not resolve yet is retried for up to `resolve_timeout`.
+  TcpStoreServer(const std::string& addr, int port, std::string token,
+                 std::chrono::milliseconds resolve_timeout = std::chrono::milliseconds(0));
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   ~TcpStoreServer();
