@@ -1,0 +1,92 @@
+"""bluefog.ray.RayExecutor on a real local Ray cluster (head + worker node on this machine).
+
+One driver process (tests/ray/ray_cases.py) starts the cluster and runs every case; each test
+here checks one case's report. Ray is in requirements.txt; without it the tests skip, saying so.
+"""
+
+import json
+
+import pytest
+
+from mpi_jobs import PYTHON, run_job
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'bluefog-tf[ray]')")
+
+DRIVER_TIMEOUT_S = 420  # ~50 s measured: cluster start, 4 jobs, TensorFlow imports on 2 cores
+
+
+@pytest.fixture(scope="module")
+def cases():
+    result = run_job([PYTHON, "tests/ray/ray_cases.py"], timeout=DRIVER_TIMEOUT_S)
+    assert not result.timed_out, result.tail()
+    found = {}
+    for line in result.output.splitlines():
+        if line.startswith("CASE "):
+            case = json.loads(line[5:])
+            found[case["case"]] = case
+    assert found, result.tail()
+    return found
+
+
+def case(cases, name):
+    assert name in cases, f"case {name} did not report"
+    assert "error" not in cases[name], cases[name]["error"]
+    return cases[name]
+
+
+def test_run_returns_each_rank_result_in_rank_order(cases):
+    c = case(cases, "sums")
+    # 2 hosts x 1 worker: one worker on each Ray node; an allreduce over both.
+    assert c["nodes"] == 2
+    assert c["sums"] == [[0, 2, 3.0], [1, 2, 3.0]]
+
+
+def test_execute_runs_on_each_worker_executable(cases):
+    c = case(cases, "sums")
+    assert c["bumps"] == [11, 11]
+    assert c["single"] == 12  # rank 0's counter, bumped once more
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_digits_trains_on_ray_workers(cases, workers):
+    c = case(cases, f"digits_{workers}")
+    assert c["ranks"] == list(range(workers))
+    assert c["backends"] == ["gloo"] * workers
+    assert c["identical"], "the ranks ended with different weights"
+    assert c["accuracy"] >= 0.9, c
+    assert c["nodes"] == 2  # the workers spread over both Ray nodes (4 CPUs, 2 per node)
+
+
+def test_failure_on_one_rank_ends_the_run_at_once(cases):
+    c = case(cases, "failure")
+    assert c["raised"]
+    assert 1 in c["failed"]
+    assert "rank 1: ValueError: rank 1 gives up" in c["message"]
+    assert "first on rank 1" in c["message"]
+    # The others were blocked in a collective with rank 1: they fail because it shut down,
+    # well before the 120 s timeout.
+    assert c["seconds"] < 60, c
+    assert c["unfinished"] == []
+    assert "call start() again" in c["again"]
+
+
+def test_no_room_on_the_cluster_is_a_clear_error(cases):
+    c = case(cases, "no_room")
+    assert c["raised"]
+    assert "no room for 9 workers" in c["message"]
+    assert c["seconds"] < 30
+
+
+def test_bad_arguments_are_refused():
+    from bluefog.ray import RayExecutor
+
+    with pytest.raises(ValueError, match="num_workers, or num_hosts"):
+        RayExecutor(None)
+    with pytest.raises(ValueError, match="not both"):
+        RayExecutor(None, num_workers=2, num_hosts=2, num_workers_per_host=1)
+    with pytest.raises(ValueError, match="int >= 1"):
+        RayExecutor(None, num_workers=0)
+    with pytest.raises(ValueError, match="use_gpu"):
+        RayExecutor(None, num_workers=2, gpus_per_worker=1)
+    with pytest.raises(RuntimeError, match="before start"):
+        RayExecutor(None, num_workers=2).run(print)
