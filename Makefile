@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
-	bench clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
+	bench bench-horovod clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
 
@@ -111,6 +111,11 @@ soak: build
 
 bench: build cpp-build
 	$(PY) bench/run.py
+
+# bluefog against Horovod 0.28.1 (built once into ~/.cache/bluefog with tensorflow-cpu 2.15):
+# eager and tf.function allreduce 4 B - 64 MiB, and training steps; interleaved launches.
+bench-horovod: build
+	$(PY) bench/vs_horovod.py
 
 # The source distribution (dist/bluefog_tf-<version>.tar.gz), built as a user would.
 sdist: $(VENV)/.deps-stamp

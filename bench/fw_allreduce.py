@@ -1,0 +1,124 @@
+"""Eager and tf.function allreduce timings of one framework, bluefog or Horovod, through the
+API they share (``hvd.allreduce(x, op=hvd.Sum, name=...)``), with raw MPI_Allreduce timed in
+the same process, its batches interleaved with the framework's (the ratios use it). Run on
+every rank under mpirun by bench/vs_horovod.py, with bluefog's .venv or Horovod's; rank 0
+prints JSON lines {"framework", "impl", "bytes", "median_s", "ranks"}.
+
+    mpirun -np 2 python bench/fw_allreduce.py --framework bluefog \
+        --mpi-lib build/bench/libmpi_allreduce.so
+
+impl: eager (an eager call on a kept input), function (the call inside a tf.function, kept
+input), function_temp (inside a tf.function on a temporary, t * 2: a gradient is one),
+scale (that tf.function's multiplication alone: function_temp - scale is the allreduce's
+share), mpi_inplace / mpi_oop (raw MPI_Allreduce on buffers allocated once, in place / out of
+place).
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import random
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+def load(framework: str):
+    if framework == "horovod":
+        import horovod.tensorflow as hvd
+    else:
+        import bluefog.tensorflow as hvd
+    hvd.init()
+    return hvd
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--framework", choices=["bluefog", "horovod"], required=True)
+    p.add_argument("--mpi-lib", required=True, help="bench/mpi_allreduce.cc as a library")
+    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--budget", type=float, default=0.4, help="seconds per size and impl")
+    args = p.parse_args()
+    hvd = load(args.framework)
+    lib = ctypes.CDLL(args.mpi_lib)
+    lib.bench_mpi_allreduce.restype = ctypes.c_double
+    lib.bench_mpi_allreduce.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int]
+    n, me = hvd.size(), hvd.rank()
+
+    def slowest(seconds: float) -> float:
+        return float(tf.reduce_max(hvd.allgather(tf.constant([seconds]), name="bench.max")))
+
+    def per_call(step):
+        def run(iters: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                step()
+            return time.perf_counter() - t0
+        return run
+
+    def raw(nbytes: int, out_of_place: bool):
+        def run(iters: int) -> float:
+            seconds = lib.bench_mpi_allreduce(nbytes, 1, iters, int(out_of_place))
+            if seconds < 0:
+                raise SystemExit("raw MPI_Allreduce failed")
+            return seconds
+        return run
+
+    def timed(batches: dict) -> dict:
+        """Median seconds per call of each batch, batches interleaved rep by rep in a fresh
+        order each rep (the same on every rank: the collectives stay matched)."""
+        iters = {}
+        for name, run in batches.items():
+            run(3)
+            one = slowest(run(2) / 2)
+            iters[name] = max(1, min(20000, int(args.budget / args.reps / max(one, 1e-7))))
+        samples = {name: [] for name in batches}
+        for rep in range(args.reps):
+            order = list(batches)
+            random.Random(rep).shuffle(order)
+            for name in order:
+                hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="bench.barrier")
+                samples[name].append(slowest(batches[name](iters[name]) / iters[name]))
+        return {name: float(np.median(v)) for name, v in samples.items()}
+
+    warm = tf.constant([1.0])
+    for _ in range(200):
+        hvd.allreduce(warm, op=hvd.Sum, name="bench.warm")
+    sizes, b = [], 4
+    while b <= args.max_bytes:
+        sizes.append(b)
+        b *= 4
+    for nbytes in sizes:
+        x = tf.fill([nbytes // 4], float(me + 1))
+        got = hvd.allreduce(x, op=hvd.Sum, name=f"check.{nbytes}").numpy()
+        assert np.all(got == n * (n + 1) / 2), f"wrong allreduce result at {nbytes} bytes"
+        fn = tf.function(lambda t, nb=nbytes: hvd.allreduce(t, op=hvd.Sum, name=f"f.{nb}"))
+        fn_temp = tf.function(
+            lambda t, nb=nbytes: hvd.allreduce(t * 2.0, op=hvd.Sum, name=f"t.{nb}"))
+        fn_scale = tf.function(lambda t: t * 2.0)
+        batches = {
+            "eager": per_call(lambda x=x, nb=nbytes: hvd.allreduce(x, op=hvd.Sum,
+                                                                    name=f"e.{nb}")),
+            "function": per_call(lambda x=x, f=fn: f(x)),
+            "function_temp": per_call(lambda x=x, f=fn_temp: f(x)),
+            "scale": per_call(lambda x=x, f=fn_scale: f(x)),
+            "mpi_inplace": raw(nbytes, False),
+            "mpi_oop": raw(nbytes, True),
+        }
+        # Past any warm-up or path choice of this size before timing.
+        batches["eager"](50 if nbytes < (1 << 20) else 20)
+        for impl, seconds in timed(batches).items():
+            if me == 0:
+                print(json.dumps({"framework": args.framework, "impl": impl, "bytes": nbytes,
+                                  "median_s": seconds, "ranks": n}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""A training step of one framework, bluefog or Horovod, through the API they share: a custom
+loop with ``DistributedGradientTape`` on synthetic data, and, in the same processes with their
+batches interleaved, the same step with a plain tape (compute only, no communication). Run on
+every rank under mpirun by bench/vs_horovod.py; rank 0 prints one JSON line per model:
+{"framework", "model", "ranks", "step_s", "compute_s", "images_per_s_per_rank"}.
+
+    mpirun -np 2 python bench/fw_step.py --framework bluefog --models resnet50 mlp
+
+Models: resnet50 (Keras' ResNet-50, 64x64 images, batch 16), mlp (4 dense layers of 1024,
+batch 64), cnn (examples/synthetic_benchmark.py's small CNN, 32x32, batch 32).
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+
+
+def load(framework: str):
+    if framework == "horovod":
+        import horovod.tensorflow as hvd
+    else:
+        import bluefog.tensorflow as hvd
+    hvd.init()
+    cores = os.cpu_count() or 1
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    return hvd
+
+
+def model_and_batch(name: str):
+    import keras
+
+    if name == "resnet50":
+        model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10)
+        return model, (16, 64, 64, 3)
+    if name == "mlp":
+        model = keras.Sequential([keras.Input((784,))] + [
+            keras.layers.Dense(1024, activation="relu") for _ in range(4)] + [
+            keras.layers.Dense(10)])
+        return model, (64, 784)
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
+    ])
+    return model, (32, 32, 32, 3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--framework", choices=["bluefog", "horovod"], required=True)
+    p.add_argument("--models", nargs="+", default=["resnet50", "mlp"])
+    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    p.add_argument("--blocks", type=int, default=5, help="timed blocks of each kind")
+    args = p.parse_args()
+    hvd = load(args.framework)
+    import keras
+
+    for name in args.models:
+        row = bench_model(hvd, keras, name, args.steps, args.blocks)
+        if hvd.rank() == 0:
+            print(json.dumps({"framework": args.framework, **row}), flush=True)
+
+
+def bench_model(hvd, keras, name: str, steps: int, blocks: int) -> dict:
+    me = hvd.rank()
+    keras.utils.set_random_seed(me)
+    model, shape = model_and_batch(name)
+    opt = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rs = np.random.RandomState(me)
+    x = tf.constant(rs.uniform(size=shape).astype(np.float32))
+    y = tf.constant(rs.randint(0, 10, size=(shape[0],)).astype(np.int64))
+
+    def make_step(distributed: bool):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            if distributed:
+                tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return step
+
+    dist, compute = make_step(True), make_step(False)
+    dist()  # builds the optimizer's slots, so the broadcast covers them
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    for _ in range(3):
+        dist()
+        compute()
+    times = {"dist": [], "compute": []}
+    for block in range(blocks):
+        for kind in (("dist", "compute") if block % 2 == 0 else ("compute", "dist")):
+            fn = dist if kind == "dist" else compute
+            hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="step.barrier")
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                loss = fn()
+            float(loss)
+            seconds = (time.perf_counter() - t0) / steps
+            times[kind].append(float(tf.reduce_max(
+                hvd.allgather(tf.constant([seconds]), name="step.max"))))
+    step_s, compute_s = float(np.median(times["dist"])), float(np.median(times["compute"]))
+    return {"model": name, "ranks": hvd.size(), "step_s": step_s, "compute_s": compute_s,
+            "images_per_s_per_rank": shape[0] / step_s}
+
+if __name__ == "__main__":
+    main()

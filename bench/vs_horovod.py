@@ -1,0 +1,198 @@
+"""bluefog against Horovod 0.28.1, side by side: `make bench-horovod` (or this script).
+
+Horovod is what a TensorFlow user would pick instead. It does not support TensorFlow 2.16+ (Keras
+3), so it runs in a venv of its own with tensorflow-cpu 2.15, built here on first use (a few
+minutes; cached in ~/.cache/bluefog, or --horovod-venv) with MPI and without Gloo, as its docs
+build it for an MPI cluster.
+
+Each launch runs bench/fw_allreduce.py for one framework under mpirun; launches alternate
+(bluefog, Horovod, Horovod, bluefog, ...), and every number is taken relative to raw
+MPI_Allreduce timed in the same process, interleaved with the framework's calls, so a machine
+that drifts between launches (these VMs do, by 2-4x) moves both sides alike. Per size it prints,
+over the launches, the median and the worst of:
+
+- eager: the framework's eager allreduce of a kept input over raw out-of-place MPI;
+- function: the same inside a tf.function;
+- temp: inside a tf.function on a temporary (t * 2, as gradients are), the multiplication's
+  own time subtracted, over raw in-place MPI (a temporary may be reduced in place);
+- "bluefog faster by": Horovod's ratio over bluefog's (above 1: bluefog faster). Worst =
+  the launch pair least favourable to bluefog.
+
+The machine state of each launch is printed too: the load average and raw MPI's time for 1 MiB
+in that launch (a slow-state VM shows 2x and more on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from run import ENV, MPIRUN, build_mpi_baseline, fmt_size  # noqa: E402
+
+HOROVOD_VENV = os.path.expanduser("~/.cache/bluefog/horovod-0.28.1-tf2.15")
+
+
+def horovod_python(venv: str) -> str:
+    """The venv's python, building the venv first when it has no working Horovod."""
+    py = os.path.join(venv, "bin", "python")
+    probe = [py, "-c", "import horovod.tensorflow as hvd; hvd.init(); assert hvd.mpi_built()"]
+    if os.path.exists(py) and subprocess.run(probe, env=ENV, capture_output=True).returncode == 0:
+        return py
+    print(f"building Horovod 0.28.1 with tensorflow-cpu 2.15 in {venv} (once; minutes)",
+          flush=True)
+    started = time.time()
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = [py, "-m", "pip", "install", "-q"]
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    subprocess.run(pip + ["tensorflow-cpu==2.15.*", "cmake", "setuptools", "wheel",
+                          "packaging"], check=True)
+    env = dict(os.environ, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ["PATH"],
+               HOROVOD_WITH_TENSORFLOW="1", HOROVOD_WITH_MPI="1", HOROVOD_WITHOUT_GLOO="1",
+               HOROVOD_WITHOUT_PYTORCH="1", HOROVOD_WITHOUT_MXNET="1")
+    subprocess.run(pip + ["--no-build-isolation", "--no-cache-dir", "horovod==0.28.1"],
+                   env=env, check=True)
+    subprocess.run(probe, env=ENV, check=True)
+    print(f"Horovod built in {time.time() - started:.0f} s", flush=True)
+    return py
+
+
+def launch(python: str, framework: str, ranks: int, lib: str, args) -> dict:
+    cmd = MPIRUN + ["-np", str(ranks), python, os.path.join(HERE, "fw_allreduce.py"),
+                    "--framework", framework, "--mpi-lib", lib, "--reps", str(args.reps),
+                    "--max-bytes", str(args.max_bytes)]
+    load = os.getloadavg()[0]
+    out = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    by = {(r["impl"], r["bytes"]): r["median_s"] for r in rows}
+    return {"framework": framework, "load": load, "times": by}
+
+
+def step_launch(python: str, framework: str, ranks: int, models: list) -> dict:
+    cmd = MPIRUN + ["-np", str(ranks), python, os.path.join(HERE, "fw_step.py"),
+                    "--framework", framework, "--models"] + models
+    out = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {r["model"]: r for r in rows}
+
+
+def steps(args, hvd_py: str) -> None:
+    """Training steps: per model, framework and rank count, the median over launches of the
+    step time, the compute-only step time in the same processes, the communication overhead
+    (step over compute-only, minus 1) and the scaling efficiency (images/s per rank at N ranks
+    over 1 rank)."""
+    results = {}  # (framework, ranks) -> [per-launch {model: row}]
+    for i in range(args.step_launches):
+        for fw in (["bluefog", "horovod"] if i % 2 == 0 else ["horovod", "bluefog"]):
+            for ranks in (1, args.ranks):
+                py = sys.executable if fw == "bluefog" else hvd_py
+                results.setdefault((fw, ranks), []).append(
+                    step_launch(py, fw, ranks, args.models))
+    print(f"\nTraining step, median over {args.step_launches} launches (worst launch in "
+          f"brackets); overhead = step / compute-only step - 1, same processes")
+    print(f"| model | framework | s/step at {args.ranks} ranks | compute only | overhead | "
+          f"scaling efficiency ({args.ranks} vs 1 rank, per rank) |")
+    print("|---" * 6 + "|")
+    for model in args.models:
+        for fw in ("bluefog", "horovod"):
+            runs = [r[model] for r in results[(fw, args.ranks)]]
+            ones = [r[model] for r in results[(fw, 1)]]
+            step = [r["step_s"] for r in runs]
+            over = [r["step_s"] / r["compute_s"] - 1 for r in runs]
+            eff = [r["images_per_s_per_rank"] / o["images_per_s_per_rank"]
+                   for r, o in zip(runs, ones)]
+            print(f"| {model} | {fw} | {statistics.median(step):.4f} ({max(step):.4f}) | "
+                  f"{statistics.median(r['compute_s'] for r in runs):.4f} | "
+                  f"{statistics.median(over):+.0%} ({max(over):+.0%}) | "
+                  f"{statistics.median(eff):.2f} ({min(eff):.2f}) |")
+
+
+def ratios(run: dict, size: int) -> dict:
+    t = run["times"]
+    temp = max(t[("function_temp", size)] - t[("scale", size)], 1e-9)
+    return {"eager": t[("eager", size)] / t[("mpi_oop", size)],
+            "function": t[("function", size)] / t[("mpi_oop", size)],
+            "temp": temp / t[("mpi_inplace", size)],
+            "time_eager": t[("eager", size)]}
+
+
+def fmt_us(s: float) -> str:
+    return f"{s * 1e6:.0f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--launches", type=int, default=4, help="per framework")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--horovod-venv", default=HOROVOD_VENV)
+    p.add_argument("--models", nargs="*", default=["resnet50", "mlp"],
+                   help="training-step models (none: skip the steps)")
+    p.add_argument("--step-launches", type=int, default=3)
+    p.add_argument("--no-allreduce", action="store_true", help="only the training steps")
+    args = p.parse_args()
+    hvd_py = horovod_python(args.horovod_venv)
+    if not args.no_allreduce:
+        allreduces(args, hvd_py)
+    if args.models:
+        steps(args, hvd_py)
+
+
+def allreduces(args, hvd_py: str) -> None:
+    _, lib = build_mpi_baseline()
+    runs = {"bluefog": [], "horovod": []}
+    for i in range(args.launches):
+        order = ["bluefog", "horovod"] if i % 2 == 0 else ["horovod", "bluefog"]
+        for fw in order:
+            runs[fw].append(launch(sys.executable if fw == "bluefog" else hvd_py, fw,
+                                   args.ranks, lib, args))
+            r = runs[fw][-1]
+            mib = r["times"].get(("mpi_oop", 1 << 20))
+            print(f"launch {i + 1} {fw}: load {r['load']:.2f}, raw MPI 1 MiB out of place "
+                  f"{fmt_us(mib) if mib else '-'}", flush=True)
+    sizes = sorted({b for (_, b) in runs["bluefog"][0]["times"]})
+    print(f"\n{args.ranks} ranks, {args.launches} launches per framework; time over raw MPI "
+          f"in the same process (median / worst launch); lower is better")
+    print("| size | bluefog eager | Horovod eager | bluefog function | Horovod function | "
+          "bluefog temp (vs in-place) | Horovod temp | bluefog faster by, eager (median / "
+          "worst) | function | temp |")
+    print("|---" * 10 + "|")
+    for size in sizes:
+        bf = [ratios(r, size) for r in runs["bluefog"]]
+        hv = [ratios(r, size) for r in runs["horovod"]]
+
+        def pair(rows, key):
+            v = [r[key] for r in rows]
+            return f"{statistics.median(v):.2f} / {max(v):.2f}"
+
+        def faster(key, bf=bf, hv=hv):
+            v = [h[key] / b[key] for b, h in zip(bf, hv)]
+            return f"{statistics.median(v):.2f}x / {min(v):.2f}x"
+
+        print(f"| {fmt_size(size)} | {pair(bf, 'eager')} | {pair(hv, 'eager')} | "
+              f"{pair(bf, 'function')} | {pair(hv, 'function')} | {pair(bf, 'temp')} | "
+              f"{pair(hv, 'temp')} | {faster('eager')} | {faster('function')} | "
+              f"{faster('temp')} |")
+    def eager_time(fw, size):
+        return fmt_us(statistics.median(ratios(r, size)["time_eager"] for r in runs[fw]))
+
+    print("\nEager time per call (median over launches): " + ", ".join(
+        f"{fmt_size(s)}: bluefog {eager_time('bluefog', s)} / Horovod {eager_time('horovod', s)}"
+        for s in sizes))
+
+
+if __name__ == "__main__":
+    main()
