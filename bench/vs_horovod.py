@@ -17,6 +17,9 @@ over the launches, the median and the worst of:
   own time subtracted, over raw in-place MPI (a temporary may be reduced in place);
 - "bluefog faster by": Horovod's ratio over bluefog's (above 1: bluefog faster). Worst =
   the launch pair least favourable to bluefog.
+- "absolute": Horovod's time per call over bluefog's, launch pair by launch pair. Raw MPI in
+  Horovod's process is itself slower (its background thread polls every millisecond on the
+  same cores), so the normalized ratios above flatter Horovod; the absolute ones do not.
 
 The machine state of each launch is printed too: the load average and raw MPI's time for 1 MiB
 in that launch (a slow-state VM shows 2x and more on it).
@@ -125,7 +128,8 @@ def ratios(run: dict, size: int) -> dict:
     return {"eager": t[("eager", size)] / t[("mpi_oop", size)],
             "function": t[("function", size)] / t[("mpi_oop", size)],
             "temp": temp / t[("mpi_inplace", size)],
-            "time_eager": t[("eager", size)]}
+            "time_eager": t[("eager", size)], "time_function": t[("function", size)],
+            "time_temp": temp}
 
 
 def fmt_us(s: float) -> str:
@@ -154,6 +158,7 @@ def main() -> None:
 def allreduces(args, hvd_py: str) -> None:
     _, lib = build_mpi_baseline()
     runs = {"bluefog": [], "horovod": []}
+    save = os.path.join(ROOT, "build", "bench", "vs_horovod_allreduce.json")
     for i in range(args.launches):
         order = ["bluefog", "horovod"] if i % 2 == 0 else ["horovod", "bluefog"]
         for fw in order:
@@ -163,13 +168,18 @@ def allreduces(args, hvd_py: str) -> None:
             mib = r["times"].get(("mpi_oop", 1 << 20))
             print(f"launch {i + 1} {fw}: load {r['load']:.2f}, raw MPI 1 MiB out of place "
                   f"{fmt_us(mib) if mib else '-'}", flush=True)
+    with open(save, "w") as f:  # every launch's times, for a second look
+        json.dump({fw: [{"load": r["load"], "times": [[k[0], k[1], v] for k, v in
+                                                        r["times"].items()]} for r in rs]
+                   for fw, rs in runs.items()}, f)
+    print(f"(raw times in {os.path.relpath(save, ROOT)})")
     sizes = sorted({b for (_, b) in runs["bluefog"][0]["times"]})
     print(f"\n{args.ranks} ranks, {args.launches} launches per framework; time over raw MPI "
           f"in the same process (median / worst launch); lower is better")
     print("| size | bluefog eager | Horovod eager | bluefog function | Horovod function | "
           "bluefog temp (vs in-place) | Horovod temp | bluefog faster by, eager (median / "
-          "worst) | function | temp |")
-    print("|---" * 10 + "|")
+          "worst) | function | temp | absolute: eager | function | temp |")
+    print("|---" * 13 + "|")
     for size in sizes:
         bf = [ratios(r, size) for r in runs["bluefog"]]
         hv = [ratios(r, size) for r in runs["horovod"]]
@@ -185,7 +195,8 @@ def allreduces(args, hvd_py: str) -> None:
         print(f"| {fmt_size(size)} | {pair(bf, 'eager')} | {pair(hv, 'eager')} | "
               f"{pair(bf, 'function')} | {pair(hv, 'function')} | {pair(bf, 'temp')} | "
               f"{pair(hv, 'temp')} | {faster('eager')} | {faster('function')} | "
-              f"{faster('temp')} |")
+              f"{faster('temp')} | {faster('time_eager')} | {faster('time_function')} | "
+              f"{faster('time_temp')} |")
     def eager_time(fw, size):
         return fmt_us(statistics.median(ratios(r, size)["time_eager"] for r in runs[fw]))
 
