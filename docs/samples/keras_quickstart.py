@@ -7,9 +7,8 @@ import numpy as np
 
 import bluefog.tensorflow.keras as bfk
 
-bfk.init()                                                    # every rank
-rng = np.random.default_rng(bfk.rank())                       # each rank its own data
-x = rng.normal(size=(512, 8)).astype("float32")
+bfk.init()                                                      # on every rank
+x = np.random.default_rng(bfk.rank()).normal(size=(512, 8)).astype("float32")  # its own data
 y = (x.sum(axis=1) > 0).astype("int32")
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
 opt = bfk.DistributedOptimizer(keras.optimizers.Adam(0.01 * bfk.size()))  # averages gradients

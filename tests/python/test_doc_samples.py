@@ -30,6 +30,17 @@ def test_every_sample_is_included_in_a_page():
             f"docs/samples/{name} is included in no page: include it with --8<-- \"{name}\"")
 
 
+def test_readme_example_is_the_quickstart_sample():
+    # The README cannot include a file, so its Keras example must equal the sample's example.
+    sample = open(os.path.join(REPO, "docs", "samples", "keras_quickstart.py"),
+                  encoding="utf-8").read()
+    example = sample.split("# --8<-- [start:example]\n")[1].split("# --8<-- [end:example]")[0]
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert "```python\n" + example + "```" in readme, (
+        "README.md's Keras example differs from docs/samples/keras_quickstart.py: copy the "
+        "sample's example section into the README")
+
+
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_samples_run_at_two_ranks():
     result = run_job(mpirun_prefix(2) + [PYTHON, RUNNER] + SAMPLES, timeout=TIMEOUT_S,
