@@ -15,7 +15,8 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
-	bench bench-horovod clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
+	bench bench-horovod clean sdist docs test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps \
+	test-slurm
 
 all: build
 
@@ -53,6 +54,16 @@ $(VENV)/.build-stamp: $(VENV)/.deps-stamp $(SOURCES)
 	$(PY) -m pip install -q --no-build-isolation --no-deps .
 	@touch $@
 
+# The documentation site (mkdocs.yml): guides, the API reference generated from the docstrings
+# and `bfrun --help`, built into build/docs with every warning an error. mkdocstrings reads the
+# sources without importing them, so no build of the package is needed.
+docs: $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+$(VENV)/.docs-stamp: $(VENV)/.deps-stamp docs/requirements.txt
+	$(PY) -m pip install -q -r docs/requirements.txt
+	@touch $@
+
 demo: build
 	$(MPIRUN) -np 2 $(PY) examples/keras_digits.py
 
@@ -87,7 +98,7 @@ test-gloo: build
 # Static checks: ruff over the Python (rules in pyproject.toml's [tool.ruff]).
 # ruff for the Python, clang-format (.clang-format at the root) for the C++.
 lint: $(VENV)/.deps-stamp
-	$(VENV)/bin/ruff check bluefog tests examples bench
+	$(VENV)/bin/ruff check bluefog tests examples bench docs
 	$(VENV)/bin/clang-format --dry-run --Werror $$(git ls-files '*.cc' '*.h' 2>/dev/null || \
 	  find csrc tests bench -name '*.cc' -o -name '*.h')
 

@@ -3,7 +3,7 @@
     bfrun -np 4 python examples/decentralized_digits.py                       # neighbour mixing
     bfrun -np 4 python examples/decentralized_digits.py --optimizer allreduce # baseline
     bfrun -np 8 -H a:4,b:4 python examples/decentralized_digits.py \
-        --optimizer hierarchical --schedule inner_outer          # across hosts (docs/training.md)
+        --optimizer hierarchical --schedule inner_outer   # across hosts (docs/decentralized.md)
 
 Each rank trains on its own shard of the training set. With the default
 ``--optimizer neighbor`` no rank ever sees the global average: after every local step a rank

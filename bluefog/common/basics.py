@@ -307,6 +307,7 @@ class _GlobalProcessSet(ProcessSet):
 
 
 global_process_set = _GlobalProcessSet()
+"""The process set of every rank (id 0): the default ``process_set=`` of every collective."""
 _sets_lock = threading.Lock()
 _registered: Dict[int, ProcessSet] = {0: global_process_set}
 

@@ -203,7 +203,7 @@ def recommend(c: Costs, size: int, local: int, nbytes: float,
     """(method, how to use it, predictions). Allreduce averages exactly, so a decentralized
     method is recommended only when predicted at least ``margin`` times faster per step; among
     those, the fastest (one-peer schedules mix less per step than static graphs: see
-    docs/training.md)."""
+    docs/decentralized.md)."""
     times = predict(c, size, local, nbytes)
     allreduce = ("allreduce (hierarchical)" if size > local > 1 else "allreduce (flat ring)")
     candidates = list(DECENTRALIZED_USE)

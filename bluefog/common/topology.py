@@ -34,7 +34,7 @@ def default_topology() -> nx.DiGraph:
     """The topology ``init()`` and ``set_topology()`` give: ``ExponentialGraph(size())``, or,
     when the job spans machines with several ranks on each (``spans_machines()``),
     ``HierarchicalExponentialGraph(size(), local_size())``, whose cut between machines is
-    smaller (docs/training.md, "Which topology")."""
+    smaller (docs/decentralized.md)."""
     size = basics.size()  # raises the "call bf.init()" error when not initialized
     if spans_machines():
         return topology_util.HierarchicalExponentialGraph(size, basics.local_size())

@@ -28,6 +28,7 @@ import numpy as np
 _WEIGHT_TOL = 1e-9
 
 SendRecv = tuple[list[int], list[int]]
+"""One step of a dynamic schedule: ``(send_ranks, recv_ranks)`` of this rank."""
 _Phase = tuple[int, int, Callable[[int], int]]  # (group size, my index, index->rank)
 
 

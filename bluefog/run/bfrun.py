@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="also forward this environment variable (repeatable)")
     p.add_argument("--mpi-args", dest="mpi_args", default="",
                    help="extra arguments for mpirun, as one quoted string")
-    e = p.add_argument_group("elastic training (docs/training.md); --min-np turns it on")
+    e = p.add_argument_group("elastic training (docs/elastic.md); --min-np turns it on")
     e.add_argument("--min-np", dest="min_np", type=int,
                    help="the fewest ranks the job may run on: when hosts are lost, it goes on "
                         "from the last commit with the ranks left, down to this many")

@@ -38,11 +38,18 @@ from bluefog.tensorflow.op_rules import (
 
 # The reductions of allreduce's `op` (Horovod's names). Average and Sum are `average=True/False`.
 Average = "average"
+"""``op=`` of the reductions: the mean over the ranks (of a process set: over its ranks)."""
 Sum = "sum"
+"""``op=`` of the reductions: the sum over the ranks."""
 Min = "min"
+"""``op=`` of ``allreduce``: the elementwise minimum (NaN where any rank has NaN)."""
 Max = "max"
+"""``op=`` of ``allreduce``: the elementwise maximum (NaN where any rank has NaN)."""
 Product = "product"
+"""``op=`` of ``allreduce``: the elementwise product over the ranks."""
 Adasum = _adasum.Adasum  # composed in Python from neighbor exchanges, see adasum.py
+"""``op=`` of ``allreduce``, ``grouped_allreduce``, the tape and ``DistributedOptimizer``:
+Horovod's adaptive summation (float tensors, power-of-two rank counts)."""
 _REDUCE_OPS = (Average, Sum, Min, Max, Product)
 
 

@@ -412,4 +412,6 @@ def turn_off_win_ops_with_associated_p() -> None:
 
 
 def win_ops_with_associated_p() -> bool:
+    """Whether window operations carry push-sum weights now (after
+    ``turn_on_win_ops_with_associated_p``)."""
     return _with_p[0]

@@ -32,7 +32,7 @@ TIMEOUT_S = 240
 # A lost rank ends the launch through mpirun within seconds (tests/python/test_faults.py);
 # the driver then gives up at once when too few slots remain.
 BELOW_MIN_BOUND_S = 30.0
-# docs/training.md: the ranks end within a few seconds of their driver's death.
+# docs/elastic.md: the ranks end within a few seconds of their driver's death.
 DRIVER_GONE_BOUND_S = 10.0
 
 

@@ -1,4 +1,4 @@
-"""The examples, run as the README and docs/training.md show them: bfrun -np 2, short settings.
+"""The examples, run as the README and docs/quickstart.md show them: bfrun -np 2, short settings.
 
 They are what a new user copies first, so each must still run and reach its documented
 result: the digits models learn (test accuracy well above chance) and stay identical across

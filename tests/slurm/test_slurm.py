@@ -1,4 +1,4 @@
-"""bluefog under Slurm, as docs/training.md "Running under Slurm" shows it, on a real Slurm.
+"""bluefog under Slurm, as docs/launching.md "Running under Slurm" shows it, on a real Slurm.
 
 The test brings up a one-node cluster on this machine from Debian's packages (``slurm-wlm``,
 ``munge``; ``make test-slurm`` installs them): ``munged``, ``slurmctld`` and ``slurmd`` in a

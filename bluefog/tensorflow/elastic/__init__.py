@@ -1,7 +1,7 @@
 """``bf.elastic``: training that survives lost hosts and takes in new ones (under
 ``bfrun --min-np``). Horovod's elastic API: ``run``, ``State``, ``ObjectState``,
 ``TensorFlowState``, ``KerasState``, ``HostsUpdatedInterrupt`` and the Keras callbacks.
-docs/training.md shows how to use it; docs/design.md how it works."""
+docs/elastic.md shows how to use it; docs/design.md how it works."""
 
 from bluefog.common import elastic_env as _env
 from bluefog.tensorflow.elastic.interrupts import HostsUpdatedInterrupt  # noqa: F401
