@@ -76,8 +76,10 @@ test-python: build
 	done
 
 # The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
-# 3 ranks; the window tests skip there.
+# 3 ranks; the window tests skip there. Then the launchers, with the digits example under
+# bfrun --gloo against mpirun.
 test-gloo: build
+	BLUEFOG_TEST_GLOO_DIGITS=1 $(PY) -m pytest -q tests/python/test_gloo_launch.py
 	for n in 2 3; do \
 	  echo "== pytest on Gloo, $$n ranks =="; \
 	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \
