@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
-	bench clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
+	bench bench-gloo clean sdist test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
 
@@ -113,6 +113,10 @@ soak: build
 
 bench: build cpp-build
 	$(PY) bench/run.py
+
+# bf.allreduce 1-64 MiB at 2 ranks: bfrun --gloo against mpirun, launches interleaved.
+bench-gloo: build
+	$(PY) bench/gloo_vs_mpi.py
 
 # The source distribution (dist/bluefog_tf-<version>.tar.gz), built as a user would.
 sdist: $(VENV)/.deps-stamp
