@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "0 runs on this host, else a random one from 20000-39999)")
 
 
+class LaunchError(RuntimeError):
+    """A rank's process could not be started (the others were ended)."""
+
+
 @dataclass
 class Rank:
     rank: int
@@ -150,8 +154,13 @@ class Job:
         for r, cmd, env in zip(ranks, commands, envs):
             # A remote rank's input stays open while it should run (remote_command).
             stdin = subprocess.DEVNULL if is_local(r.host) else subprocess.PIPE
-            p = subprocess.Popen(cmd, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+            try:
+                p = subprocess.Popen(cmd, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+            except OSError as e:
+                self.terminate()
+                raise LaunchError(f"cannot start rank {r.rank} on {r.host}: {cmd[0]}: "
+                                  f"{e.strerror or e}") from e
             self.procs.append(p)
             for stream, is_err in ((p.stdout, False), (p.stderr, True)):
                 t = threading.Thread(target=self._forward, args=(r.rank, stream, is_err),
@@ -300,8 +309,12 @@ def main(args: argparse.Namespace,
             return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    job = launch(args.command, args.np, args.hosts, env, extra, args.rsh_agent, args.gloo_port,
-                 forwarded_env=forwarded_env)
+    try:
+        job = launch(args.command, args.np, args.hosts, env, extra, args.rsh_agent,
+                     args.gloo_port, forwarded_env=forwarded_env)
+    except LaunchError as e:
+        print(f"bfrun: {e}", file=sys.stderr)
+        return 127
     stopped: List[int] = []
 
     def on_signal(signum, _frame):

@@ -84,6 +84,9 @@ def test_bfrun_gloo_dry_run_and_bad_args(no_mpirun_env):
     assert "rank 1 on localhost (local 1 of 2), rendezvous 127.0.0.1:" in result.output
     result = bfrun(["-np", "3", "-H", "a:1", "python", "x.py"], no_mpirun_env, timeout=60)
     assert result.returncode == 2 and "more than the 1 slots" in result.output, result.tail()
+    result = bfrun(["-np", "2", "/nonexistent/train"], no_mpirun_env, timeout=60)
+    assert result.returncode == 127, result.tail()
+    assert "cannot start rank 0 on localhost: /nonexistent/train: No such file" in result.output
 
 
 # --- bfrun --gloo: processes, output, failures, signals -------------------------------------
