@@ -287,6 +287,9 @@ def main(args: argparse.Namespace,
     extra = []
     for item in args.env:
         name, sep, value = item.partition("=")
+        if not name.isidentifier():
+            print(f"bfrun: -x {item!r}: not a valid environment variable name", file=sys.stderr)
+            return 2
         if sep:
             env[name] = value
         elif name not in env:
