@@ -324,7 +324,9 @@ def main(args: argparse.Namespace,
         stopped.append(signum)
         raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a shell starts a background job with SIGINT ignored, which Python keeps.
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, on_signal) for s in handled}
     try:
         code, _, msg = job.wait()
     except KeyboardInterrupt:

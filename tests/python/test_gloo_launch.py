@@ -115,7 +115,8 @@ def test_bfrun_gloo_rsh_agent_and_env(tmp_path, no_mpirun_env):
     assert "FAKE_RSH elsewhere" in result.output  # rank 2 went through the agent
 
 
-def test_bfrun_gloo_sigterm_ends_every_rank(tmp_path, no_mpirun_env):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
     job = _script(tmp_path, """
         import os, time
         print("PID", os.getpid(), flush=True)
@@ -134,12 +135,12 @@ def test_bfrun_gloo_sigterm_ends_every_rank(tmp_path, no_mpirun_env):
             pids.append(int(found.group(1)))
     try:
         assert len(pids) == 2, "the ranks did not start"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         rest = proc.communicate(timeout=30)[0]
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM
-    assert "SIGTERM: ending all 2 ranks" in rest
+    assert proc.returncode == 128 + sig
+    assert f"{signal.Signals(sig).name}: ending all 2 ranks" in rest
     deadline = time.time() + 10
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
