@@ -15,8 +15,8 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
-	bench bench-horovod clean sdist docs test-gloo test-tf-matrix test-tf-matrix-ci slurm-deps \
-	test-slurm
+	bench bench-horovod bench-gloo clean sdist docs test-gloo test-tf-matrix test-tf-matrix-ci \
+	slurm-deps test-slurm
 
 all: build
 
@@ -87,8 +87,10 @@ test-python: build
 	done
 
 # The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
-# 3 ranks; the window tests skip there.
+# 3 ranks; the window tests skip there. Then the launchers, with the digits example under
+# bfrun --gloo against mpirun.
 test-gloo: build
+	BLUEFOG_TEST_GLOO_DIGITS=1 $(PY) -m pytest -q tests/python/test_gloo_launch.py
 	for n in 2 3; do \
 	  echo "== pytest on Gloo, $$n ranks =="; \
 	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \
@@ -127,6 +129,10 @@ bench: build cpp-build
 # eager and tf.function allreduce 4 B - 64 MiB, and training steps; interleaved launches.
 bench-horovod: build
 	$(PY) bench/vs_horovod.py
+
+# bf.allreduce 1-64 MiB at 2 ranks: bfrun --gloo against mpirun, launches interleaved.
+bench-gloo: build
+	$(PY) bench/gloo_vs_mpi.py
 
 # The source distribution (dist/bluefog_tf-<version>.tar.gz), built as a user would.
 sdist: $(VENV)/.deps-stamp

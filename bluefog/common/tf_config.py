@@ -41,8 +41,12 @@ def rendezvous_from_tf_config(env: Mapping[str, str]) -> Optional[Dict[str, str]
     workers = cluster.get("worker")
     if not isinstance(workers, list) or not workers:
         raise ValueError("TF_CONFIG has no cluster.worker list (host:port of every worker)")
+    duplicates = sorted({str(w) for w in workers if workers.count(w) > 1})
+    if duplicates:
+        raise ValueError(f"TF_CONFIG lists worker(s) {', '.join(duplicates)} more than once in "
+                         f"cluster.worker; each worker needs an address of its own")
     index = task.get("index")
-    if not isinstance(index, int) or not 0 <= index < len(workers):
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
         raise ValueError(f"TF_CONFIG task.index {index!r} is not a position in cluster.worker "
                          f"({len(workers)} workers)")
     host, sep, port = str(workers[0]).rpartition(":")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from bluefog.run import elastic_driver, elastic_hosts
+from bluefog.run import elastic_driver, elastic_hosts, gloo_launch
 
 # Forwarded to the ranks with `-x` when set: exact names, and every name with these prefixes.
 FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME",
@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="folder (on each host) for the committed state, kept after the job: "
                         "a later bfrun with the same folder resumes from it (default: a "
                         "temporary folder, removed on success)")
+    gloo_launch.add_arguments(p)
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpirun command and exit without running it")
@@ -196,6 +197,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.hostfile and not os.path.isfile(args.hostfile):
         print(f"bfrun: hostfile {args.hostfile!r} does not exist", file=sys.stderr)
         return 2
+
+    if args.gloo:
+        if elastic:
+            print("bfrun: --gloo does not run elastic jobs (--min-np ...); use mpirun's path",
+                  file=sys.stderr)
+            return 2
+        return gloo_launch.main(args, forwarded_env)
 
     env = dict(os.environ)
     mpirun = shutil.which("mpirun", path=env.get("PATH", os.defpath))

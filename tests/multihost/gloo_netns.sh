@@ -5,7 +5,7 @@
 # Needs root (ip netns, unshare).
 #
 # Steps: hello (each rank alone on its host: local_size 1, cross_size 2, the allreduce crosses
-# the hosts), then api (test_collectives, test_process_sets, test_horovod_api through
+# the hosts), bfrun (the same under bfrun --gloo -H with a remote-shell agent), then api (test_collectives, test_process_sets, test_horovod_api through
 # tests/mpi_pytest.sh on both hosts).
 # Exit status: 0 passed, 1 failed, 77 skipped. Namespaces and their processes are removed on
 # exit.
@@ -73,6 +73,29 @@ PY
   log "hello: passed"
 }
 
+# bfrun --gloo from outside the hosts, reaching each through a remote-shell agent (as ssh
+# would): -H by address, so MASTER_ADDR is host 1's address and bfrun picks the port and token.
+step_bfrun() {
+  cat >"$work/agent.sh" <<SH
+#!/bin/sh
+# agent.sh HOST COMMAND: run COMMAND on the host whose address is HOST.
+ns="$prefix-h\${1##*.}"
+shift
+exec ip netns exec "\$ns" unshare --uts /bin/sh -c 'hostname "\$0"; exec sh -c "\$1"' "\$ns" "\$*"
+SH
+  chmod +x "$work/agent.sh"
+  PYTHONPATH="$repo" BLUEFOG_GLOO_TIMEOUT=60 TF_CPP_MIN_LOG_LEVEL=3 timeout -k 10 300 \
+    "$py" -m bluefog.run --gloo -np 2 -H $net.1:1,$net.2:1 --rsh-agent "$work/agent.sh" \
+    "$py" "$work/hello.py" >"$work/bfrun.out" 2>&1 || {
+    log "bfrun: FAILED:"; tail -n 30 "$work/bfrun.out" >&2; return 1; }
+  local i
+  for i in $(seq 0 $((nhosts - 1))); do
+    grep -qE "^\[$i\] HELLO rank $i/$nhosts gloo on $(host_ns $((i + 1))) local_size 1 cross $i/$nhosts sum $nhosts" \
+      "$work/bfrun.out" || { log "bfrun: FAILED on rank $i:"; cat "$work/bfrun.out" >&2; return 1; }
+  done
+  log "bfrun: passed"
+}
+
 step_api() {
   # shellcheck disable=SC2086
   run_ranks api 900 tests/mpi_pytest.sh "$py" -p no:cacheprovider $api_tests || {
@@ -84,6 +107,7 @@ netns_make || { log "setup failed"; exit 1; }
 log "hosts up: $(host_ns 1)=$net.1 $(host_ns 2)=$net.2"
 status=0
 step_hello || status=1
+[ $status = 0 ] && { step_bfrun || status=1; }
 [ $status = 0 ] && { step_api || status=1; }
 [ $status = 0 ] && log "all passed" || log "FAILED"
 exit $status

@@ -157,8 +157,9 @@ def test_tf_config_starts_a_gloo_job(tmp_path):
 @pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
 def test_two_netns_hosts():
     """tests/multihost/gloo_netns.sh: 2 network-namespace hosts, one rank each, no mpirun:
-    each rank alone on its host (local_size 1, cross_size 2) and the collectives, process sets
-    and Horovod API tests across them (14 s measured)."""
+    each rank alone on its host (local_size 1, cross_size 2), started directly and by
+    bfrun --gloo -H through a remote-shell agent, and the collectives, process sets and Horovod
+    API tests across them."""
     result = run_job(["tests/multihost/gloo_netns.sh"], timeout=SUITE_TIMEOUT_S)
     if result.returncode == 77:
         pytest.skip(result.tail(400))

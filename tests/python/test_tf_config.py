@@ -47,6 +47,9 @@ def test_other_roles_are_refused(kind):
     (json.dumps({"cluster": {}, "task": {"type": "worker", "index": 0}}), "no cluster.worker"),
     (tf_config(index=3), "task.index 3 is not a position"),
     (tf_config(index=0, workers=["nohost"]), "is not host:port"),
+    (tf_config(index=0, workers=["a:1", "b:1", "a:1"]), "worker.s. a:1 more than once"),
+    (tf_config(index=True), "task.index True is not a position"),
+    ("[1, 2]", "not a JSON object"),
 ])
 def test_malformed_is_named(text, match):
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,268 @@
+"""Launching Gloo jobs without mpirun: ``bfrun --gloo`` and ``bluefog.run`` (bluefog/run/
+gloo_launch.py, runner.py), and what the rendezvous does with connections that are not the job's.
+
+Real processes, real TensorFlow and Gloo; every job has a timeout. mpirun is kept off PATH for
+bfrun --gloo (a PATH of a folder with only sh, env, cat and kill), so the job cannot use it.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import cloudpickle
+import pytest
+
+import bluefog
+from bluefog.run import gloo_launch
+
+from mpi_jobs import PYTHON, REPO, alive, have_mpirun, job_env, mpirun_prefix, run_job
+
+
+def _gloo_built() -> bool:
+    try:
+        from bluefog.common.capabilities import gloo_built
+
+        return gloo_built()
+    except Exception:  # noqa: BLE001 - no built package: nothing to run
+        return False
+
+
+needs_gloo = pytest.mark.skipif(not _gloo_built(),
+                                reason="bluefog was built without Gloo (libgloo-dev)")
+JOB_TIMEOUT_S = 240
+# The functions below are not importable on the ranks (this file is not a package module):
+# they travel by value, as a script's own functions do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+FAKE_RSH = os.path.join(REPO, "tests", "python", "fake_rsh.sh")
+
+
+@pytest.fixture
+def no_mpirun_env(tmp_path):
+    """The environment of a bfrun --gloo run whose PATH has no mpirun."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "env", "cat", "kill", "sleep"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    env = job_env({"PATH": str(bin_dir), "BLUEFOG_GLOO_TIMEOUT": "60",
+                   "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"})
+    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    assert shutil.which("mpirun", path=env["PATH"]) is None
+    return env
+
+
+def bfrun(args, env, timeout=JOB_TIMEOUT_S):
+    return run_job([PYTHON, "-m", "bluefog.run", "--gloo", *args], timeout=timeout, env=env)
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+# --- pure ----------------------------------------------------------------------------------
+
+def test_plan_fills_hosts_in_order():
+    ranks = gloo_launch.plan(5, "a:2,b:3")
+    assert [(r.rank, r.host, r.local_rank, r.local_size) for r in ranks] == [
+        (0, "a", 0, 2), (1, "a", 1, 2), (2, "b", 0, 3), (3, "b", 1, 3), (4, "b", 2, 3)]
+    assert [r.host for r in gloo_launch.plan(2, None)] == ["localhost"] * 2
+    with pytest.raises(ValueError, match="-np 4 is more than the 3 slots"):
+        gloo_launch.plan(4, "a:1,b:2")
+    with pytest.raises(ValueError, match="listed twice"):
+        gloo_launch.plan(2, "a:1,a:1")
+
+
+def test_bfrun_gloo_dry_run_and_bad_args(no_mpirun_env):
+    result = bfrun(["-np", "2", "--dry-run", "python", "x.py"], no_mpirun_env, timeout=60)
+    assert result.returncode == 0, result.tail()
+    assert "rank 1 on localhost (local 1 of 2), rendezvous 127.0.0.1:" in result.output
+    result = bfrun(["-np", "3", "-H", "a:1", "python", "x.py"], no_mpirun_env, timeout=60)
+    assert result.returncode == 2 and "more than the 1 slots" in result.output, result.tail()
+    result = bfrun(["-np", "2", "/nonexistent/train"], no_mpirun_env, timeout=60)
+    assert result.returncode == 127, result.tail()
+    assert "cannot start rank 0 on localhost: /nonexistent/train: No such file" in result.output
+
+
+# --- bfrun --gloo: processes, output, failures, signals -------------------------------------
+
+def test_bfrun_gloo_rsh_agent_and_env(tmp_path, no_mpirun_env):
+    """-H this host and a 'remote' one reached through --rsh-agent (a local stand-in for ssh):
+    each rank gets its rank, local rank and size, the shared rendezvous and the job's token;
+    output comes back tagged by rank."""
+    job = _script(tmp_path, """
+        import os
+        keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "BLUEFOG_BACKEND"]
+        print("ENV", *[os.environ[k] for k in keys], len(os.environ["BLUEFOG_JOB_TOKEN"]))
+        """)
+    here = gloo_launch.socket.gethostname()
+    result = bfrun(["-np", "3", "-H", f"{here}:2,elsewhere:1", "--rsh-agent", FAKE_RSH,
+                    PYTHON, job], no_mpirun_env, timeout=60)
+    assert result.returncode == 0, result.tail()
+    lines = sorted(re.findall(r"^\[(\d)\] ENV (.*)$", result.output, re.M))
+    assert [r for r, _ in lines] == ["0", "1", "2"], result.output
+    fields = [line.split() for _, line in lines]
+    assert [f[:4] for f in fields] == [["0", "3", "0", "2"], ["1", "3", "1", "2"],
+                                       ["2", "3", "0", "1"]]
+    assert len({(f[4], f[5]) for f in fields}) == 1 and fields[0][6] == "gloo"
+    assert fields[0][7] == "32"
+    assert "FAKE_RSH elsewhere" in result.output  # rank 2 went through the agent
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
+    job = _script(tmp_path, """
+        import os, time
+        print("PID", os.getpid(), flush=True)
+        time.sleep(300)
+        """)
+    proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", "-H",
+                             "localhost:1,elsewhere:1", "--rsh-agent", FAKE_RSH, PYTHON, job],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=no_mpirun_env)
+    pids = []
+    deadline = time.time() + 60
+    while len(pids) < 2 and time.time() < deadline:
+        line = proc.stdout.readline()
+        found = re.search(r"PID (\d+)", line)
+        if found:
+            pids.append(int(found.group(1)))
+    try:
+        assert len(pids) == 2, "the ranks did not start"
+        proc.send_signal(sig)
+        rest = proc.communicate(timeout=30)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig
+    assert f"{signal.Signals(sig).name}: ending all 2 ranks" in rest
+    deadline = time.time() + 10
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), "a rank outlived bfrun"
+
+
+@needs_gloo
+def test_bfrun_gloo_three_ranks_and_a_failing_rank(tmp_path, no_mpirun_env):
+    """3 ranks allreduce; then rank 2 dies (exit status 3, without shutting bluefog down) while
+    the others wait in an allreduce for it: bfrun ends them (not after BLUEFOG_GLOO_TIMEOUT)
+    and exits 3 naming rank 2."""
+    job = _script(tmp_path, """
+        import os
+        import tensorflow as tf
+        import bluefog.tensorflow as bf
+        bf.init()
+        x = bf.allreduce(tf.constant([float(bf.rank() + 1)] * 4), average=False)
+        print("SUM", bf.backend(), bf.size(), bf.local_size(), x.numpy().tolist(), flush=True)
+        if bf.rank() == 2:
+            os._exit(3)
+        bf.allreduce(tf.constant([1.0]), name="never_completes")
+        print("NOT REACHED")
+        """)
+    result = bfrun(["-np", "3", PYTHON, job], no_mpirun_env)
+    assert not result.timed_out, result.tail()
+    assert result.output.count("SUM gloo 3 3 [6.0, 6.0, 6.0, 6.0]") == 3, result.tail()
+    assert result.returncode == 3, result.tail()
+    assert "bfrun: rank 2 (on localhost) exited with status 3" in result.output
+    assert "NOT REACHED" not in result.output
+    # Killed, not timed out: well under BLUEFOG_GLOO_TIMEOUT (60 s) after the SUM lines.
+    assert result.wall < 55, result.wall
+
+
+@needs_gloo
+@pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed (the MPI reference)")
+@pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_DIGITS") != "1",
+                    reason="73 s: run by `make test-gloo` (BLUEFOG_TEST_GLOO_DIGITS=1)")
+def test_bfrun_gloo_digits_matches_mpi(no_mpirun_env):
+    """examples/tape_digits.py at 2 ranks, under bfrun --gloo and under mpirun: the same test
+    accuracy within 1 percentage point (73 s measured, so not in `make test`)."""
+    args = [PYTHON, "examples/tape_digits.py", "--epochs", "3"]
+    gloo = bfrun(["-np", "2", *args], no_mpirun_env)
+    assert gloo.returncode == 0 and not gloo.timed_out, gloo.tail()
+    mpi = run_job(mpirun_prefix(2) + args, timeout=JOB_TIMEOUT_S,
+                  env={"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"})
+    assert mpi.returncode == 0 and not mpi.timed_out, mpi.tail()
+    pattern = r"ranks=2 .*test accuracy=([\d.]+)"
+    acc_gloo = float(re.search(pattern, gloo.output).group(1))
+    acc_mpi = float(re.search(pattern, mpi.output).group(1))
+    assert acc_gloo > 0.85 and abs(acc_gloo - acc_mpi) <= 0.01, (acc_gloo, acc_mpi)
+    assert "[0] weights identical on all ranks" in gloo.output, gloo.tail()
+
+
+# --- bluefog.run ----------------------------------------------------------------------------
+
+@pytest.fixture
+def run_env():
+    env = job_env({"BLUEFOG_GLOO_TIMEOUT": "60", "TF_NUM_INTRAOP_THREADS": "1",
+                   "TF_NUM_INTEROP_THREADS": "1"})
+    return {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+
+
+def _collective_with_strays(scale):
+    """Rank 0 sends the rendezvous a garbage connection and another job's handshake, then
+    both ranks allreduce: the store refuses both (logged) and the job goes on."""
+    import os
+    import socket
+    import struct
+
+    import tensorflow as tf
+
+    import bluefog.tensorflow as bf
+
+    bf.init()
+    answers = []
+    if bf.rank() == 0:
+        addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)))
+            answers.append(s.recv(16))  # closed: b""
+        token = b"another-jobs-token"
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(b"BFG1" + struct.pack("<I", len(token)) + token + struct.pack("<i", 1))
+            answers.append(s.recv(16))  # b"N"
+    x = bf.allreduce(tf.constant([scale * (bf.rank() + 1)]), average=False)
+    return bf.rank(), bf.size(), float(x.numpy()[0]), answers
+
+
+@needs_gloo
+def test_run_returns_every_ranks_result_and_refuses_strays(run_env, capfd):
+    results = bluefog.run(_collective_with_strays, args=(2.0,), np=2, env=run_env,
+                          timeout=JOB_TIMEOUT_S)
+    assert results == [(0, 2, 6.0, [b"", b"N"]), (1, 2, 6.0, [])]
+    err = capfd.readouterr().err
+    assert "did not open with bluefog's handshake" in err, err[-3000:]
+    assert "its job token differs from this job's" in err, err[-3000:]
+
+
+def _fails_on_rank_one(n):
+    import os
+    import time
+
+    if os.environ["RANK"] == "1":
+        raise ValueError(f"no good: {n}")
+    time.sleep(120)  # ended by bluefog.run when rank 1 fails
+    return n
+
+
+def test_run_raises_naming_the_rank(run_env):
+    started = time.time()
+    with pytest.raises(RuntimeError, match=r"rank 1 raised ValueError: no good: 7") as info:
+        bluefog.run(_fails_on_rank_one, args=(7,), np=2, env=run_env, timeout=JOB_TIMEOUT_S)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert time.time() - started < 60
+
+
+def test_run_lambda_results_in_rank_order(run_env):
+    offset = 10
+    out = bluefog.run(lambda k: int(__import__("os").environ["RANK"]) * k + offset, args=(3,),
+                      np=3, env=run_env, timeout=JOB_TIMEOUT_S)
+    assert out == [10, 13, 16]
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", "--rootdir", REPO]))
