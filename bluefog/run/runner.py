@@ -64,7 +64,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
             f"bluefog.run: the pickled function and arguments take {len(payload)} bytes, more "
             f"than {MAX_PAYLOAD_BYTES} (they travel in an environment variable); pass large "
             f"data as a file path and read it inside the function")
-    marker = "BLUEFOG_RUN_RESULT_" + os.urandom(8).hex()
+    marker = "bluefog-run-result-" + os.urandom(8).hex()
     base = dict(os.environ if env is None else env)
     base[PAYLOAD_VAR] = payload
     base[MARKER_VAR] = marker
