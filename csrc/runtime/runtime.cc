@@ -157,7 +157,9 @@ void Runtime::Main(std::promise<void>* started) {
   std::vector<int> everyone(info_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
   world_ = std::make_unique<Channel>(0, config_, transport_.get(), info_, everyone, &timeline_);
-  windows_.Attach(transport_->native_handle(), info_.rank, info_.size);
+  windows_.Attach(
+      [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
+      info_.rank, info_.size);
   world_->set_runtime_hook(
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
@@ -359,10 +361,6 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
   if (response.meta.op == OpType::kWinCreate) {
     BF_ENFORCE(mine != nullptr, StatusCode::kInternal, "no request for the window");
     // The op's error names the rank and the window; this says why and what to do.
-    BF_ENFORCE(transport_->native_handle() != nullptr, StatusCode::kPrecondition,
-               "windows (win_create, win_put/get/accumulate and the window optimizers) need the "
-               "MPI backend, and this job runs on ",
-               transport_->backend(), "; start it with mpirun or bfrun (BLUEFOG_BACKEND=mpi)");
     BF_ENFORCE(info_.threads_multiple, StatusCode::kPrecondition,
                "windows need MPI_THREAD_MULTIPLE, which this MPI library did not grant "
                "(bf.mpi_threads_supported() is False); use an MPI built with thread support");
