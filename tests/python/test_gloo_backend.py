@@ -86,6 +86,7 @@ def test_windows_work_on_gloo(tmp_path):
         bf.barrier()
         got = bf.win_update("w", self_weight=0.0, neighbor_weights={other: 1.0})
         assert got.numpy().tolist() == [10.0 + other] * 4, got
+        bf.barrier()  # both read their buffer before either accumulates into the other's
         bf.win_accumulate(tf.fill([4], 1.0), "w", dst_weights={other: 2.0},
                           require_mutex=True)
         bf.barrier()
