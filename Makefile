@@ -14,9 +14,9 @@ MPIRUN := mpirun --bind-to none
 TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
-.PHONY: all deps build cpp-build demo test test-cpp test-python lint sanitize sanitize-ci stress soak \
-	bench bench-horovod bench-gloo clean sdist docs test-gloo test-tf-matrix test-tf-matrix-ci \
-	slurm-deps test-slurm
+.PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
+	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo \
+	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
 
@@ -77,6 +77,17 @@ cpp-build: $(VENV)/.deps-stamp
 test-cpp: cpp-build
 	cd build/cpp && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) --output-on-failure --timeout 300
 
+# A build without MPI (-DBLUEFOG_WITH_MPI=OFF: the C++ core and its tests, Gloo only) in a
+# folder of its own, and its Gloo ctests: proves the core builds and runs where MPI is absent.
+test-no-mpi: $(VENV)/.deps-stamp
+	$(VENV)/bin/cmake -S . -B build/no-mpi -G Ninja -DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=ON \
+	  -DBLUEFOG_WITH_MPI=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
+	$(VENV)/bin/ninja -C build/no-mpi $(NINJAFLAGS)
+	@if nm -D --undefined-only build/no-mpi/libbluefog_core.so | grep -q ' MPI_'; then \
+	  echo "build/no-mpi/libbluefog_core.so refers to MPI"; exit 1; fi
+	cd build/no-mpi && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) \
+	  --output-on-failure --timeout 300
+
 # Single-process tests (some start mpirun jobs of their own: bfrun, faults, timeline, stalls,
 # stress, fuzzing), then the TF suite on 1, 2, 3 and 4 ranks.
 test-python: build
@@ -87,8 +98,8 @@ test-python: build
 	done
 
 # The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
-# 3 ranks; the window tests skip there. Then the launchers, with the digits example under
-# bfrun --gloo against mpirun.
+# 3 ranks, windows included. Then the launchers, with the digits example under bfrun --gloo
+# against mpirun.
 test-gloo: build
 	BLUEFOG_TEST_GLOO_DIGITS=1 $(PY) -m pytest -q tests/python/test_gloo_launch.py
 	for n in 2 3; do \

@@ -1,6 +1,6 @@
 // One window (bf.win_create): this rank's published value and one receive buffer per
 // in-neighbour, with the bookkeeping of Bluefog's window API (versions, push-sum weights). Pure
-// logic, no MPI: the window service (mpi/window_service.h) moves the bytes and calls these
+// logic, no MPI: the window service (runtime/window_service.h) moves the bytes and calls these
 // methods when a neighbour's put, accumulate or get reply arrives. Every method takes the
 // window's own lock, so a write and an update never see half of each other.
 #pragma once

@@ -10,7 +10,9 @@
 #include "core/logging.h"
 #include "core/op_rules.h"
 #include "core/validation.h"
+#ifdef BLUEFOG_HAVE_MPI
 #include "transport/mpi/mpi_communicator.h"
+#endif
 #ifdef BLUEFOG_HAVE_GLOO
 #include "transport/gloo/gloo_communicator.h"
 #include "transport/gloo/tcp_store.h"
@@ -34,7 +36,7 @@ std::string RanksText(const std::vector<int>& ranks) {
 // way against 0.5-1.7 ms with Open MPI yielding the core while it polls. So when Open MPI
 // says this host has more ranks than this process may use cores, and the user has not chosen,
 // polling yields (mpi_yield_when_idle, which MPI_Init reads from the environment).
-void YieldWhenOversubscribed(const Config& config) {
+[[maybe_unused]] void YieldWhenOversubscribed(const Config& config) {
   if (config.mpi_yield_chosen || config.launcher_local_size == 0) return;
   cpu_set_t cpus;
   if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
@@ -136,10 +138,21 @@ void Runtime::Main(std::promise<void>* started) {
     if (config_.UseGloo()) {
       transport_ = MakeGloo(config_, &info_);
     } else {
+#ifdef BLUEFOG_HAVE_MPI
       YieldWhenOversubscribed(config_);
       auto mpi = std::make_unique<MpiCommunicator>(TransportOptions::FromConfig(config_));
       info_ = mpi->Init();
       transport_ = std::move(mpi);
+#else
+      throw BluefogError(
+          StatusCode::kPrecondition,
+          Concat("this process was started for the MPI backend (BLUEFOG_BACKEND=",
+                 config_.backend.empty() ? "unset" : config_.backend,
+                 ", or an MPI launcher's variables), but bluefog was built without MPI. "
+                 "Install Open MPI (apt-get install libopenmpi-dev openmpi-bin) and reinstall "
+                 "bluefog, or start the job without an MPI launcher on Gloo (MASTER_ADDR, "
+                 "MASTER_PORT, RANK, WORLD_SIZE; BLUEFOG_BACKEND=gloo)"));
+#endif
     }
     inline_threshold_ = config_.inline_threshold_bytes;
   } catch (...) {
@@ -157,7 +170,9 @@ void Runtime::Main(std::promise<void>* started) {
   std::vector<int> everyone(info_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
   world_ = std::make_unique<Channel>(0, config_, transport_.get(), info_, everyone, &timeline_);
-  windows_.Attach(transport_->native_handle(), info_.rank, info_.size);
+  windows_.Attach(
+      [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
+      info_.rank, info_.size);
   world_->set_runtime_hook(
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
@@ -359,10 +374,6 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
   if (response.meta.op == OpType::kWinCreate) {
     BF_ENFORCE(mine != nullptr, StatusCode::kInternal, "no request for the window");
     // The op's error names the rank and the window; this says why and what to do.
-    BF_ENFORCE(transport_->native_handle() != nullptr, StatusCode::kPrecondition,
-               "windows (win_create, win_put/get/accumulate and the window optimizers) need the "
-               "MPI backend, and this job runs on ",
-               transport_->backend(), "; start it with mpirun or bfrun (BLUEFOG_BACKEND=mpi)");
     BF_ENFORCE(info_.threads_multiple, StatusCode::kPrecondition,
                "windows need MPI_THREAD_MULTIPLE, which this MPI library did not grant "
                "(bf.mpi_threads_supported() is False); use an MPI built with thread support");

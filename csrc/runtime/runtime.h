@@ -17,8 +17,8 @@
 #include "core/request.h"
 #include "core/timeline.h"
 #include "runtime/channel.h"
+#include "runtime/window_service.h"
 #include "transport/communicator.h"
-#include "transport/mpi/window_service.h"
 
 namespace bluefog {
 

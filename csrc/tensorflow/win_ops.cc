@@ -1,5 +1,5 @@
 // The window ops' registrations (bf.win_*). Kernels in win_kernels.cc; how windows work in
-// mpi/window_service.h and docs/windows.md.
+// runtime/window_service.h and docs/windows.md.
 #include "core/op_rules.h"
 #include "tensorflow/bridge.h"
 #include "tensorflow/core/framework/common_shape_fns.h"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "transport/window_link.h"
 
 namespace bluefog {
 
@@ -62,9 +63,10 @@ class Communicator {
   virtual Tuning& tuning() = 0;
   // Outputs every rank of this host can write into (shared_heap.h), or nullptr.
   virtual std::shared_ptr<SharedHeap> shared_heap() const { return nullptr; }
-  // The backend's own handle (an MPI_Comm for the MPI backend), for services of the same
-  // backend (the MPI window service); nullptr where there is none.
-  virtual void* native_handle() const { return nullptr; }
+  // The window service's connections (window_link.h), made for headers of `header_bytes`:
+  // collective over every rank of this communicator (the world one), at the same point;
+  // nullptr where the backend has none.
+  virtual std::unique_ptr<WindowLink> CreateWindowLink(size_t header_bytes) { return nullptr; }
 
   // A communicator over the given ranks of this one (ascending), for a process set.
   // Collective over those ranks only; `tag` tells concurrent creations apart.

@@ -222,6 +222,15 @@ std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<i
   return subset;
 }
 
+std::unique_ptr<WindowLink> GlooCommunicator::CreateWindowLink(size_t header_bytes) {
+  BF_ENFORCE(initialized_, StatusCode::kInternal, "the Gloo communicator is not initialized");
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+  context->setTimeout(setup_.timeout);
+  gloo::rendezvous::PrefixStore store(Concat("bluefog/windows/", window_links_++), *store_);
+  Run("connect (the window service's pairs)", [&] { context->connectFullMesh(store, device_); });
+  return MakeGlooWindowLink(std::move(context), store_, rank_, size_, header_bytes, setup_.timeout);
+}
+
 std::string GlooCommunicator::GoneNote() {
   if (!store_) return "";
   // Rank 0's server marks a rank gone when that rank's connection to it ends; it may learn a

@@ -45,6 +45,12 @@ struct GlooSetup {
   std::chrono::milliseconds timeout{300000};
 };
 
+// The window service's link over `context` (window_link.cc).
+std::unique_ptr<WindowLink> MakeGlooWindowLink(std::shared_ptr<gloo::Context> context,
+                                               std::shared_ptr<TcpStore> store, int rank, int size,
+                                               size_t header_bytes,
+                                               std::chrono::milliseconds timeout);
+
 class GlooCommunicator : public Communicator {
  public:
   explicit GlooCommunicator(GlooSetup setup, const TransportOptions& options = TransportOptions());
@@ -67,6 +73,8 @@ class GlooCommunicator : public Communicator {
   TransportPaths paths() const override { return TransportPaths(); }
   Tuning& tuning() override { return *tuning_; }
   std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) override;
+  // window_link.cc: a context of its own, under the store's prefix bluefog/windows/<n>.
+  std::unique_ptr<WindowLink> CreateWindowLink(size_t header_bytes) override;
   void Shutdown() override;
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait) override;
@@ -105,6 +113,7 @@ class GlooCommunicator : public Communicator {
   // again (with its old id) must not find the old subset's addresses in the store.
   std::map<std::string, int> subset_creations_;
   bool initialized_ = false;
+  int window_links_ = 0;
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<char> scratch_;

@@ -40,7 +40,7 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<SharedHeap> shared_heap() const override {
     return local_rounds_ ? local_rounds_->heap() : nullptr;
   }
-  void* native_handle() const override { return comm_; }
+  std::unique_ptr<WindowLink> CreateWindowLink(size_t header_bytes) override;
   std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) override;
   void Shutdown() override;
   std::vector<std::string> ExchangeAll(const std::string& mine,

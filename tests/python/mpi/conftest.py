@@ -22,22 +22,6 @@ import bluefog.tensorflow as bf  # noqa: E402
 bf.init()
 
 
-# Windows need the MPI backend (docs/design.md, "Without mpirun"); on Gloo their files are
-# skipped, and tests/python/test_gloo_backend.py checks the error win_create gives there.
-_WINDOW_FILES = ("test_windows.py", "test_win_mutex.py", "test_win_pushsum.py",
-                 "test_win_optimizers.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    if bf.backend() == "mpi":
-        return
-    skip = pytest.mark.skip(reason=f"windows need the MPI backend; this job runs on "
-                                   f"{bf.backend()}")
-    for item in items:
-        if item.fspath.basename in _WINDOW_FILES:
-            item.add_marker(skip)
-
-
 @pytest.fixture
 def rank() -> int:
     return bf.rank()

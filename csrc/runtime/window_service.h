@@ -1,20 +1,20 @@
-// The windows' transport (bf.win_*): a thread of its own, on communicators of its own, that
+// The windows' transport (bf.win_*): a thread of its own, on connections of its own (a
+// WindowLink the backend makes: transport/window_link.h), that
 // serves the other ranks' puts, accumulates, gets and mutex requests whether or not this rank's
 // program is calling bluefog at the time (a passive target), and drives this rank's own
 // operations to completion.
 //
-// Why messages and not MPI_Put: Open MPI 4.1's one-sided components here either need the
-// target to enter MPI before a passive-target put completes over TCP, or refuse
+// Why messages and not one-sided puts (MPI_Put): Open MPI 4.1's one-sided components here either
+// need the target to enter MPI before a passive-target put completes over TCP, or refuse
 // MPI_THREAD_MULTIPLE (docs/windows.md has the measurements). A thread that polls for messages
 // completes every operation within its polling interval on shared memory and TCP alike.
 //
-// Protocol (one tag for headers, one for data, so a header is always followed by its data from
-// the same sender): put / accumulate carry the sender's weight and push-sum weight and are
-// acknowledged once written; a get request is answered with the target's published value; a
-// lock is granted when the target's mutex for that window is free (waiters queue in arrival
-// order) and released by an acknowledged unlock. An operation's handle finishes when every
-// acknowledgement arrived, so a finished put is in the target's buffer. Once a rank begins to
-// shut down (Close) it refuses every request but unlocks.
+// Protocol (a header, then its data from the same sender when it has any): put / accumulate carry
+// the sender's weight and push-sum weight and are acknowledged once written; a get request is
+// answered with the target's published value; a lock is granted when the target's mutex for that
+// window is free (waiters queue in arrival order) and released by an acknowledged unlock. An
+// operation's handle finishes when every acknowledgement arrived, so a finished put is in the
+// target's buffer. Once a rank begins to shut down (Close) it refuses every request but unlocks.
 #pragma once
 
 #include <atomic>
@@ -32,8 +32,13 @@
 
 #include "core/status.h"
 #include "core/window.h"
+#include "transport/window_link.h"
 
 namespace bluefog {
+
+namespace window_internal {
+struct Header;
+}
 
 class WindowService {
  public:
@@ -42,10 +47,11 @@ class WindowService {
   WindowService& operator=(const WindowService&) = delete;
   ~WindowService();
 
-  // `world_comm` points at the runtime's MPI_Comm over every rank; windows duplicate it on
-  // first use.
-  void Attach(void* world_comm, int rank, int size) {
-    world_comm_ = world_comm;
+  // `make_link` makes the service's link (collective: Communicator::CreateWindowLink over every
+  // rank), called on the first window's creation; returns nullptr where the backend has none.
+  void Attach(std::function<std::unique_ptr<WindowLink>(size_t header_bytes)> make_link, int rank,
+              int size) {
+    make_link_ = std::move(make_link);
     rank_ = rank;
     size_ = size;
   }
@@ -87,8 +93,8 @@ class WindowService {
   // operations already running go on until Stop. Idempotent.
   void Close(const std::string& reason);
 
-  // Fails what is pending with `reason`, stops the thread and frees the communicators (unless
-  // `free_comms` is false: MPI may then be left as it is). Idempotent.
+  // Fails what is pending with `reason`, stops the thread and frees the link (unless
+  // `free_comms` is false: the backend may then be left as it is). Idempotent.
   void Stop(const std::string& reason, bool free_comms);
 
  private:
@@ -114,17 +120,17 @@ class WindowService {
   void Send(int dst, int kind, int window, int64_t op, double weight, double p,
             std::shared_ptr<std::vector<char>> data, int64_t bytes);
   void SendError(int dst, int window, int64_t op, const Status& status);
+  void Post(int dst, std::unique_ptr<window_internal::Header> header,
+            std::shared_ptr<std::vector<char>> data);
   bool TestOutgoing();
   bool Closed(std::string* reason);
   void RefuseWaiters(const std::string& reason);
   void Drain();
 
-  void* world_comm_ = nullptr;
+  std::function<std::unique_ptr<WindowLink>(size_t)> make_link_;
   int rank_ = 0;
   int size_ = 1;
-  void* comm_ = nullptr;      // MPI_Comm: the service's messages
-  void* ctl_comm_ = nullptr;  // MPI_Comm: the collectives of create and free
-  bool have_comms_ = false;
+  std::unique_ptr<WindowLink> link_;  // made by the first Create
   std::thread thread_;
   std::atomic<bool> stopped_{false};
 

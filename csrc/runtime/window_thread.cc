@@ -1,13 +1,11 @@
 // The window service's thread: polls for messages, serves the other ranks' requests to this
 // rank's windows and drives this rank's own operations (the protocol: window_service.h).
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <thread>
 
-#include "transport/mpi/window_internal.h"
-#include "transport/mpi/window_service.h"
+#include "runtime/window_internal.h"
+#include "runtime/window_service.h"
 
 namespace bluefog {
 
@@ -28,6 +26,7 @@ Status ShutDown(int rank, const std::string& name, const std::string& why) {
 void WindowService::Loop() {
   auto pause = kMinPause;
   bool waiters_refused = false;
+  double last_check = Now();
   while (true) {
     std::deque<std::unique_ptr<Op>> fresh;
     {
@@ -49,16 +48,20 @@ void WindowService::Loop() {
         Advance(raw);
       }
       for (int k = 0; k < 64; ++k) {
-        int flag = 0;
-        MPI_Status st;
-        CheckMpi(MPI_Iprobe(MPI_ANY_SOURCE, kHeaderTag, AsComm(comm_), &flag, &st), "MPI_Iprobe");
-        if (!flag) break;
-        Receive(st.MPI_SOURCE);
+        int src = -1;
+        if (!link_->ProbeHeader(&src)) break;
+        Receive(src);
         worked = true;
       }
       worked |= TestOutgoing();
+      if (worked || running_.empty()) {
+        last_check = Now();
+      } else if (Now() - last_check > kPeerCheckSeconds) {
+        last_check = Now();
+        link_->CheckPeers();
+      }
     } catch (const std::exception& e) {
-      // An MPI failure: nothing more can be trusted to arrive.
+      // A failure of the link: nothing more can be trusted to arrive.
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
       stop_reason_ = Concat("the window service failed: ", e.what());
@@ -91,7 +94,7 @@ void WindowService::Loop() {
     std::string why;
     if (Closed(&why)) RefuseWaiters(why);
   } catch (const std::exception&) {
-    // MPI failed: Drain gives up at once too.
+    // The link failed: Drain gives up at once too.
   }
   Drain();
 }
@@ -119,50 +122,35 @@ void WindowService::RefuseWaiters(const std::string& reason) {
 
 void WindowService::Send(int dst, int kind, int window, int64_t op, double weight, double p,
                          std::shared_ptr<std::vector<char>> data, int64_t bytes) {
-  outgoing_.emplace_back();
-  Outgoing& out = outgoing_.back();
-  out.header = std::make_unique<Header>(Header{kind, window, op, weight, p, bytes, 0, 0});
-  out.data = std::move(data);
-  CheckMpi(MPI_Isend(out.header.get(), sizeof(Header), MPI_BYTE, dst, kHeaderTag, AsComm(comm_),
-                     &out.request),
-           "MPI_Isend");
-  if (bytes > 0) {
-    outgoing_.emplace_back();
-    Outgoing& body = outgoing_.back();
-    body.data = out.data;
-    CheckMpi(MPI_Isend(body.data->data(), static_cast<int>(bytes), MPI_BYTE, dst, kDataTag,
-                       AsComm(comm_), &body.request),
-             "MPI_Isend");
-  }
+  Post(dst, std::make_unique<Header>(Header{kind, window, op, weight, p, bytes, 0, 0}),
+       std::move(data));
 }
 
 void WindowService::SendError(int dst, int window, int64_t op, const Status& status) {
   auto text = std::make_shared<std::vector<char>>(status.message().begin(), status.message().end());
-  outgoing_.emplace_back();
-  Outgoing& out = outgoing_.back();
-  out.header =
-      std::make_unique<Header>(Header{kAck, window, op, 0, 0, static_cast<int64_t>(text->size()),
-                                      static_cast<int32_t>(status.code()), 0});
-  out.data = text;
-  CheckMpi(MPI_Isend(out.header.get(), sizeof(Header), MPI_BYTE, dst, kHeaderTag, AsComm(comm_),
-                     &out.request),
-           "MPI_Isend");
-  if (!text->empty()) {
-    outgoing_.emplace_back();
-    Outgoing& body = outgoing_.back();
-    body.data = text;
-    CheckMpi(MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_BYTE, dst, kDataTag,
-                       AsComm(comm_), &body.request),
-             "MPI_Isend");
+  Post(dst,
+       std::make_unique<Header>(Header{kAck, window, op, 0, 0, static_cast<int64_t>(text->size()),
+                                       static_cast<int32_t>(status.code()), 0}),
+       text);
+}
+
+// A header, then its data (h.bytes of `data`) when it has any. Each goes into the list only
+// once the link took it, so a send that fails leaves nothing behind.
+void WindowService::Post(int dst, std::unique_ptr<Header> header,
+                         std::shared_ptr<std::vector<char>> data) {
+  const int64_t bytes = header->bytes;
+  auto send = link_->SendHeader(dst, header.get());
+  outgoing_.push_back(Outgoing{std::move(send), std::move(header), data});
+  if (bytes > 0) {
+    send = link_->SendData(dst, data->data(), static_cast<size_t>(bytes));
+    outgoing_.push_back(Outgoing{std::move(send), nullptr, std::move(data)});
   }
 }
 
 bool WindowService::TestOutgoing() {
   bool any = false;
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    int done = 0;
-    CheckMpi(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) {
+    if (it->send->Test()) {
       it = outgoing_.erase(it);
       any = true;
     } else {
@@ -298,14 +286,10 @@ void WindowService::Finish(int64_t handle) {
 
 void WindowService::Receive(int src) {
   Header h;
-  CheckMpi(
-      MPI_Recv(&h, sizeof(Header), MPI_BYTE, src, kHeaderTag, AsComm(comm_), MPI_STATUS_IGNORE),
-      "MPI_Recv");
+  link_->ReceiveHeader(src, &h);
   if (h.bytes > 0) {
     if (scratch_.size() < static_cast<size_t>(h.bytes)) scratch_.resize(h.bytes);
-    CheckMpi(MPI_Recv(scratch_.data(), static_cast<int>(h.bytes), MPI_BYTE, src, kDataTag,
-                      AsComm(comm_), MPI_STATUS_IGNORE),
-             "MPI_Recv");
+    link_->ReceiveData(src, scratch_.data(), static_cast<size_t>(h.bytes));
   }
   // Replies to this rank's own operations.
   if (h.kind == kAck || h.kind == kGrant || h.kind == kGetReply) {
@@ -409,11 +393,9 @@ void WindowService::Drain() {
   const double until = Now() + kDrainSeconds;
   while (Now() < until) {
     try {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, kHeaderTag, AsComm(comm_), &flag, &st);
-      if (flag) {
-        Receive(st.MPI_SOURCE);
+      int src = -1;
+      if (link_->ProbeHeader(&src)) {
+        Receive(src);
         continue;
       }
       TestOutgoing();
@@ -423,12 +405,7 @@ void WindowService::Drain() {
     if (outgoing_.empty()) break;
     std::this_thread::sleep_for(kMinPause);
   }
-  for (Outgoing& out : outgoing_) {
-    if (out.request != MPI_REQUEST_NULL) {
-      MPI_Cancel(&out.request);
-      MPI_Request_free(&out.request);
-    }
-  }
+  for (Outgoing& out : outgoing_) out.send->Cancel();
   outgoing_.clear();
 }
 

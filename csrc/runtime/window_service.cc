@@ -1,13 +1,11 @@
-#include "transport/mpi/window_service.h"
-
-#include <mpi.h>
+#include "runtime/window_service.h"
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
 
-#include "transport/mpi/window_internal.h"
+#include "runtime/window_internal.h"
 
 namespace bluefog {
 
@@ -16,7 +14,7 @@ using namespace window_internal;
 WindowService::WindowService() = default;
 
 WindowService::~WindowService() {
-  // The runtime stops the service before MPI goes away; nothing may be left running here.
+  // The runtime stops the service before the backend goes away; nothing may be left running here.
   if (thread_.joinable()) thread_.detach();
 }
 
@@ -26,11 +24,12 @@ int WindowService::Create(WindowSpec spec, const void* initial, bool zero_init) 
   BF_ENFORCE(spec.NumBytes() <= static_cast<size_t>(INT_MAX), StatusCode::kInvalidArgument,
              "the window holds ", spec.NumBytes(), " bytes; windows are limited to ", INT_MAX,
              " bytes (split the tensor into several windows)");
-  if (!have_comms_) {
+  if (!link_) {
     // Every rank creates its first window here, at the same point.
-    CheckMpi(MPI_Comm_dup(AsComm(world_comm_), &AsComm(comm_)), "MPI_Comm_dup");
-    CheckMpi(MPI_Comm_dup(AsComm(world_comm_), &AsComm(ctl_comm_)), "MPI_Comm_dup");
-    have_comms_ = true;
+    if (make_link_) link_ = make_link_(sizeof(Header));
+    BF_ENFORCE(link_ != nullptr, StatusCode::kPrecondition,
+               "windows (win_create, win_put/get/accumulate and the window optimizers) are not "
+               "available on this backend");
     thread_ = std::thread(&WindowService::Loop, this);
   }
   int id;
@@ -46,7 +45,7 @@ int WindowService::Create(WindowSpec spec, const void* initial, bool zero_init) 
     by_id_[id] = entry;
   }
   // No rank may put into this window before every rank has it.
-  CheckMpi(MPI_Barrier(AsComm(ctl_comm_)), "MPI_Barrier");
+  link_->Barrier();
   return id;
 }
 
@@ -61,7 +60,7 @@ void WindowService::Free(const std::string& name) {
     by_name_.erase(it);
     by_id_.erase(entry->window->id());
   }
-  if (have_comms_) CheckMpi(MPI_Barrier(AsComm(ctl_comm_)), "MPI_Barrier");
+  if (link_) link_->Barrier();
 }
 
 int WindowService::PendingOps(const std::string& name) {
@@ -315,11 +314,7 @@ void WindowService::Stop(const std::string& reason, bool free_comms) {
     }
     Finish(h);
   }
-  if (have_comms_ && free_comms) {
-    MPI_Comm_free(&AsComm(comm_));
-    MPI_Comm_free(&AsComm(ctl_comm_));
-  }
-  have_comms_ = false;
+  if (link_) link_->Free(free_comms);
 }
 
 }  // namespace bluefog

@@ -3,22 +3,17 @@
 // of one operation and one window. Not part of any interface.
 #pragma once
 
-#include <mpi.h>
-
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "transport/mpi/comm_handle.h"
-#include "transport/mpi/window_service.h"
+#include "runtime/window_service.h"
 
 namespace bluefog {
 namespace window_internal {
 
-constexpr int kHeaderTag = 71;
-constexpr int kDataTag = 72;
 // The thread polls for messages; after a quiet spell it waits longer between polls, up to this
 // (which bounds how long an idle target takes to notice a put).
 constexpr auto kMinPause = std::chrono::microseconds(20);
@@ -26,6 +21,9 @@ constexpr auto kMaxPause = std::chrono::microseconds(1000);
 // How long Stop keeps answering the other ranks' last messages (refusing their requests) before
 // it gives up on them.
 constexpr double kDrainSeconds = 1.0;
+// While operations wait for replies and nothing arrives, the link is asked this often whether a
+// peer left the job (WindowLink::CheckPeers).
+constexpr double kPeerCheckSeconds = 1.0;
 
 enum Kind : int32_t {
   kPut = 1,
@@ -48,16 +46,6 @@ struct Header {
   int32_t code;
   int32_t pad;
 };
-
-using ::bluefog::AsComm;
-
-inline void CheckMpi(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  throw BluefogError(StatusCode::kInternal, Concat(call, " failed: ", std::string(text, len)));
-}
 
 inline std::string RanksText(const std::vector<int32_t>& ranks) {
   return ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end()));
@@ -112,7 +100,7 @@ struct WindowService::Entry {
 };
 
 struct WindowService::Outgoing {
-  MPI_Request request = MPI_REQUEST_NULL;
+  std::unique_ptr<WindowLink::Send> send;
   std::unique_ptr<window_internal::Header> header;
   std::shared_ptr<std::vector<char>> data;
 };
