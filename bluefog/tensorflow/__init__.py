@@ -82,6 +82,18 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     neighbor_allgather,
     neighbor_allreduce,
 )
+from bluefog.tensorflow.nonblocking import (  # noqa: F401
+    Handle,
+    allgather_nonblocking,
+    allreduce_nonblocking,
+    broadcast_nonblocking,
+    hierarchical_neighbor_allreduce_nonblocking,
+    neighbor_allgather_nonblocking,
+    neighbor_allreduce_nonblocking,
+    poll,
+    synchronize,
+    wait,
+)
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
 from bluefog.tensorflow.partial import (  # noqa: F401
     PartialDistributedGradientTape,
