@@ -58,6 +58,7 @@ from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.decentralized import (  # noqa: F401
     DistributedAdaptThenCombineOptimizer,
     DistributedAdaptWithCombineOptimizer,
+    CommunicationType,
     DistributedNeighborAllreduceOptimizer,
 )
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
