@@ -56,9 +56,9 @@ from bluefog.common.topology import (  # noqa: F401
 from bluefog.tensorflow import elastic  # noqa: F401
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.decentralized import (  # noqa: F401
+    CommunicationType,
     DistributedAdaptThenCombineOptimizer,
     DistributedAdaptWithCombineOptimizer,
-    CommunicationType,
     DistributedNeighborAllreduceOptimizer,
 )
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401

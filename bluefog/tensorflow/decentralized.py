@@ -57,7 +57,8 @@ import tensorflow as tf
 from bluefog.common import basics, topology
 from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, wrapping
 
-__all__ = ["CommunicationType", "DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
+__all__ = ["CommunicationType", "DistributedAdaptThenCombineOptimizer",
+           "DistributedAdaptWithCombineOptimizer",
            "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES", "wrap", "read",
            "DecentralizedKerasOptimizer"]
 
