@@ -477,3 +477,13 @@ def test_consensus_rate(topo_name, rank, size):
     np.testing.assert_allclose(rows.mean(axis=0), mean, atol=1e-9)  # the mean is preserved
     if size >= 4:
         assert err < 0.5 * err0  # and it really did contract
+
+
+def test_neighbor_allgather_accepts_enable_topo_check(rank):
+    x = tf.constant(rank_values(SHAPE, rank))
+    a = bf.neighbor_allgather(x, name="nag.topo.on", enable_topo_check=True)
+    b = bf.neighbor_allgather(x, name="nag.topo.off", enable_topo_check=False)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(TypeError, match=rf"rank {rank}: bluefog neighbor_allgather.*"
+                                        "enable_topo_check must be a bool"):
+        bf.neighbor_allgather(x, name="nag.topo.bad", enable_topo_check="yes")
