@@ -54,6 +54,28 @@ from bluefog.common.topology import (  # noqa: F401
     unified_mpi_window_model_supported,
 )
 from bluefog.tensorflow import elastic  # noqa: F401
+from bluefog.tensorflow.bluefog_names import (  # noqa: F401
+    DistributedAllreduceOptimizer,
+    DistributedGradientAllreduceOptimizer,
+    DistributedHierarchicalNeighborAllreduceOptimizer,
+    ExponentialGraph,
+    ExponentialTwoGraph,
+    FullyConnectedGraph,
+    GetDynamicOnePeerSendRecvRanks,
+    GetExp2DynamicSendRecvMachineRanks,
+    GetInnerOuterExpo2DynamicSendRecvRanks,
+    GetInnerOuterRingDynamicSendRecvRanks,
+    GetRecvWeights,
+    GetSendWeights,
+    IsRegularGraph,
+    IsTopologyEquivalent,
+    MeshGrid2DGraph,
+    RingGraph,
+    StarGraph,
+    SymmetricExponentialGraph,
+    broadcast_parameters,
+    get_current_created_window_names,
+)
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.decentralized import (  # noqa: F401
     CommunicationType,

@@ -47,3 +47,28 @@ def test_per_step_knobs_refused_not_ignored(knob, neutral, other, rank):
 def test_neighbor_allreduce_optimizer_warns_about_its_meaning():
     with pytest.warns(UserWarning, match="adapt-then-combine here"):
         bf.DistributedNeighborAllreduceOptimizer(keras.optimizers.SGD(0.1))
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_optimizers_by_bluefog_names(rank, size):
+    v = tf.Variable([float(rank)])
+    opt = bf.DistributedAllreduceOptimizer(keras.optimizers.SGD(0.0), None)
+    opt.apply([tf.zeros([1])], [v])
+    np.testing.assert_allclose(v.numpy(), [(size - 1) / 2.0])  # the mean model
+    w = tf.Variable([0.0])
+    grad = bf.DistributedGradientAllreduceOptimizer(keras.optimizers.SGD(1.0))
+    grad.apply([tf.constant([float(rank)])], [w])
+    np.testing.assert_allclose(w.numpy(), [-(size - 1) / 2.0])  # stepped on the mean gradient
+
+
+@pytest.mark.timeout(120)
+def test_broadcast_parameters_and_window_names(rank):
+    a, b = tf.Variable([float(rank)]), tf.Variable([2.0 * rank + 1])
+    bf.broadcast_parameters({"b": b, "a": a}, root_rank=1)
+    np.testing.assert_allclose([a.numpy()[0], b.numpy()[0]], [1.0, 3.0])
+    assert bf.get_current_created_window_names() == bf.window_names()
+
+
+def test_topology_util_names_under_bf():
+    assert bf.RingGraph(4).number_of_nodes() == 4
+    assert bf.IsTopologyEquivalent(bf.ExponentialGraph(4), bf.ExponentialGraph(4))
