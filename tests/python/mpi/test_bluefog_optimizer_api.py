@@ -62,10 +62,14 @@ def test_allreduce_optimizers_by_bluefog_names(rank, size):
 
 
 @pytest.mark.timeout(120)
-def test_broadcast_parameters_and_window_names(rank):
+def test_broadcast_parameters_and_window_names(rank, size):
     a, b = tf.Variable([float(rank)]), tf.Variable([2.0 * rank + 1])
-    bf.broadcast_parameters({"b": b, "a": a}, root_rank=1)
-    np.testing.assert_allclose([a.numpy()[0], b.numpy()[0]], [1.0, 3.0])
+    root = size - 1
+    bf.broadcast_parameters({"b": b, "a": a}, root_rank=root)
+    np.testing.assert_allclose([a.numpy()[0], b.numpy()[0]], [root, 2.0 * root + 1])
+    c = tf.Variable([float(rank)])
+    bf.broadcast_parameters([("c", c)], root_rank=root)
+    np.testing.assert_allclose(c.numpy(), [root])
     assert bf.get_current_created_window_names() == bf.window_names()
 
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 
-from conftest import rank_values
+from conftest import needs_ranks, rank_values
 
 SHAPE = (4, 3)
 
@@ -89,6 +89,7 @@ def test_wait_twice_and_bad_handles(rank):
         bf.synchronize("h")
 
 
+@needs_ranks(2)
 @pytest.mark.timeout(120)
 def test_mismatched_shapes_fail_on_every_rank(rank):
     x = tf.ones((rank + 1, 2), tf.float64)

@@ -489,6 +489,7 @@ def test_neighbor_allgather_accepts_enable_topo_check(rank):
         bf.neighbor_allgather(x, name="nag.topo.bad", enable_topo_check="yes")
 
 
+@needs_ranks(2)
 @pytest.mark.timeout(120)
 def test_set_topology_checks_every_rank_set_the_same(rank, size):
     bf.set_topology(tu.RingGraph(size))
