@@ -13,7 +13,8 @@ are matched across ranks by name, so several handles may be in flight in any ord
 ``synchronize(handle)`` (alias ``wait``) returns the result or raises the op's error, prefixed
 with the rank, the op, the tensor's name and the handle; a handle is synchronized once.
 A handle that is garbage-collected, or still open at interpreter exit, without having been
-synchronized is reported with a ``ResourceWarning`` naming its op and tensor.
+synchronized is reported with a ``RuntimeWarning`` (shown by default, unlike a
+``ResourceWarning``) naming its rank, op and tensor.
 
 Eager only: inside ``tf.function`` the blocking ops already run asynchronously in TensorFlow's
 executor (the kernels are asynchronous), so these calls raise a RuntimeError there that says so.
@@ -51,12 +52,13 @@ class Handle:
     """A non-blocking collective in flight. Pass it to ``bf.poll``, ``bf.synchronize`` or
     ``bf.wait``; ``int(handle)`` is its id (also accepted by those functions)."""
 
-    __slots__ = ("id", "op", "name", "_future", "_done", "__weakref__")
+    __slots__ = ("id", "op", "name", "rank", "_future", "_done", "__weakref__")
 
     def __init__(self, op: str, name: str, future: concurrent.futures.Future):
         self.id = next(_ids)
         self.op = op
         self.name = name
+        self.rank = rank_str()  # for the report at exit, after bluefog may have shut down
         self._future = future
         self._done = False
 
@@ -78,10 +80,10 @@ class Handle:
 
 def _warn_unwaited(handle: Handle, when: str) -> None:
     try:
-        warnings.warn(f"rank {rank_str()}: bluefog {handle.op} of tensor '{handle.name}' "
+        warnings.warn(f"rank {handle.rank}: bluefog {handle.op} of tensor '{handle.name}' "
                       f"(handle {handle.id}) was {when} without bf.synchronize/bf.wait: its "
                       "result and any error were never read; synchronize every handle",
-                      ResourceWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=2)
     except Exception:  # noqa: BLE001 - at interpreter exit warnings may be gone
         pass
 

@@ -111,7 +111,7 @@ def test_unsynchronized_handle_is_reported(rank):
         warnings.simplefilter("always")
         del h
         gc.collect()
-    assert any(issubclass(w.category, ResourceWarning) and "nb.dropped" in str(w.message)
+    assert any(issubclass(w.category, RuntimeWarning) and "nb.dropped" in str(w.message)
                for w in seen), [str(w.message) for w in seen]
 
 
