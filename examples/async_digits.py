@@ -14,7 +14,7 @@ Each rank trains on its own shard of scikit-learn's bundled 8x8 digits. ``--opti
   with ranks running at different speeds). With a straggler, beware: once its neighbours have
   finished, the straggler keeps giving away shares of its push-sum weight and gets none back,
   so its weights underflow after some tens of such steps (its final accuracy drops to 0.1).
-* ``neighbor``: ``bf.DistributedNeighborAllreduceOptimizer``, the synchronous neighbour mixing:
+* ``neighbor``: ``bf.DistributedAdaptThenCombineOptimizer``, the synchronous neighbour mixing:
   every step waits for the in-neighbours' step.
 * ``allreduce``: ``bf.DistributedOptimizer``, gradients averaged over all ranks (the baseline):
   every step waits for the slowest rank.
@@ -97,7 +97,7 @@ def make_optimizer(args):
     if args.optimizer == "pushsum":
         return bf.DistributedPushSumOptimizer(adam, num_steps_per_communication=every)
     if args.optimizer == "neighbor":
-        return bf.DistributedNeighborAllreduceOptimizer(adam, num_steps_per_communication=every)
+        return bf.DistributedAdaptThenCombineOptimizer(adam, num_steps_per_communication=every)
     return bf.DistributedOptimizer(adam)
 
 

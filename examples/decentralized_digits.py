@@ -59,7 +59,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--optimizer", choices=["neighbor", "hierarchical", "allreduce"],
                    default="neighbor",
-                   help="neighbor: DistributedNeighborAllreduceOptimizer; hierarchical: "
+                   help="neighbor: DistributedAdaptThenCombineOptimizer; hierarchical: "
                         "DistributedAdaptThenCombineOptimizer over hierarchical_neighbor_allreduce;"
                         " allreduce: gradient averaging over all ranks (baseline)")
     p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="default")

@@ -24,6 +24,53 @@ _state = {"topology": None, "weighted": False, "for_size": None,
           "machine_topology": None, "machine_weighted": False, "for_machines": None}
 
 
+# The framework's allgather of one int64 pair per rank (registered by bluefog.tensorflow):
+# set_topology uses it to check that every rank set the same graph.
+_agreement = {"allgather": None}
+
+
+def register_agreement(allgather) -> None:
+    """``allgather(pair)`` returns every rank's ``pair`` (two ints), in rank order."""
+    _agreement["allgather"] = allgather
+
+
+def _digest(topology: nx.DiGraph, is_weighted: bool) -> int:
+    """A 63-bit digest of the graph's edges (with their weights when ``is_weighted``)."""
+    import hashlib
+
+    edges = sorted((int(u), int(v), float(d.get("weight", 1.0)) if is_weighted else 0.0)
+                   for u, v, d in topology.edges(data=True))
+    text = repr((bool(is_weighted), edges)).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
+
+
+def _agree(topology, is_weighted: bool, local_error: Optional[Exception]) -> None:
+    """Every rank contributes its graph's digest (or that its arguments failed); raises on
+    every rank when one rank's arguments failed or the ranks' graphs differ."""
+    allgather = _agreement["allgather"]
+    if allgather is None or basics.size() == 1:
+        if local_error is not None:
+            raise local_error
+        return
+    mine = 0 if local_error is not None else _digest(topology, is_weighted)
+    rows = allgather([1 if local_error is None else 0, mine])
+    if local_error is not None:
+        raise local_error
+    failed = [r for r, (ok, _) in enumerate(rows) if not ok]
+    if failed:
+        raise ValueError(f"rank {basics.rank()}: set_topology: the arguments of rank(s) "
+                         f"{failed} were refused there (see their error), so no rank changed "
+                         "its topology")
+    groups: dict = {}
+    for r, (_, digest) in enumerate(rows):
+        groups.setdefault(digest, []).append(r)
+    if len(groups) > 1:
+        listing = "; ".join(f"ranks {ranks}" for ranks in groups.values())
+        raise ValueError(f"rank {basics.rank()}: set_topology: the ranks set different "
+                         f"topologies (or weightings): groups with the same graph: {listing}. "
+                         "Every rank must pass the same graph and is_weighted")
+
+
 def register_change_guard(guard) -> None:
     """``guard()`` is asked before ``set_topology`` changes the topology; a string it returns
     is the reason the change is refused."""
@@ -62,21 +109,27 @@ def set_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = Fals
     """Makes ``topology`` (default: ``default_topology()``, weighted when it is the
     machine-aware graph) the virtual topology.
 
-    Every rank must pass an equivalent graph. With ``is_weighted`` the edge weights are used by
+    Every rank must pass the same graph (and ``is_weighted``): an allgather of a digest of it
+    checks that, and a difference (or arguments refused on some rank) raises ValueError on
+    every rank. With ``is_weighted`` the edge weights are used by
     ``neighbor_allreduce``; otherwise each rank averages uniformly over itself and its
     in-neighbours. Returns whether the topology (or its weighting) changed.
     """
     size = basics.size()
     if topology is None:
         topology, is_weighted = default_topology(), default_is_weighted() or is_weighted
+    local_error: Optional[Exception] = None
     if not isinstance(topology, nx.DiGraph):
-        raise TypeError(f"rank {basics.rank()}: set_topology: topology must be a "
-                        f"networkx.DiGraph, got {type(topology).__name__}")
-    if sorted(topology.nodes) != list(range(size)):
-        raise ValueError(f"rank {basics.rank()}: set_topology: the topology's nodes must be "
-                         f"exactly the ranks 0..{size - 1}, got {sorted(topology.nodes)[:10]}")
-    if not isinstance(is_weighted, bool):
-        raise TypeError(f"rank {basics.rank()}: set_topology: is_weighted must be a bool")
+        local_error = TypeError(f"rank {basics.rank()}: set_topology: topology must be a "
+                                f"networkx.DiGraph, got {type(topology).__name__}")
+    elif sorted(topology.nodes) != list(range(size)):
+        local_error = ValueError(
+            f"rank {basics.rank()}: set_topology: the topology's nodes must be exactly the "
+            f"ranks 0..{size - 1}, got {sorted(topology.nodes)[:10]}")
+    elif not isinstance(is_weighted, bool):
+        local_error = TypeError(f"rank {basics.rank()}: set_topology: is_weighted must be a "
+                                "bool")
+    _agree(topology, is_weighted, local_error)  # every rank raises, or none
     current = _current()
     if not topology_util.IsTopologyEquivalent(topology, current):
         for guard in _change_guards:
@@ -176,7 +229,9 @@ def set_machine_topology(topology: Optional[nx.DiGraph] = None, is_weighted: boo
     machines that ``hierarchical_neighbor_allreduce`` uses: node ``m`` is machine ``m`` (ranks
     ``m * local_size()`` and up), an edge ``m -> k`` means machine ``m`` sends its mean to ``k``.
 
-    Every rank must pass an equivalent graph. With ``is_weighted`` its edge weights are the
+    Every rank must pass the same graph (and ``is_weighted``): an allgather of a digest of it
+    checks that, and a difference (or arguments refused on some rank) raises ValueError on
+    every rank. With ``is_weighted`` its edge weights are the
     receivers' weights; otherwise each machine averages uniformly over itself and its
     in-neighbour machines. Returns whether the machine topology (or its weighting) changed.
     """

@@ -54,8 +54,31 @@ from bluefog.common.topology import (  # noqa: F401
     unified_mpi_window_model_supported,
 )
 from bluefog.tensorflow import elastic  # noqa: F401
+from bluefog.tensorflow.bluefog_names import (  # noqa: F401
+    DistributedAllreduceOptimizer,
+    DistributedGradientAllreduceOptimizer,
+    DistributedHierarchicalNeighborAllreduceOptimizer,
+    ExponentialGraph,
+    ExponentialTwoGraph,
+    FullyConnectedGraph,
+    GetDynamicOnePeerSendRecvRanks,
+    GetExp2DynamicSendRecvMachineRanks,
+    GetInnerOuterExpo2DynamicSendRecvRanks,
+    GetInnerOuterRingDynamicSendRecvRanks,
+    GetRecvWeights,
+    GetSendWeights,
+    IsRegularGraph,
+    IsTopologyEquivalent,
+    MeshGrid2DGraph,
+    RingGraph,
+    StarGraph,
+    SymmetricExponentialGraph,
+    broadcast_parameters,
+    get_current_created_window_names,
+)
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.decentralized import (  # noqa: F401
+    CommunicationType,
     DistributedAdaptThenCombineOptimizer,
     DistributedAdaptWithCombineOptimizer,
     DistributedNeighborAllreduceOptimizer,
@@ -81,6 +104,18 @@ from bluefog.tensorflow.neighbor_ops import (  # noqa: F401
     hierarchical_neighbor_allreduce,
     neighbor_allgather,
     neighbor_allreduce,
+)
+from bluefog.tensorflow.nonblocking import (  # noqa: F401
+    Handle,
+    allgather_nonblocking,
+    allreduce_nonblocking,
+    broadcast_nonblocking,
+    hierarchical_neighbor_allreduce_nonblocking,
+    neighbor_allgather_nonblocking,
+    neighbor_allreduce_nonblocking,
+    poll,
+    synchronize,
+    wait,
 )
 from bluefog.tensorflow.objects import allgather_object, broadcast_object  # noqa: F401
 from bluefog.tensorflow.partial import (  # noqa: F401

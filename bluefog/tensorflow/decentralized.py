@@ -46,6 +46,8 @@ must therefore build their optimizers in the same order (or pass the same explic
 
 from __future__ import annotations
 
+import enum
+import warnings
 from collections.abc import Iterator
 from typing import Dict, List, Optional
 
@@ -55,12 +57,86 @@ import tensorflow as tf
 from bluefog.common import basics, topology
 from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, wrapping
 
-__all__ = ["DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
+__all__ = ["CommunicationType", "DistributedAdaptThenCombineOptimizer",
+           "DistributedAdaptWithCombineOptimizer",
            "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES", "wrap", "read",
            "DecentralizedKerasOptimizer"]
 
 COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", "allreduce",
                        "empty")
+
+
+class CommunicationType(enum.Enum):
+    """Bluefog's names for the combinations of the decentralized optimizers; a member (or its
+    value string) may be passed as ``communication_type`` wherever a string of
+    ``COMMUNICATION_TYPES`` is accepted."""
+
+    neighbor_allreduce = "neighbor.allreduce"
+    hierarchical_neighbor_allreduce = "hierarchical.neighbor.allreduce"
+    allreduce = "allreduce"
+    empty = "empty"
+
+
+_BY_VALUE = {member.value: member.name for member in CommunicationType}
+
+# Bluefog's per-step knobs of its optimizers, with the value that changes nothing.
+_KNOBS = {"self_weight": None, "src_weights": None, "dst_weights": None,
+          "src_machine_weights": None, "dst_machine_weights": None, "enable_topo_check": True,
+          "force_barrier": False}
+
+
+class _Default:
+    """The default ``communication_type`` ("neighbor_allreduce"), told apart from a given one."""
+
+    def __repr__(self) -> str:
+        return "'neighbor_allreduce'"
+
+
+_DEFAULT = _Default()
+
+
+def _communication_type(value):
+    """``value`` as one of COMMUNICATION_TYPES when it names one (a CommunicationType member or
+    its value string), else unchanged (for ``wrap``'s check)."""
+    if isinstance(value, CommunicationType):
+        return value.name
+    if isinstance(value, str) and value in _BY_VALUE:
+        return _BY_VALUE[value]
+    return value
+
+
+def _split_model(model, communication_type, default):
+    """Bluefog's ``(optimizer, model, communication_type)`` positional order and this module's
+    ``(optimizer, communication_type)`` both: returns the communication type. ``model`` is
+    accepted for Bluefog's signature only (the variables combined are those ``apply`` gets)."""
+    if model is not None and (isinstance(model, (str, CommunicationType))):
+        if communication_type is not _DEFAULT:
+            raise ValueError("bluefog: communication_type given twice (positionally and by "
+                             "keyword)")
+        return model
+    return default if communication_type is _DEFAULT else communication_type
+
+
+def _knob(name: str, neutral):
+    """A property for Bluefog's per-step knob ``name``: reads its neutral value; setting
+    anything else raises, since these optimizers take their weights from the topology or the
+    schedule, never from the knob."""
+
+    def get(self):
+        return neutral
+
+    def set_(self, value):
+        if value is neutral or (neutral is not None and value == neutral):
+            return
+        raise ValueError(
+            f"rank {op_rules.rank_str()}: bluefog {self._bluefog_what}: setting opt.{name} per "
+            "step is not supported by the TensorFlow optimizers (it would be ignored); give "
+            "weights through the topology (bf.set_topology(..., is_weighted=True)) or a "
+            "schedule= iterator, or call bf.neighbor_allreduce(..., self_weight=, src_weights=,"
+            " dst_weights=) on the variables in your own training loop")
+
+    return property(get, set_, doc=f"Bluefog's per-step ``{name}``: only {neutral!r} is "
+                                   "accepted here (anything else raises ValueError).")
 
 
 def _next_graph_index(prefix: str) -> int:
@@ -179,6 +255,14 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     _bluefog_schedule = None
     _bluefog_what: str = ""
 
+    self_weight = _knob("self_weight", None)
+    src_weights = _knob("src_weights", None)
+    dst_weights = _knob("dst_weights", None)
+    src_machine_weights = _knob("src_machine_weights", None)
+    dst_machine_weights = _knob("dst_machine_weights", None)
+    enable_topo_check = _knob("enable_topo_check", True)
+    force_barrier = _knob("force_barrier", False)
+
     @property
     def communication_type(self) -> str:
         return self._bluefog_communication
@@ -253,6 +337,7 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     """The wrapped copy of ``optimizer``: a subclass with ``mixin`` (default: the neighbour
     combination of this module) in front, after checking every argument."""
     keras = wrapping.import_keras()
+    communication_type = _communication_type(communication_type)
     if mixin is None and (not isinstance(communication_type, str)
                           or communication_type not in COMMUNICATION_TYPES):
         raise ValueError(f"bluefog {what}: communication_type must be one of "
@@ -301,7 +386,7 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     return new
 
 
-def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "neighbor_allreduce",
+def DistributedAdaptThenCombineOptimizer(optimizer, model=None, communication_type=_DEFAULT,
                                          num_steps_per_communication: int = 1,
                                          name: Optional[str] = None, schedule=None):
     """Local step, then replace the variables by their combination over neighbours.
@@ -311,8 +396,12 @@ def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "n
 
     Args:
         optimizer: a Keras 3 optimizer instance (not yet wrapped by bluefog).
+        model: Bluefog's argument, accepted for its signature (a Keras model or None; the
+            variables combined are those ``apply`` receives). A string or
+            ``CommunicationType`` in this place is taken as ``communication_type``.
         communication_type: ``"neighbor_allreduce"`` (default),
-            ``"hierarchical_neighbor_allreduce"``, ``"allreduce"`` or ``"empty"``.
+            ``"hierarchical_neighbor_allreduce"``, ``"allreduce"`` or ``"empty"``, or a
+            ``bf.CommunicationType`` member or its value string.
         num_steps_per_communication: communicate on every n-th step only (n >= 1).
         name: prefix of the collective requests' names; must be equal on every rank.
         schedule: None (the static topology) or an endless iterator yielding, per
@@ -326,11 +415,12 @@ def DistributedAdaptThenCombineOptimizer(optimizer, communication_type: str = "n
             optimizer instance, an optimizer already wrapped by bluefog, or a schedule that is
             not an iterator or goes with another communication type.
     """
+    communication_type = _split_model(model, communication_type, "neighbor_allreduce")
     return wrap(optimizer, "atc", communication_type, num_steps_per_communication, name,
                 "DistributedAdaptThenCombineOptimizer", schedule=schedule)
 
 
-def DistributedAdaptWithCombineOptimizer(optimizer, communication_type: str = "neighbor_allreduce",
+def DistributedAdaptWithCombineOptimizer(optimizer, model=None, communication_type=_DEFAULT,
                                          num_steps_per_communication: int = 1,
                                          name: Optional[str] = None, schedule=None):
     """Combination of the pre-step variables plus the local update.
@@ -339,12 +429,23 @@ def DistributedAdaptWithCombineOptimizer(optimizer, communication_type: str = "n
     so it does not wait for the local update. Arguments and errors as for
     ``DistributedAdaptThenCombineOptimizer``.
     """
+    communication_type = _split_model(model, communication_type, "neighbor_allreduce")
     return wrap(optimizer, "awc", communication_type, num_steps_per_communication, name,
                 "DistributedAdaptWithCombineOptimizer", schedule=schedule)
 
 
 def DistributedNeighborAllreduceOptimizer(optimizer, num_steps_per_communication: int = 1,
                                           name: Optional[str] = None, schedule=None):
-    """``DistributedAdaptThenCombineOptimizer(optimizer, "neighbor_allreduce", ...)``."""
+    """``DistributedAdaptThenCombineOptimizer(optimizer, "neighbor_allreduce", ...)``.
+
+    In Bluefog's torch API this name is the deprecated alias of the adapt-*with*-combine
+    optimizer; here it is adapt-then-combine, and a UserWarning says so. Call
+    ``DistributedAdaptWithCombineOptimizer`` or ``DistributedAdaptThenCombineOptimizer`` to
+    choose explicitly.
+    """
+    warnings.warn("bluefog DistributedNeighborAllreduceOptimizer is adapt-then-combine here "
+                  "(Bluefog's torch alias is adapt-with-combine); call "
+                  "DistributedAdaptThenCombineOptimizer or DistributedAdaptWithCombineOptimizer "
+                  "to choose explicitly", UserWarning, stacklevel=2)
     return wrap(optimizer, "atc", "neighbor_allreduce", num_steps_per_communication, name,
                 "DistributedNeighborAllreduceOptimizer", schedule=schedule)

@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import tensorflow as tf
 
-from bluefog.common import basics
+from bluefog.common import basics, topology
 from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow import adasum as _adasum
 from bluefog.tensorflow import eager_calls
@@ -472,3 +472,18 @@ def _broadcast_grad(op, grad):
     # root would wait forever.
     with tf.control_dependencies([summed]):
         return [tf.zeros_like(summed), None]
+
+
+_agreements = [0]
+
+
+def _topology_allgather(pair) -> list:
+    """Every rank's int pair, for set_topology's agreement check (eager even while tracing)."""
+    _agreements[0] += 1
+    with tf.init_scope():
+        rows = allgather(tf.constant([pair], tf.int64),
+                         name=f"set_topology.agree.{_agreements[0]}")
+        return [tuple(int(v) for v in row) for row in rows.numpy()]
+
+
+topology.register_agreement(_topology_allgather)

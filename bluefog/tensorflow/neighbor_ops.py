@@ -10,6 +10,7 @@ change every call. Inside a tf.function they are fixed when the function is trac
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Dict, Iterable, Optional, Union
 
 import tensorflow as tf
@@ -122,13 +123,18 @@ def neighbor_allreduce_op(tensor, name, send_ranks, recv_ranks, self_weight, rec
 
 @tf.autograph.experimental.do_not_convert
 def neighbor_allgather(tensor: Union[tf.Tensor, tf.Variable], src_ranks: Optional[list] = None,
-                       dst_ranks: Optional[list] = None, name: Optional[str] = None) -> tf.Tensor:
+                       dst_ranks: Optional[list] = None, name: Optional[str] = None,
+                       enable_topo_check: bool = True) -> tf.Tensor:
     """Concatenation along dimension 0 of the in-neighbours' tensors, in ascending rank order.
 
     The first dimension may differ between ranks. Without ``src_ranks``/``dst_ranks`` the
     topology's in- and out-neighbours are used; given, they must be given together and mirror
-    the other ranks' lists.
+    the other ranks' lists, which is always checked (``enable_topo_check``, Bluefog's
+    argument, is accepted; the check rides on the negotiation, so turning it off saves nothing).
     """
+    if not isinstance(enable_topo_check, bool):
+        raise TypeError(f"{op_error_prefix('neighbor_allgather', name)}: enable_topo_check must "
+                        f"be a bool, got {enable_topo_check!r}")
     name = request_name("neighbor_allgather", name)
     tensor = to_tensor(tensor, "neighbor_allgather", name)
     check_dtype(tensor, "neighbor_allgather", name)
@@ -164,17 +170,20 @@ def _machine_list(values, what: str, name: str, machine: int, machines: int) -> 
 @tf.autograph.experimental.do_not_convert
 def hierarchical_neighbor_allreduce(
         tensor: Union[tf.Tensor, tf.Variable], self_weight: Optional[float] = None,
+        src_machine_weights: Optional[Dict[int, float]] = None,
+        dst_machine_weights: Optional[Union[Dict[int, float], list]] = None,
+        enable_topo_check: bool = False, name: Optional[str] = None, *,
         neighbor_machine_weights: Optional[Dict[int, float]] = None,
-        send_neighbor_machines: Optional[list] = None, enable_topo_check: bool = False,
-        name: Optional[str] = None) -> tf.Tensor:
+        send_neighbor_machines: Optional[list] = None) -> tf.Tensor:
     """Machine-level neighbour averaging for multi-host jobs.
 
     Returns, on every rank of machine ``m``, ``self_weight * mean_m + sum(w_k * mean_k)`` over
     its in-neighbour machines ``k``, where ``mean_k`` is the mean of machine ``k``'s ranks'
     tensors. The weights and neighbours come from the machine topology
     (``set_machine_topology``; default ``ExponentialGraph(machine_size())``) or, for this call,
-    from ``self_weight``, ``neighbor_machine_weights`` ({machine: weight}) and
-    ``send_neighbor_machines`` (the machines to send to), given together; an empty pair means
+    from ``self_weight``, ``src_machine_weights`` ({machine: weight}) and
+    ``dst_machine_weights`` (the machines to send to: a list, or a dict whose weights are all
+    1.0), given together; an empty pair means
     only the mean within the machine. Every rank of a machine must pass the same machines and
     weights, and machines' lists must mirror each other.
 
@@ -182,7 +191,33 @@ def hierarchical_neighbor_allreduce(
     reduce-scatter within the machine leaves local rank ``l`` with slice ``l`` of the mean, local
     rank ``l`` exchanges that slice with local rank ``l`` of the neighbour machines, and an
     allgather within the machine joins the slices. Needs a homogeneous job (``is_homogeneous``).
+    ``neighbor_machine_weights`` and ``send_neighbor_machines`` are the former names of
+    ``src_machine_weights`` and ``dst_machine_weights`` (accepted with a DeprecationWarning).
     """
+    for old, new, value in (("neighbor_machine_weights", "src_machine_weights",
+                             neighbor_machine_weights),
+                            ("send_neighbor_machines", "dst_machine_weights",
+                             send_neighbor_machines)):
+        if value is None:
+            continue
+        warnings.warn(f"bluefog hierarchical_neighbor_allreduce: {old} is deprecated; call it "
+                      f"{new} (Bluefog's name)", DeprecationWarning, stacklevel=3)
+        if (src_machine_weights if new == "src_machine_weights" else dst_machine_weights) \
+                is not None:
+            raise ValueError(f"{op_error_prefix('hierarchical_neighbor_allreduce', name)}: "
+                             f"{old} and {new} are one argument; give only {new}")
+    if neighbor_machine_weights is not None:
+        src_machine_weights = neighbor_machine_weights
+    if send_neighbor_machines is not None:
+        dst_machine_weights = send_neighbor_machines
+    if isinstance(dst_machine_weights, dict):
+        if any(float(w) != 1.0 for w in dst_machine_weights.values()):
+            raise ValueError(f"{op_error_prefix('hierarchical_neighbor_allreduce', name)}: "
+                             "dst_machine_weights other than 1.0 are not supported; give the "
+                             "weights on the receiving side (src_machine_weights) and list the "
+                             "destination machines")
+        dst_machine_weights = list(dst_machine_weights)
+    neighbor_machine_weights, send_neighbor_machines = src_machine_weights, dst_machine_weights
     name = request_name("hierarchical_neighbor_allreduce", name)
     tensor = to_tensor(tensor, "hierarchical_neighbor_allreduce", name)
     check_dtype(tensor, "hierarchical_neighbor_allreduce", name)
@@ -192,7 +227,7 @@ def hierarchical_neighbor_allreduce(
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
     if (neighbor_machine_weights is None) != (send_neighbor_machines is None):
-        raise ValueError(f"{what}: neighbor_machine_weights and send_neighbor_machines must be "
+        raise ValueError(f"{what}: src_machine_weights and dst_machine_weights must be "
                          "given together (a dynamic machine topology needs both the sources and "
                          "the destinations of this call)")
     if neighbor_machine_weights is None:
@@ -202,16 +237,16 @@ def hierarchical_neighbor_allreduce(
                   else _weight(self_weight, "self_weight", name))
     else:
         if self_weight is None:
-            raise ValueError(f"{what}: self_weight must be given with neighbor_machine_weights")
+            raise ValueError(f"{what}: self_weight must be given with src_machine_weights")
         if not isinstance(neighbor_machine_weights, dict):
-            raise TypeError(f"{what}: neighbor_machine_weights must be a dict {{machine: "
+            raise TypeError(f"{what}: src_machine_weights must be a dict {{machine: "
                             f"weight}}, got {type(neighbor_machine_weights).__name__}")
         self_w = _weight(self_weight, "self_weight", name)
-        recv = _machine_list(neighbor_machine_weights, "neighbor_machine_weights", name,
+        recv = _machine_list(neighbor_machine_weights, "src_machine_weights", name,
                              machine, machines)
         machine_weights = {m: _weight(neighbor_machine_weights[m],
-                                      f"neighbor_machine_weights[{m}]", name) for m in recv}
-        send_machines = _machine_list(send_neighbor_machines, "send_neighbor_machines", name,
+                                      f"src_machine_weights[{m}]", name) for m in recv}
+        send_machines = _machine_list(send_neighbor_machines, "dst_machine_weights", name,
                                       machine, machines)
     recv = sorted(machine_weights)
     return hierarchical_exchange(tensor, name, basics.local_size(), basics.local_rank(),

@@ -51,10 +51,31 @@ def test_set_machine_topology_errors(rank):
 def test_hierarchical_argument_errors(rank):
     x = tf.constant([1.0, 2.0])
     with pytest.raises(ValueError, match=rf"rank {rank}: .*'hx1'.*given together"):
-        bf.hierarchical_neighbor_allreduce(x, neighbor_machine_weights={}, name="hx1")
+        bf.hierarchical_neighbor_allreduce(x, src_machine_weights={}, name="hx1")
     with pytest.raises(ValueError, match=r"machine 1, which is not another machine in \[0, 1\)"):
-        bf.hierarchical_neighbor_allreduce(x, self_weight=0.5, neighbor_machine_weights={1: 0.5},
-                                           send_neighbor_machines=[1], name="hx2")
+        bf.hierarchical_neighbor_allreduce(x, self_weight=0.5, src_machine_weights={1: 0.5},
+                                           dst_machine_weights=[1], name="hx2")
+    with pytest.raises(ValueError, match=r"'hx3'.*dst_machine_weights other than 1\.0"):
+        bf.hierarchical_neighbor_allreduce(x, self_weight=0.5, src_machine_weights={},
+                                           dst_machine_weights={0: 0.5}, name="hx3")
+    with pytest.raises(ValueError, match="one argument; give only src_machine_weights"):
+        with pytest.warns(DeprecationWarning):
+            bf.hierarchical_neighbor_allreduce(x, src_machine_weights={},
+                                               neighbor_machine_weights={}, name="hx4")
+
+
+def test_hierarchical_old_argument_names_still_work(rank, size):
+    """The former names give the same result as Bluefog's, with a DeprecationWarning."""
+    x = tf.constant([1.0, 2.0]) * (rank + 1)
+    new = bf.hierarchical_neighbor_allreduce(x, self_weight=1.0, src_machine_weights={},
+                                             dst_machine_weights={}, name="hnew")
+    with pytest.warns(DeprecationWarning, match="send_neighbor_machines is deprecated; call it "
+                                                "dst_machine_weights"):
+        old = bf.hierarchical_neighbor_allreduce(x, self_weight=1.0, neighbor_machine_weights={},
+                                                 send_neighbor_machines=[], name="hold")
+    np.testing.assert_allclose(old.numpy(), new.numpy())
+    want = np.array([1.0, 2.0]) * (size + 1) / 2.0  # one machine: the mean over every rank
+    np.testing.assert_allclose(new.numpy(), want)
 
 
 def machine_closed_form(values, local, w):

@@ -477,3 +477,30 @@ def test_consensus_rate(topo_name, rank, size):
     np.testing.assert_allclose(rows.mean(axis=0), mean, atol=1e-9)  # the mean is preserved
     if size >= 4:
         assert err < 0.5 * err0  # and it really did contract
+
+
+def test_neighbor_allgather_accepts_enable_topo_check(rank):
+    x = tf.constant(rank_values(SHAPE, rank))
+    a = bf.neighbor_allgather(x, name="nag.topo.on", enable_topo_check=True)
+    b = bf.neighbor_allgather(x, name="nag.topo.off", enable_topo_check=False)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(TypeError, match=rf"rank {rank}: bluefog neighbor_allgather.*"
+                                        "enable_topo_check must be a bool"):
+        bf.neighbor_allgather(x, name="nag.topo.bad", enable_topo_check="yes")
+
+
+@needs_ranks(2)
+@pytest.mark.timeout(120)
+def test_set_topology_checks_every_rank_set_the_same(rank, size):
+    bf.set_topology(tu.RingGraph(size))
+    graph = tu.RingGraph(size) if rank else nx.empty_graph(size, create_using=nx.DiGraph)
+    with pytest.raises(ValueError, match=rf"rank {rank}: set_topology: the ranks set different "
+                                         r"topologies .*ranks \[0\]"):
+        bf.set_topology(graph)
+    assert tu.IsTopologyEquivalent(bf.load_topology(), tu.RingGraph(size))  # unchanged
+    with pytest.raises(ValueError, match=rf"rank {rank}: set_topology: .*weightings"):
+        bf.set_topology(tu.RingGraph(size), is_weighted=bool(rank))
+    bad = nx.Graph() if rank == 0 else tu.RingGraph(size)
+    error = TypeError if rank == 0 else ValueError
+    with pytest.raises(error, match=rf"rank {rank}: set_topology"):
+        bf.set_topology(bad)

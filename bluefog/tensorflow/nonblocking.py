@@ -1,0 +1,211 @@
+"""Non-blocking collectives with handles (Bluefog's ``*_nonblocking``, ``poll``, ``synchronize``,
+``wait``).
+
+A ``*_nonblocking`` call checks its arguments and fixes the request's name on the caller's thread
+(unnamed calls get ``"<op>.nonblocking.<n>"``, the n-th unnamed non-blocking call of that op in
+this process, so ranks that issue them in one order match), then hands the blocking op to a
+waiter thread of this module's pool and returns a ``Handle`` at once. The waiter runs the same
+TensorFlow kernel as the blocking op: the kernel enqueues the request to the C++ runtime and the
+runtime's own threads negotiate and run the collective; the waiter only blocks, with the GIL
+released, until the kernel's ``done`` fires. The caller keeps computing meanwhile; requests
+are matched across ranks by name, so several handles may be in flight in any order.
+
+``synchronize(handle)`` (alias ``wait``) returns the result or raises the op's error, prefixed
+with the rank, the op, the tensor's name and the handle; a handle is synchronized once.
+A handle that is garbage-collected, or still open at interpreter exit, without having been
+synchronized is reported with a ``RuntimeWarning`` (shown by default, unlike a
+``ResourceWarning``) naming its rank, op and tensor.
+
+Eager only: inside ``tf.function`` the blocking ops already run asynchronously in TensorFlow's
+executor (the kernels are asynchronous), so these calls raise a RuntimeError there that says so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import itertools
+import threading
+import warnings
+import weakref
+from typing import Dict, Optional, Union
+
+import tensorflow as tf
+
+from bluefog.tensorflow import mpi_ops, neighbor_ops
+from bluefog.tensorflow.op_rules import op_error_prefix, rank_str
+
+__all__ = ["Handle", "allreduce_nonblocking", "allgather_nonblocking", "broadcast_nonblocking",
+           "neighbor_allreduce_nonblocking", "neighbor_allgather_nonblocking",
+           "hierarchical_neighbor_allreduce_nonblocking", "poll", "synchronize", "wait"]
+
+_MAX_WAITERS = 64  # in-flight handles beyond this queue for a waiter thread
+_lock = threading.Lock()
+_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_ids = itertools.count(1)
+_unnamed: Dict[str, itertools.count] = {}
+# handles not yet synchronized, by id; weak, so that one dropped unsynchronized is reported
+_open: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
+
+
+class Handle:
+    """A non-blocking collective in flight. Pass it to ``bf.poll``, ``bf.synchronize`` or
+    ``bf.wait``; ``int(handle)`` is its id (also accepted by those functions)."""
+
+    __slots__ = ("id", "op", "name", "rank", "_future", "_done", "__weakref__")
+
+    def __init__(self, op: str, name: str, future: concurrent.futures.Future):
+        self.id = next(_ids)
+        self.op = op
+        self.name = name
+        self.rank = rank_str()  # for the report at exit, after bluefog may have shut down
+        self._future = future
+        self._done = False
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __index__(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        state = "synchronized" if self._done else ("finished" if self._future.done() else
+                                                   "in flight")
+        return f"<bluefog Handle {self.id}: {self.op} of tensor '{self.name}', {state}>"
+
+    def __del__(self):
+        if not getattr(self, "_done", True):
+            _warn_unwaited(self, "garbage-collected")
+
+
+def _warn_unwaited(handle: Handle, when: str) -> None:
+    try:
+        warnings.warn(f"rank {handle.rank}: bluefog {handle.op} of tensor '{handle.name}' "
+                      f"(handle {handle.id}) was {when} without bf.synchronize/bf.wait: its "
+                      "result and any error were never read; synchronize every handle",
+                      RuntimeWarning, stacklevel=2)
+    except Exception:  # noqa: BLE001 - at interpreter exit warnings may be gone
+        pass
+
+
+@atexit.register
+def _report_open() -> None:
+    with _lock:
+        left = list(_open.values())
+        _open.clear()
+    for handle in left:
+        handle._done = True
+        _warn_unwaited(handle, "still open at exit")
+
+
+def _start(op: str, name: Optional[str], run, *args, **kwargs) -> Handle:
+    if not tf.executing_eagerly():
+        raise RuntimeError(f"{op_error_prefix(op, name)}: non-blocking collectives run eagerly "
+                           "only; inside tf.function call the blocking op (its kernel is "
+                           "asynchronous, so TensorFlow already overlaps it with other ops)")
+    global _pool
+    with _lock:
+        if name is None:
+            name = f"{op}.{next(_unnamed.setdefault(op, itertools.count()))}"
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(_MAX_WAITERS,
+                                                          thread_name_prefix="bluefog-waiter")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{op_error_prefix(op)}: name must be a non-empty str, got {name!r}")
+    future = _pool.submit(run, *args, name=name, **kwargs)
+    handle = Handle(op, name, future)
+    with _lock:
+        _open[handle.id] = handle
+    return handle
+
+
+def _lookup(handle, what: str) -> Handle:
+    if isinstance(handle, bool) or not isinstance(handle, (Handle, int)):
+        raise TypeError(f"rank {rank_str()}: bluefog {what}: expected a handle from a "
+                        f"*_nonblocking call, got {type(handle).__name__}")
+    key = handle.id if isinstance(handle, Handle) else int(handle)
+    with _lock:
+        found = _open.get(key)
+    if found is None:
+        raise ValueError(f"rank {rank_str()}: bluefog {what}: handle {key} is not in flight: "
+                         "it was synchronized already or never returned by a *_nonblocking "
+                         "call; synchronize each handle exactly once")
+    return found
+
+
+def poll(handle: Union[Handle, int]) -> bool:
+    """Whether the operation of ``handle`` has finished, without waiting (Bluefog's ``poll``).
+    A finished handle must still be passed to ``synchronize`` for its result."""
+    return _lookup(handle, "poll")._future.done()
+
+
+def synchronize(handle: Union[Handle, int]):
+    """Waits for the operation of ``handle`` and returns its result (the tensor the blocking op
+    returns), or raises its error, naming rank, op, tensor and handle. Each handle once."""
+    found = _lookup(handle, "synchronize")
+    with _lock:
+        if _open.pop(found.id, None) is None:  # another thread synchronized it meanwhile
+            raise ValueError(f"rank {rank_str()}: bluefog synchronize: handle {found.id} was "
+                             "synchronized already; synchronize each handle exactly once")
+    found._done = True
+    try:
+        return found._future.result()
+    except Exception as error:  # noqa: BLE001 - re-raised with the handle's context
+        prefix = (f"rank {rank_str()}: bluefog {found.op} of tensor '{found.name}' "
+                  f"(handle {found.id}) failed: ")
+        if isinstance(error, tf.errors.OpError):
+            raise type(error)(error.node_def, error.op, prefix + error.message) from error
+        try:
+            wrapped = type(error)(prefix + str(error))
+        except Exception:  # noqa: BLE001 - an exception type with another constructor
+            raise RuntimeError(prefix + str(error)) from error
+        raise wrapped from error
+
+
+def wait(handle: Union[Handle, int]):
+    """Bluefog's other name for ``synchronize``: waits for ``handle`` and returns its result."""
+    return synchronize(handle)
+
+
+def allreduce_nonblocking(tensor, average: bool = True, name: Optional[str] = None,
+                          **kwargs) -> Handle:
+    """``bf.allreduce`` (same arguments) started without waiting; returns a ``Handle``."""
+    return _start("allreduce_nonblocking", name, mpi_ops.allreduce, tensor, average, **kwargs)
+
+
+def allgather_nonblocking(tensor, name: Optional[str] = None, **kwargs) -> Handle:
+    """``bf.allgather`` (same arguments) started without waiting; returns a ``Handle``."""
+    return _start("allgather_nonblocking", name, mpi_ops.allgather, tensor, **kwargs)
+
+
+def broadcast_nonblocking(tensor, root_rank: int, name: Optional[str] = None,
+                          **kwargs) -> Handle:
+    """``bf.broadcast`` (same arguments) started without waiting; returns a ``Handle``."""
+    return _start("broadcast_nonblocking", name, mpi_ops.broadcast, tensor, root_rank, **kwargs)
+
+
+def neighbor_allreduce_nonblocking(tensor, self_weight: Optional[float] = None,
+                                   src_weights: Optional[Dict[int, float]] = None,
+                                   dst_weights=None, enable_topo_check: bool = True,
+                                   name: Optional[str] = None) -> Handle:
+    """``bf.neighbor_allreduce`` (same arguments) started without waiting; returns a
+    ``Handle``. The topology and weights are read when the op runs, so do not change the
+    topology while a handle is in flight."""
+    return _start("neighbor_allreduce_nonblocking", name, neighbor_ops.neighbor_allreduce,
+                  tensor, self_weight, src_weights, dst_weights, enable_topo_check)
+
+
+def neighbor_allgather_nonblocking(tensor, src_ranks=None, dst_ranks=None,
+                                   name: Optional[str] = None, **kwargs) -> Handle:
+    """``bf.neighbor_allgather`` (same arguments) started without waiting; returns a
+    ``Handle``."""
+    return _start("neighbor_allgather_nonblocking", name, neighbor_ops.neighbor_allgather,
+                  tensor, src_ranks, dst_ranks, **kwargs)
+
+
+def hierarchical_neighbor_allreduce_nonblocking(tensor, *args, name: Optional[str] = None,
+                                                **kwargs) -> Handle:
+    """``bf.hierarchical_neighbor_allreduce`` (same arguments) started without waiting;
+    returns a ``Handle``."""
+    return _start("hierarchical_neighbor_allreduce_nonblocking", name,
+                  neighbor_ops.hierarchical_neighbor_allreduce, tensor, *args, **kwargs)
