@@ -90,10 +90,12 @@ from bluefog.tensorflow.partial import (  # noqa: F401
 from bluefog.tensorflow.process_ops import (  # noqa: F401
     local_rank_op,
     local_size_op,
+    process_set_included_op,
     rank_op,
     size_op,
 )
 from bluefog.tensorflow.scatter_ops import (  # noqa: F401
+    UnevenSplitError,
     alltoall,
     grouped_allgather,
     grouped_reducescatter,
