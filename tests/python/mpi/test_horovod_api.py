@@ -250,3 +250,25 @@ def test_init_arguments_of_horovod(rank, size):
         bf.init(comm=[0])
     with pytest.raises(TypeError, match="process_sets must be a list"):
         bf.init(process_sets="static")
+
+
+def test_xla_compiled_collective_fails_at_trace_time_naming_the_fix(rank, size):
+    """XLA cannot compile bluefog's ops: tracing one into a jit_compile function raises a
+    ValueError saying what to change, on every rank, before anything is sent; a Keras model
+    compiled with jit_compile=True and DistributedOptimizer gets the same error from fit."""
+    import keras
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        return bf.allreduce(x, name="hapi.xla")
+
+    with pytest.raises(ValueError, match=r"compiled by XLA .* jit_compile=False"):
+        step(tf.ones([2]))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=bf.DistributedOptimizer(keras.optimizers.SGD(0.1), name="hapi.xk"),
+                  loss="mse", jit_compile=True)
+    with pytest.raises(ValueError, match="model.compile\\(..., jit_compile=False\\)"):
+        model.fit(np.ones([4, 2]), np.ones([4, 1]), epochs=1, verbose=0)
+    # Nothing was sent: the next collective still matches across ranks.
+    out = bf.allreduce(tf.constant([float(rank)]), average=False, name="hapi.after_xla")
+    np.testing.assert_allclose(out.numpy(), [size * (size - 1) / 2])
