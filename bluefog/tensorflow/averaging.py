@@ -136,13 +136,13 @@ def _groups_from_lists(groups, what: str) -> int:
             raise ValueError(f"bluefog {what}: groups[{i}] must be a non-empty list of "
                              f"variables, got {group!r:.80}")
         for v in group:
-            if not hasattr(v, "ref") or not hasattr(v, "assign"):
+            if not hasattr(v, "assign"):  # tf.Variable and Keras 3 variables (no .ref())
                 raise ValueError(f"bluefog {what}: groups[{i}] holds {type(v).__name__}, not a "
                                  "variable")
-            if v.ref() in seen:
+            if id(v) in seen:
                 raise ValueError(f"bluefog {what}: variable {getattr(v, 'name', v)} is in more "
                                  "than one group")
-            seen.add(v.ref())
+            seen.add(id(v))
     return len(groups) + 1
 
 

@@ -188,6 +188,11 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
             raise UnsupportedReductionError(
                 f"{op_error_prefix('allreduce', name)}: op {reduce_op} is not defined for "
                 "tf.IndexedSlices; convert it to a dense tensor first (tf.convert_to_tensor)")
+        if scaled and not tensor.values.dtype.is_floating:
+            raise UnsupportedReductionError(
+                f"{op_error_prefix('allreduce', name)}: prescale_factor and postscale_factor are "
+                f"not supported for a tf.IndexedSlices of {tensor.values.dtype.name} (as in "
+                "Horovod); convert it to a dense tensor first (tf.convert_to_tensor)")
         scale = (_check_scale(prescale_factor, postscale_factor, tensor.values.dtype, reduce_op,
                               op_error_prefix("allreduce", name)) if scaled else 1.0)
         return _allreduce_indexed_slices(tensor, average, name, device, compression, scale,

@@ -96,6 +96,9 @@ def test_unsupported_indexed_slices_reduction_is_also_not_implemented(rank, size
         bf.allreduce(slices, op=bf.Min, name="hapi.slices.min")
     assert issubclass(bf.UnsupportedReductionError, NotImplementedError)
     assert issubclass(bf.UnsupportedReductionError, ValueError)
+    ints = tf.IndexedSlices(tf.ones([1, 2], tf.int32), tf.constant([0]), tf.constant([3, 2]))
+    with pytest.raises(NotImplementedError, match="prescale_factor .* int32"):
+        bf.allreduce(ints, average=False, prescale_factor=2.0, name="hapi.slices.scaled")
 
 
 def test_build_queries_answer_like_horovod():
@@ -175,13 +178,13 @@ def test_gradient_groups_as_lists_of_variables(rank, size):
     groups is refused."""
     import keras
 
-    variables = [tf.Variable(tf.zeros([k + 1])) for k in range(4)]
+    variables = [tf.Variable(tf.zeros([k + 1])) for k in range(3)] + [keras.Variable([0.0] * 4)]
     opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), name="hapi.lists",
-                                  groups=[[variables[0], variables[2]], [variables[1]]])
+                                  groups=[[variables[0], variables[3]], [variables[1]]])
     opt.apply_gradients([(tf.fill([k + 1], float(rank + k + 1)), v)
                          for k, v in enumerate(variables)])
     for k, v in enumerate(variables):
-        np.testing.assert_allclose(-v.numpy(), np.full([k + 1], (size - 1) / 2 + k + 1))
+        np.testing.assert_allclose(-np.asarray(v), np.full([k + 1], (size - 1) / 2 + k + 1))
     with pytest.raises(ValueError, match="more than one group"):
         bf.DistributedOptimizer(keras.optimizers.SGD(0.0), groups=[[variables[0]], [variables[0]]])
 
