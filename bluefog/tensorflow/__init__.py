@@ -53,7 +53,10 @@ from bluefog.common.topology import (  # noqa: F401
     set_topology,
     unified_mpi_window_model_supported,
 )
-from bluefog.tensorflow import elastic  # noqa: F401
+from bluefog.tensorflow import (
+    elastic,  # noqa: F401
+    util,  # noqa: F401  (Horovod's hvd.util)
+)
 from bluefog.tensorflow.compression import Compression  # noqa: F401
 from bluefog.tensorflow.decentralized import (  # noqa: F401
     DistributedAdaptThenCombineOptimizer,
@@ -101,6 +104,7 @@ from bluefog.tensorflow.scatter_ops import (  # noqa: F401
     grouped_reducescatter,
     reducescatter,
 )
+from bluefog.tensorflow.util import _executing_eagerly  # noqa: F401
 from bluefog.tensorflow.variables import (  # noqa: F401
     broadcast_,
     broadcast_global_variables,
