@@ -150,3 +150,18 @@ def test_horovodrun_settings_reach_the_ranks_tagged():
     assert result.returncode == 0, result.stderr[-3000:]
     for r in range(2):
         assert f"[1,{r}]<stdout>:env 2097152 3.0 warning" in result.stdout, result.stdout
+
+
+@needs_mpirun
+def test_timeline_filename_as_horovod_names_it(tmp_path):
+    """--timeline-filename timeline.json (a file name, as Horovod's flag takes): rank 0 writes
+    that file, rank 1 timeline.rank1.json (as bf.start_timeline names them), valid JSON."""
+    import json
+
+    path = tmp_path / "timeline.json"
+    result = bfrun(["-np", "2", "--timeline-filename", str(path), sys.executable, "-c",
+                    RANK_SCRIPT], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("timeline.json", "timeline.rank1.json"):
+        events = json.loads((tmp_path / name).read_text())
+        assert any(e.get("name") == "thread_name" for e in events), events[:5]  # a tensor's track
