@@ -153,7 +153,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
             are divided by ``size``.
         device_dense, device_sparse: Horovod's names for ``device`` (those given must agree).
         groups, num_groups: Horovod's: send the gradients as this many grouped requests
-            (consecutive, evenly split) instead of one. An int; lists of variables are refused.
+            (consecutive, evenly split) instead of one. An int, or Horovod's lists of variables
+            (checked; then as many requests as lists, plus one for the other variables).
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "
