@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Dict, List, Optional, Sequence, Union
 
-from bluefog.common import tf_config
+from bluefog.common import horovod_env, tf_config
 
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
@@ -83,8 +83,36 @@ def _tune(knob: str, value: int) -> int:
     return before.value
 
 
-def init(process_sets=None) -> None:
+def _check_init_arguments(process_sets, comm) -> list:
+    """The process sets to register, checked before anything starts, so that a mistake leaves
+    bluefog uninitialized."""
+    if comm is not None:
+        raise ValueError(
+            "bluefog init: comm= (an mpi4py communicator or a list of ranks, in Horovod) is not "
+            "supported: bluefog always starts on every rank of the job (MPI_COMM_WORLD). Launch "
+            "only the ranks you want, or pass the ranks as a process set instead: "
+            "bf.init(process_sets=[bf.ProcessSet(ranks)]) and process_set= on each collective")
+    if process_sets is None or process_sets == "dynamic":
+        return []  # "dynamic" (Horovod's): sets are always added with add_process_set here
+    if isinstance(process_sets, str) or not isinstance(process_sets, (list, tuple)):
+        raise TypeError(f"bluefog init: process_sets must be a list of ProcessSet or rank lists, "
+                        f"or \"dynamic\", got {process_sets!r}")
+    for p in process_sets:
+        ranks = p.ranks if isinstance(p, ProcessSet) else p
+        if isinstance(ranks, (str, bytes)) or not all(isinstance(r, int) for r in list(ranks)):
+            raise TypeError(f"bluefog init: each process set must be a ProcessSet or a list of "
+                            f"int ranks, got {p!r}")
+    return list(process_sets)
+
+
+def init(process_sets=None, comm=None) -> None:
     """Starts bluefog on this process. Every rank must call it; calling it again is a no-op.
+
+    ``HOROVOD_*`` environment variables with a ``BLUEFOG_*`` counterpart are read as aliases
+    (``horovod_env.py``; the ``BLUEFOG_`` name wins); rank 0 prints one notice listing them.
+    ``process_sets="dynamic"`` (Horovod's) registers nothing: sets are added later with
+    ``add_process_set``. ``comm`` (Horovod's mpi4py communicator or rank list) is refused with
+    an error saying what to pass instead; arguments are checked before anything starts.
 
     Starts MPI (unless the application already did) and the background thread that runs every
     collective. ``shutdown()`` runs automatically at interpreter exit. ``process_sets`` (a list
@@ -95,7 +123,9 @@ def init(process_sets=None) -> None:
     that lists the workers), it runs on Gloo instead (docs/design.md, "Without mpirun").
     """
     global _atexit_registered
+    process_sets = _check_init_arguments(process_sets, comm)
     if not is_initialized():
+        horovod_env.apply_and_announce(os.environ)
         try:
             rendezvous = tf_config.rendezvous_from_tf_config(os.environ)
         except ValueError as e:

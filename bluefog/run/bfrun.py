@@ -24,14 +24,7 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from bluefog.run import elastic_driver, elastic_hosts, gloo_launch
-
-# Forwarded to the ranks with `-x` when set: exact names, and every name with these prefixes.
-FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME",
-                   "PYTHONUNBUFFERED", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "USER", "LANG",
-                   "LC_ALL", "TMPDIR")
-FORWARDED_PREFIXES = ("BLUEFOG_", "TF_", "OMP_", "KMP_", "MKL_", "KERAS_", "CUDA_", "NCCL_",
-                      "XLA_", "PYTHON")
+from bluefog.run import elastic_driver, elastic_hosts, gloo_launch, horovod_flags
 
 INSTALL_HINT = ("bfrun starts the ranks with Open MPI's mpirun. Install it, e.g. on Debian/Ubuntu "
                 "`sudo apt-get install openmpi-bin` (add libopenmpi-dev to build bluefog), or put "
@@ -58,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-H", "--hosts", dest="hosts",
                    help="comma-separated hosts with slot counts, e.g. host1:4,host2:4 "
                         "(default: this machine)")
-    p.add_argument("--hostfile", dest="hostfile",
+    p.add_argument("-hostfile", "--hostfile", dest="hostfile",
                    help="Open MPI hostfile: one 'host slots=N' per line")
     p.add_argument("--timeline-filename", dest="timeline",
                    help="record a bluefog timeline; sets BLUEFOG_TIMELINE for every rank")
@@ -96,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpirun command and exit without running it")
+    horovod_flags.add_to(p)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the command each rank runs, e.g. python train.py")
     return p
@@ -115,9 +109,10 @@ def _is_open_mpi(mpirun: str, env: Dict[str, str]) -> Optional[bool]:
 
 
 def forwarded_env(env: Dict[str, str], extra: Sequence[str] = ()) -> List[str]:
-    """Names of the variables of `env` passed to the ranks with `-x`."""
-    names = [k for k in sorted(env) if _NAME.match(k) and (
-        k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES))]
+    """Names of the variables of `env` passed to the ranks with `-x`: every variable set, as
+    horovodrun forwards them, except the launcher's and the shell's own
+    (``horovod_flags.exportable``), plus `extra`."""
+    names = [k for k in sorted(env) if _NAME.match(k) and horovod_flags.exportable(k)]
     for k in extra:
         if k not in names:
             names.append(k)
@@ -143,8 +138,12 @@ def build_command(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) ->
         elif name not in env:
             raise SystemExit(f"bfrun: -x {name}: the variable is not set")
         extra.append(name)
+    horovod_mpi, notices = horovod_flags.apply(args, env)
+    for line in notices:
+        print(f"bfrun: {line}", file=sys.stderr)
     if args.timeline:
         env["BLUEFOG_TIMELINE"] = args.timeline
+    cmd += horovod_mpi
     for name in forwarded_env(env, extra):
         cmd += ["-x", name]
     user_args = shlex.split(args.mpi_args)
@@ -176,6 +175,10 @@ def _run_elastic(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) -> 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.version or args.check_build:
+        print(horovod_flags.env_for_check_build() if args.check_build
+              else horovod_flags.version_text())
+        return 0
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:

@@ -53,7 +53,10 @@ from bluefog.common.topology import (  # noqa: F401
     set_topology,
     unified_mpi_window_model_supported,
 )
-from bluefog.tensorflow import elastic  # noqa: F401
+from bluefog.tensorflow import (
+    elastic,  # noqa: F401
+    util,  # noqa: F401  (Horovod's hvd.util)
+)
 from bluefog.tensorflow.bluefog_names import (  # noqa: F401
     DistributedAllreduceOptimizer,
     DistributedGradientAllreduceOptimizer,
@@ -125,15 +128,18 @@ from bluefog.tensorflow.partial import (  # noqa: F401
 from bluefog.tensorflow.process_ops import (  # noqa: F401
     local_rank_op,
     local_size_op,
+    process_set_included_op,
     rank_op,
     size_op,
 )
 from bluefog.tensorflow.scatter_ops import (  # noqa: F401
+    UnevenSplitError,
     alltoall,
     grouped_allgather,
     grouped_reducescatter,
     reducescatter,
 )
+from bluefog.tensorflow.util import _executing_eagerly  # noqa: F401
 from bluefog.tensorflow.variables import (  # noqa: F401
     broadcast_,
     broadcast_global_variables,

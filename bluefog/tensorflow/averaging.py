@@ -126,18 +126,38 @@ def resolve_device(device, device_dense, device_sparse, what: str) -> str:
     return one_device(device, device_dense, device_sparse, f"bluefog {what}")
 
 
+def _groups_from_lists(groups, what: str) -> int:
+    """Horovod's ``groups`` as lists of variables, checked (lists of variables, none in two
+    lists); the gradients then go out as that many grouped requests, plus one for the
+    variables in no list. The sums are the same whichever gradients travel together."""
+    seen = set()
+    for i, group in enumerate(groups):
+        if not isinstance(group, (list, tuple)) or not group:
+            raise ValueError(f"bluefog {what}: groups[{i}] must be a non-empty list of "
+                             f"variables, got {group!r:.80}")
+        for v in group:
+            if not hasattr(v, "assign"):  # tf.Variable and Keras 3 variables (no .ref())
+                raise ValueError(f"bluefog {what}: groups[{i}] holds {type(v).__name__}, not a "
+                                 "variable")
+            if id(v) in seen:
+                raise ValueError(f"bluefog {what}: variable {getattr(v, 'name', v)} is in more "
+                                 "than one group")
+            seen.add(id(v))
+    return len(groups) + 1
+
+
 def resolve_groups(groups, num_groups, what: str) -> int:
-    """Horovod's ``groups`` (an int here) and its older ``num_groups``: how many grouped
-    requests the gradients go out as (0: one). Raises ValueError/TypeError for other values."""
+    """Horovod's ``groups`` and its older ``num_groups``: how many grouped requests the
+    gradients go out as (0: one). ``groups`` may be an int or, as in Horovod, lists of
+    variables (checked, then counted: see ``_groups_from_lists``). Raises ValueError/TypeError
+    for other values."""
     if groups is not None and num_groups:
         raise ValueError(f"bluefog {what}: pass groups or num_groups, not both")
     value = num_groups if groups is None else groups
     if value is None:
         return 0
     if isinstance(value, (list, tuple)):
-        raise ValueError(f"bluefog {what}: groups as lists of variables are not supported; pass "
-                         "the number of groups (an int): the runtime fuses what is ready together "
-                         "anyway, so lists would only change how requests are split")
+        return _groups_from_lists(value, what)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"bluefog {what}: groups must be an int >= 0, got {value!r}")
     return value

@@ -82,10 +82,13 @@ class _DistributedGradientTape(tf.GradientTape):
         return self._bf_tape.batch_jacobian(*args, **kwargs)
 
     def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+                 unconnected_gradients=tf.UnconnectedGradients.NONE,
+                 use_generic_names: bool = False):
         """The gradient of `target` with respect to `sources`, averaged over all ranks.
 
-        Same arguments and result structure as ``tf.GradientTape.gradient``. Every rank must
+        Same arguments and result structure as ``tf.GradientTape.gradient``.
+        ``use_generic_names`` (Horovod's) is accepted for its signature: requests are named
+        by position here already, never by the variables' names. Every rank must
         call it with the same structure of sources; None gradients (unconnected sources) stay
         None, ``tf.IndexedSlices`` stay ``IndexedSlices``.
         """
@@ -150,7 +153,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
             are divided by ``size``.
         device_dense, device_sparse: Horovod's names for ``device`` (those given must agree).
         groups, num_groups: Horovod's: send the gradients as this many grouped requests
-            (consecutive, evenly split) instead of one. An int; lists of variables are refused.
+            (consecutive, evenly split) instead of one. An int, or Horovod's lists of variables
+            (checked; then as many requests as lists, plus one for the other variables).
     """
     if isinstance(gradtape, type) and issubclass(gradtape, tf.GradientTape):
         raise ValueError("bluefog DistributedGradientTape: pass a tf.GradientTape instance "

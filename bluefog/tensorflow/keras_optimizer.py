@@ -216,7 +216,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         device_dense, device_sparse: Horovod's names for ``device``; bluefog places a step's
             dense and sparse reductions together, so those given must agree.
         groups, num_groups: Horovod's: send the gradients as this many grouped requests
-            (consecutive, evenly split) instead of one. An int; lists of variables are refused.
+            (consecutive, evenly split) instead of one. An int, or Horovod's lists of variables
+            (checked; then as many requests as lists, plus one for the other variables: the
+            results are the same whichever gradients travel together).
 
     Raises:
         ValueError: for a bad argument, something that is not an optimizer instance, an

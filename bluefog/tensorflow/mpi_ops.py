@@ -68,6 +68,28 @@ def _check_scale(prescale_factor, postscale_factor, dtype: tf.DType, reduce_op: 
     return scale
 
 
+def scale_by(tensor: tf.Tensor, factor) -> tf.Tensor:
+    """``tensor * factor`` as Horovod scales: integers in float64 math, truncated back to their
+    dtype; float16 in float32 math; other floats in their own dtype."""
+    if float(factor) == 1.0:
+        return tensor
+    if tensor.dtype.is_integer:
+        return tf.cast(tf.cast(tensor, tf.float64) * float(factor), tensor.dtype)
+    if tensor.dtype == tf.float16:
+        return tf.cast(tf.cast(tensor, tf.float32) * float(factor), tf.float16)
+    return tensor * tf.constant(float(factor), tensor.dtype)
+
+
+def _integer_scaled(tensor: tf.Tensor, reduce_op: str, prescale_factor, postscale_factor,
+                    what: str) -> bool:
+    """Whether ``tensor`` is an integer sum or average with a scale factor, which is scaled
+    here, around the op (the op's scaling is for floats)."""
+    if not tensor.dtype.is_integer or reduce_op != "sum":
+        return False
+    _check_scale(prescale_factor, postscale_factor, tf.float32, reduce_op, what)
+    return True
+
+
 # Passed on every call: left out, the generated op wrapper passes the defaults as ints (1), which
 # TensorFlow's eager fast path refuses for a float attribute, so every eager call took the slow
 # fallback path (about 30-100 us more per call).
@@ -121,7 +143,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     """Sum, or with ``average=True`` the mean, of ``tensor`` over all ranks.
 
     Every rank must call it with the same name (or in the same order when unnamed), dtype and
-    shape. Integer averages truncate toward zero. A ``tf.IndexedSlices`` is reduced by gathering
+    shape. ``average=None`` (Horovod's default) means True. Integer averages truncate toward
+    zero. A ``tf.IndexedSlices`` is reduced by gathering
     its values and indices from every rank; the result is an ``IndexedSlices`` representing the
     sum (or mean) of the dense tensors. ``compression`` (``bf.Compression.fp16``/``.bf16``)
     sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
@@ -129,8 +152,10 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
     and max return NaN where any rank has NaN. ``prescale_factor`` and ``postscale_factor``
     (Horovod's) multiply the sum or mean of float tensors; bluefog applies their product once,
-    in C++, after the sum. ``process_set`` (a registered ``bf.ProcessSet``; default every
-    rank) runs it over that set's ranks only, averaging over the set's size. ``op=bf.Adasum``
+    in C++, after the sum. Integer tensors are scaled as Horovod scales them: each rank's input
+    by ``prescale_factor`` and the result by ``postscale_factor``, in float64, truncated.
+    ``process_set`` (a registered ``bf.ProcessSet``; default every rank) runs it over that
+    set's ranks only, averaging over the set's size. ``op=bf.Adasum``
     combines float tensors by adaptive summation (``adasum.py``; power-of-two rank counts only,
     no compression, scale factors or process sets). Horovod's ``device_dense`` and
     ``device_sparse`` are other names for ``device`` (those given must agree);
@@ -147,6 +172,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     name = request_name("allreduce", name)
     device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope, "allreduce",
                              name)
+    if average is None:  # Horovod's default when op= decides
+        average = True
     if not isinstance(average, bool):
         raise TypeError(f"{op_error_prefix('allreduce', name)}: average must be a bool, got "
                         f"{average!r}")
@@ -168,6 +195,11 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
             raise UnsupportedReductionError(
                 f"{op_error_prefix('allreduce', name)}: op {reduce_op} is not defined for "
                 "tf.IndexedSlices; convert it to a dense tensor first (tf.convert_to_tensor)")
+        if scaled and not tensor.values.dtype.is_floating:
+            raise UnsupportedReductionError(
+                f"{op_error_prefix('allreduce', name)}: prescale_factor and postscale_factor are "
+                f"not supported for a tf.IndexedSlices of {tensor.values.dtype.name} (as in "
+                "Horovod); convert it to a dense tensor first (tf.convert_to_tensor)")
         scale = (_check_scale(prescale_factor, postscale_factor, tensor.values.dtype, reduce_op,
                               op_error_prefix("allreduce", name)) if scaled else 1.0)
         return _allreduce_indexed_slices(tensor, average, name, device, compression, scale,
@@ -178,6 +210,11 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     if compression is Compression.none and not device and op is None and not scaled and \
             not set_attrs:
         return _plain_allreduce(tensor, average, name, None, tf.executing_eagerly())
+    if scaled and _integer_scaled(tensor, reduce_op, prescale_factor, postscale_factor,
+                                  op_error_prefix("allreduce", name)):
+        out = allreduce(scale_by(tensor, prescale_factor), average=average, name=name,
+                        device=device, compression=compression, op=op, process_set=process_set)
+        return scale_by(out, postscale_factor)
     if scaled:
         _check_scale(prescale_factor, postscale_factor, tensor.dtype, reduce_op,
                      op_error_prefix("allreduce", name))
@@ -226,6 +263,8 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope,
                              "grouped_allreduce", name)
     what = op_error_prefix("grouped_allreduce", name, of_tensor=False)
+    if average is None:  # Horovod's default when op= decides
+        average = True
     if not isinstance(average, bool):
         raise TypeError(f"{what}: average must be a bool, got {average!r}")
     if op == Adasum:
@@ -259,7 +298,11 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
             continue
         t = to_tensor(t, "grouped_allreduce", f"{name}.{i}")
         check_dtype(t, "grouped_allreduce", f"{name}.{i}")
-        _check_scale(prescale_factor, postscale_factor, t.dtype, reduce_op, what)
+        if t.dtype.is_integer and reduce_op == "sum":  # scaled here, as Horovod scales ints
+            _check_scale(prescale_factor, postscale_factor, tf.float32, reduce_op, what)
+            t = scale_by(t, prescale_factor)
+        else:
+            _check_scale(prescale_factor, postscale_factor, t.dtype, reduce_op, what)
         # Grouped and named by the dtype before compression: ranks that disagree on compression
         # then meet under one name and get a dtype error, instead of waiting for each other.
         dtype = t.dtype
@@ -269,12 +312,15 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     with device_scope(device):
         for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
             f64 = items[0][1].dtype == tf.float64
-            in_op = _scale_attrs(prescale_factor, postscale_factor) if not f64 else _UNSCALED
+            integer = items[0][1].dtype.is_integer
+            in_op = (_scale_attrs(prescale_factor, postscale_factor) if not (f64 or integer)
+                     else _UNSCALED)
             outs = ops.bluefog_grouped_allreduce([t for _, t in items], average=average,
                                                  tensor_name=name_input(f"{name}.{dtype.name}"),
                                                  reduce_op=reduce_op, **in_op, **set_attrs)
             for (i, _), out in zip(items, outs):
-                results[i] = _scale64(out, prescale_factor, postscale_factor) if f64 else out
+                results[i] = (_scale64(out, prescale_factor, postscale_factor) if f64 else
+                              scale_by(out, postscale_factor) if integer else out)
     if compression is not Compression.none:
         for i, _ in (item for items in by_dtype.values() for item in items):
             results[i] = compression.decompress(results[i], contexts[i])

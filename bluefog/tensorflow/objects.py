@@ -59,11 +59,12 @@ def _unpicklable(op: str, name: str, ranks: List[int], reason: Optional[str]) ->
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
-                     session=None) -> Any:
+                     session=None, process_set=None) -> Any:
     """``obj`` of ``root_rank``, on every rank (the other ranks' ``obj`` is ignored).
 
     In a ``tf.compat.v1`` graph, ``session`` (default: the default session) runs the
-    collectives it adds to the graph.
+    collectives it adds to the graph. ``process_set``: among that set's ranks only
+    (``root_rank`` a job-wide rank in it).
     """
     name = request_name("broadcast_object", name)
     run = _runner("broadcast_object", name, session)
@@ -72,30 +73,34 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     # The length goes first (-1: the root could not pickle), so every rank fails together.
     sent = -1 if reason else (0 if data is None else data.size)
     length = mpi_ops.broadcast(tf.constant([sent], tf.int64), root_rank=root_rank,
-                               name=name + ".length")
+                               name=name + ".length", process_set=process_set)
     n = int(run(length)[0])
     if n < 0:
         raise _unpicklable("broadcast_object", name, [root_rank], reason)
     payload = tf.constant(data) if data is not None else tf.zeros([n], tf.uint8)
-    received = mpi_ops.broadcast(payload, root_rank=root_rank, name=name + ".data")
+    received = mpi_ops.broadcast(payload, root_rank=root_rank, name=name + ".data",
+                                 process_set=process_set)
     if me == root_rank:
         run(received)  # the root takes part too, but keeps its own object
         return obj
     return pickle.loads(run(received).tobytes())
 
 
-def allgather_object(obj: Any, name: Optional[str] = None, session=None) -> List[Any]:
+def allgather_object(obj: Any, name: Optional[str] = None, session=None,
+                     process_set=None) -> List[Any]:
     """Every rank's ``obj``, as a list indexed by rank (``session`` as for
-    ``broadcast_object``)."""
+    ``broadcast_object``); with ``process_set``, the objects of that set's ranks, in its rank
+    order."""
     name = request_name("allgather_object", name)
     run = _runner("allgather_object", name, session)
     data, reason = _pickled(obj)
     lengths = run(mpi_ops.allgather(tf.constant([-1 if reason else data.size], tf.int64),
-                                    name=name + ".lengths"))
+                                    name=name + ".lengths", process_set=process_set))
     if (lengths < 0).any():
         raise _unpicklable("allgather_object", name, [int(r) for r in np.flatnonzero(lengths < 0)],
                            reason)
-    gathered = run(mpi_ops.allgather(tf.constant(data), name=name + ".data")).tobytes()
+    gathered = run(mpi_ops.allgather(tf.constant(data), name=name + ".data",
+                                     process_set=process_set)).tobytes()
     out, start = [], 0
     for n in lengths:
         out.append(pickle.loads(gathered[start:start + int(n)]))

@@ -74,6 +74,35 @@ def request_name(op: str, name: Optional[str]) -> str:
     return f"{op}.noname.{n}"
 
 
+def check_not_xla(name: str) -> None:
+    """Raises, at trace time, when a collective is being traced into a function that XLA
+    compiles (``tf.function(jit_compile=True)``, ``model.compile(jit_compile=True)``): XLA
+    cannot compile bluefog's ops, and TensorFlow would fail later with an error deep inside."""
+    if not _in_xla_context():
+        return
+    raise ValueError(
+        f"rank {_rank_or_unknown()}: bluefog request '{name}' is inside a function compiled by "
+        f"XLA (tf.function(jit_compile=True) or model.compile(jit_compile=True)), which cannot "
+        f"compile bluefog's collectives. Run the collective outside the compiled function: "
+        f"for Keras, model.compile(..., jit_compile=False) with bf.DistributedOptimizer; for a "
+        f"custom loop, jit-compile only the forward/backward computation and call "
+        f"DistributedGradientTape.gradient / the collective / optimizer.apply_gradients in a "
+        f"plain tf.function around it.")
+
+
+def _in_xla_context() -> bool:
+    try:
+        from tensorflow.python.framework import ops as tf_ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - private modules present in TF 2.16-2.21
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph())
+
+
+def _rank_or_unknown():
+    return basics.rank() if basics.is_initialized() else "?"
+
+
 _name_tensors: collections.OrderedDict[str, tf.Tensor] = collections.OrderedDict()
 _CACHE_SIZE = 4096
 
@@ -82,6 +111,7 @@ def name_input(name: str):
     """The op's name input. In eager mode a ready string tensor: handing the generated op a
     Python str makes TensorFlow take its slow dispatch path (~50 us more per call)."""
     if not tf.executing_eagerly():
+        check_not_xla(name)
         return name
     with _lock:
         t = _name_tensors.get(name)

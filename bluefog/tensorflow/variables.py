@@ -44,6 +44,23 @@ def _is_variable(v) -> bool:
         return False
 
 
+# Per-rank random state that a broadcast must not copy: Keras' SeedGenerator state (dropout and
+# the other random layers), so that each rank keeps drawing its own dropout masks.
+_RANDOM_STATE_NAMES = ("seed_generator_state",)
+
+
+def is_random_state(v) -> bool:
+    """Whether ``v`` holds per-rank random state (a Keras ``SeedGenerator``'s state, as in
+    ``Dropout``), which ``broadcast_variables`` leaves alone."""
+    for attr in ("path", "name"):
+        text = getattr(v, attr, None)
+        if isinstance(text, str):
+            base = text.split(":")[0].rsplit("/", 1)[-1]
+            if base in _RANDOM_STATE_NAMES:
+                return True
+    return False
+
+
 def broadcast_variables(variables, root_rank: int, process_set=None,
                         inplace: bool = False) -> Optional[tf.Operation]:
     """Sets every variable in ``variables`` to its value on ``root_rank``, on every rank.
@@ -52,7 +69,9 @@ def broadcast_variables(variables, root_rank: int, process_set=None,
     ``optimizer.variables``). Every rank must pass the same variables, in the same order.
     ``process_set``: over that registered set's ranks only (``root_rank`` a job-wide rank in
     it). ``inplace`` is accepted for Horovod's signature: the values are always assigned to the
-    variables.
+    variables. Per-rank random state (Keras ``SeedGenerator`` state, e.g. a ``Dropout``
+    layer's, which ``model.variables`` includes) is skipped, so every rank keeps drawing its
+    own dropout masks.
 
     Eager mode: assigns at once and returns None. Graph mode (inside ``tf.function`` or a v1
     graph): returns an op grouping the assignments, to be run (in a Session) on every rank.
@@ -74,6 +93,7 @@ def broadcast_variables(variables, root_rank: int, process_set=None,
                             "not a tf.Variable or keras.Variable")
     if not isinstance(inplace, bool):
         raise TypeError(f"bluefog broadcast_variables: inplace must be a bool, got {inplace!r}")
+    variables = [v for v in variables if not is_random_state(v)]
     averaging.check_initialized("broadcast_variables")
     if not 0 <= root_rank < basics.size():
         raise ValueError(f"{op_error_prefix('broadcast_variables')}: root_rank {root_rank} is "
@@ -97,16 +117,19 @@ def broadcast_variables(variables, root_rank: int, process_set=None,
     return tf.group(*[v.assign(value) for v, value in zip(variables, values)])
 
 
-def broadcast_(variables, root_rank: int):
+def broadcast_(variables, root_rank: int, name: Optional[str] = None, process_set=None):
     """Horovod's in-place broadcast: sets ``variables`` to their values on ``root_rank`` and
-    returns them.
+    returns them. ``name`` is accepted for Horovod's signature (the requests are named by the
+    variables' order); ``process_set`` as for ``broadcast_variables``.
 
     Eager mode: assigns at once and returns the list of variables. Graph mode: returns the
     assigned values (``v.assign(...)`` of each), to be run on every rank. Every rank must pass
     the same variables in the same order.
     """
     variables = list(variables) if not _is_variable(variables) else variables
-    op = broadcast_variables(variables, root_rank)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"bluefog broadcast_: name must be a str, got {name!r}")
+    op = broadcast_variables(variables, root_rank, process_set=process_set)
     if tf.executing_eagerly():
         return variables
     with tf.control_dependencies([op]):

@@ -1,6 +1,7 @@
 #include "core/config.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <cstdlib>
 #include <string>
@@ -37,14 +38,17 @@ bool ParseBool(const char* var, const char* text) {
 
 LogLevel ParseLogLevel(const char* text) {
   std::string s(text);
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (s == "trace") return LogLevel::kTrace;
   if (s == "debug") return LogLevel::kDebug;
   if (s == "info") return LogLevel::kInfo;
   if (s == "warning") return LogLevel::kWarning;
-  if (s == "error") return LogLevel::kError;
-  throw BluefogError(StatusCode::kInvalidArgument,
-                     Concat("environment variable BLUEFOG_LOG_LEVEL='", text,
-                            "' is not one of trace, debug, info, warning, error"));
+  if (s == "error" || s == "fatal") return LogLevel::kError;  // fatal: Horovod's quietest
+  throw BluefogError(
+      StatusCode::kInvalidArgument,
+      Concat("environment variable BLUEFOG_LOG_LEVEL='", text,
+             "' is not one of trace, debug, info, warning, error, fatal (any case)"));
 }
 
 }  // namespace

@@ -29,7 +29,19 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 void Timeline::Open(const std::string& prefix, int rank) {
-  OpenPath(prefix + std::to_string(rank) + ".json", rank);
+  // A file name (Horovod's --timeline-filename timeline.json): rank 0 writes it, rank r
+  // "timeline.rank<r>.json", as bf.start_timeline names them. A prefix: "<prefix><rank>.json".
+  const std::string ext = ".json";
+  const bool file_name = prefix.size() > ext.size() &&
+                         prefix.compare(prefix.size() - ext.size(), ext.size(), ext) == 0;
+  if (!file_name) {
+    OpenPath(prefix + std::to_string(rank) + ext, rank);
+  } else if (rank == 0) {
+    OpenPath(prefix, rank);
+  } else {
+    OpenPath(prefix.substr(0, prefix.size() - ext.size()) + ".rank" + std::to_string(rank) + ext,
+             rank);
+  }
 }
 
 void Timeline::OpenPath(const std::string& path, int rank) {

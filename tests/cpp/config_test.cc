@@ -110,6 +110,12 @@ TEST(Config, ParsesValues) {
   EXPECT_EQ(c.timeline_prefix, "/tmp/tl");
 }
 
+TEST(Config, LogLevelInAnyCaseAndFatal) {
+  EXPECT_EQ(FromMap({{"BLUEFOG_LOG_LEVEL", "INFO"}}).log_level, LogLevel::kInfo);
+  EXPECT_EQ(FromMap({{"BLUEFOG_LOG_LEVEL", "Warning"}}).log_level, LogLevel::kWarning);
+  EXPECT_EQ(FromMap({{"BLUEFOG_LOG_LEVEL", "fatal"}}).log_level, LogLevel::kError);
+}
+
 TEST(Config, RejectsMalformedValuesNamingTheVariable) {
   for (auto [var, value] : std::map<std::string, std::string>{{"BLUEFOG_FUSION_THRESHOLD", "lots"},
                                                               {"BLUEFOG_FUSION_THRESHOLD", "-1"},

@@ -115,3 +115,53 @@ def test_bad_arguments():
     assert result.returncode == 2 and "-np" in result.stderr
     result = bfrun(["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "-c", "pass"])
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_horovodrun_options_map_or_say_why_they_are_ignored(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    result = bfrun(["--dry-run", "-np", "2", "-hostfile", str(hostfile), "-p", "2222",
+                    "--network-interface", "eth0", "--output-filename", str(tmp_path / "out"),
+                    "--log-level", "FATAL", "--fusion-threshold-mb", "32", "--cycle-time-ms",
+                    "2.5", "--start-timeout", "30", "--autotune", "--tag-output",
+                    "python", "train.py"], env={"MY_JOB_SETTING": "x", "AWS_SECRET_KEY": "s"})
+    assert result.returncode == 0, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    for part in (f"--hostfile {hostfile}", "--mca plm_rsh_args '-p 2222'",
+                 "--mca btl_tcp_if_include eth0", "--mca oob_tcp_if_include eth0",
+                 f"--output-filename {tmp_path / 'out'}", "--tag-output",
+                 "-x BLUEFOG_FUSION_THRESHOLD", "-x BLUEFOG_CYCLE_TIME", "-x BLUEFOG_LOG_LEVEL",
+                 "-x MY_JOB_SETTING"):  # every variable is forwarded, as horovodrun does
+        assert part in line, line
+    assert "AWS_SECRET_KEY" not in line and "OMPI_" not in line
+    assert "--start-timeout: ignored (mpirun starts the ranks itself" in result.stderr
+    assert "--autotune: ignored (bluefog has no autotuner" in result.stderr
+    version = bfrun(["-v"])
+    assert version.returncode == 0 and version.stdout.startswith("bluefog-tf")
+
+
+@needs_mpirun
+def test_horovodrun_settings_reach_the_ranks_tagged():
+    code = ("import os, sys; e = os.environ; sys.stdout.write('env %s %s %s\\n' % ("
+            "e.get('BLUEFOG_FUSION_THRESHOLD'), e.get('BLUEFOG_CYCLE_TIME'), "
+            "e.get('BLUEFOG_LOG_LEVEL')))")
+    result = bfrun(["-np", "2", "--fusion-threshold-mb", "2", "--cycle-time-ms", "3",
+                    "--log-level", "Warning", "--tag-output", sys.executable, "-c", code])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for r in range(2):
+        assert f"[1,{r}]<stdout>:env 2097152 3.0 warning" in result.stdout, result.stdout
+
+
+@needs_mpirun
+def test_timeline_filename_as_horovod_names_it(tmp_path):
+    """--timeline-filename timeline.json (a file name, as Horovod's flag takes): rank 0 writes
+    that file, rank 1 timeline.rank1.json (as bf.start_timeline names them), valid JSON."""
+    import json
+
+    path = tmp_path / "timeline.json"
+    result = bfrun(["-np", "2", "--timeline-filename", str(path), sys.executable, "-c",
+                    RANK_SCRIPT], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("timeline.json", "timeline.rank1.json"):
+        events = json.loads((tmp_path / name).read_text())
+        assert any(e.get("name") == "thread_name" for e in events), events[:5]  # a tensor's track

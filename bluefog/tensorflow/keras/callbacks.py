@@ -112,11 +112,16 @@ class MetricAverageCallback(keras.callbacks.Callback):
     Training and validation metrics are computed by each rank on its own data; after this
     callback, ``History``, the progress bar and callbacks placed after it (``ModelCheckpoint``,
     ``EarlyStopping``, ``ReduceLROnPlateau``...) see the averages, identical on every rank. Put it
-    before those callbacks. All ranks must log the same metric names.
+    before those callbacks. All ranks must log the same metric names. ``device`` (Horovod's) is
+    accepted for its signature: the averages run on the CPU here.
     """
 
-    def __init__(self):
+    def __init__(self, device: str = ""):
         super().__init__()
+        if not isinstance(device, str):
+            raise TypeError(f"bluefog MetricAverageCallback: device must be a device string, got "
+                            f"{device!r}")
+        self.device = device
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -157,20 +162,22 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     i.e. from ``initial_lr / N`` (the single-process rate) at the first batch up to ``initial_lr``
     at the end of warmup, where it sets exactly ``initial_lr`` and then leaves the rate alone.
 
+    The arguments are Horovod's, in its order.
+
     Args:
         initial_lr: the learning rate reached at the end of warmup (> 0).
         warmup_epochs: number of warmup epochs (>= 0; 0 sets ``initial_lr`` at once).
-        steps_per_epoch: batches per epoch; by default what ``fit`` reports. When unknown the
-            rate changes once per epoch.
-        verbose: 1 prints (on rank 0) when warmup ends.
         momentum_correction: as Horovod's (default True): each rate change multiplies a
             momentum ``SGD``'s velocity by ``new_lr / old_lr`` (see
             ``LearningRateScheduleCallback``).
+        steps_per_epoch: batches per epoch; by default what ``fit`` reports. When unknown the
+            rate changes once per epoch.
+        verbose: 1 prints (on rank 0) when warmup ends.
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5,
-                 steps_per_epoch: Optional[int] = None, verbose: int = 0,
-                 momentum_correction: bool = True):
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
+                 verbose: int = 0):
         super().__init__()
         if isinstance(initial_lr, bool) or not isinstance(initial_lr, numbers.Real) \
                 or not math.isfinite(initial_lr) or initial_lr <= 0:

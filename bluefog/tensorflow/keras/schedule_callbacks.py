@@ -164,14 +164,20 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     written by rank 0 only (every rank holds the same model; put ``MetricAverageCallback``
     before it so that every rank sees the same monitored value).
 
-    ``filepath`` is required here (Horovod's estimators set it themselves).
+    Horovod's keyword arguments (``monitor``, ``verbose``, ``save_weights_only``, ``mode``,
+    ``save_freq``) are accepted. ``filepath`` (which Horovod's estimators set themselves)
+    defaults to ``best_model.keras``, or ``best_model.weights.h5`` with
+    ``save_weights_only=True``, in the working directory.
     """
 
-    def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0,
-                 mode: str = "auto", save_freq="epoch"):
+    def __init__(self, filepath: Optional[str] = None, monitor: str = "val_loss",
+                 verbose: int = 0, save_weights_only: bool = False, mode: str = "auto",
+                 save_freq="epoch"):
+        if filepath is None:
+            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
         super().__init__(filepath, monitor=monitor, verbose=verbose if basics.is_initialized()
                          and basics.rank() == 0 else 0, save_best_only=True,
-                         save_weights_only=False, mode=mode, save_freq=save_freq)
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
 
     def _save_model(self, *args, **kwargs):
         if basics.rank() != 0:

@@ -96,6 +96,9 @@ def test_unsupported_indexed_slices_reduction_is_also_not_implemented(rank, size
         bf.allreduce(slices, op=bf.Min, name="hapi.slices.min")
     assert issubclass(bf.UnsupportedReductionError, NotImplementedError)
     assert issubclass(bf.UnsupportedReductionError, ValueError)
+    ints = tf.IndexedSlices(tf.ones([1, 2], tf.int32), tf.constant([0]), tf.constant([3, 2]))
+    with pytest.raises(NotImplementedError, match="prescale_factor .* int32"):
+        bf.allreduce(ints, average=False, prescale_factor=2.0, name="hapi.slices.scaled")
 
 
 def test_build_queries_answer_like_horovod():
@@ -168,3 +171,107 @@ def test_gradient_groups_give_the_same_average(wrapper, rank, size):
                 bf.DistributedGradientTape(tf.GradientTape(), **bad)
             else:
                 bf.DistributedOptimizer(keras.optimizers.SGD(0.0), **bad)
+
+
+def test_gradient_groups_as_lists_of_variables(rank, size):
+    """Horovod's groups=[[v...], ...]: the same averages as without groups; a variable in two
+    groups is refused."""
+    import keras
+
+    variables = [tf.Variable(tf.zeros([k + 1])) for k in range(3)] + [keras.Variable([0.0] * 4)]
+    opt = bf.DistributedOptimizer(keras.optimizers.SGD(1.0), name="hapi.lists",
+                                  groups=[[variables[0], variables[3]], [variables[1]]])
+    opt.apply_gradients([(tf.fill([k + 1], float(rank + k + 1)), v)
+                         for k, v in enumerate(variables)])
+    for k, v in enumerate(variables):
+        np.testing.assert_allclose(-np.asarray(v), np.full([k + 1], (size - 1) / 2 + k + 1))
+    with pytest.raises(ValueError, match="more than one group"):
+        bf.DistributedOptimizer(keras.optimizers.SGD(0.0), groups=[[variables[0]], [variables[0]]])
+
+
+def test_broadcast_variables_keeps_each_ranks_dropout_masks(rank, size):
+    """Broadcasting model.variables (Horovod's TF2 examples) gives every rank the same weights
+    but not the same dropout seed state: the masks still differ between ranks."""
+    import keras
+
+    keras.utils.set_random_seed(1000 + rank)  # different weights and dropout seeds per rank
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(256),
+                              keras.layers.Dropout(0.5)])
+    seeds = [v for v in model.variables if "seed_generator" in v.path]
+    assert seeds, "Keras' Dropout no longer keeps its seed in model.variables"
+    bf.broadcast_variables(model.variables, root_rank=0)
+    kernel = bf.allgather(model.layers[0].kernel.value[None], name="hapi.dropout.w").numpy()
+    for r in range(size):
+        np.testing.assert_array_equal(kernel[r], kernel[0])
+    masks = bf.allgather(tf.cast(model(tf.ones([1, 256]), training=True) != 0, tf.int32),
+                         name="hapi.dropout.mask").numpy()
+    for r in range(1, size):
+        assert (masks[r] != masks[0]).any(), "two ranks drew the same dropout mask"
+
+
+def test_horovod_signatures_port_unchanged(rank, size):
+    """Keyword and positional forms of Horovod's API that ported scripts use."""
+    import keras
+
+    import bluefog.tensorflow.keras as bfk
+
+    gps = bf.global_process_set
+    vs = [tf.Variable([float(rank)])]
+    assert bf.broadcast_(vs, 0, name="hapi.b_", process_set=gps)[0] is vs[0]
+    assert vs[0].numpy()[0] == 0
+    assert bf.broadcast_object({"r": rank}, 0, process_set=gps)["r"] == 0
+    assert bf.allgather_object(rank, process_set=gps) == list(range(size))
+    g = bf.grouped_allgather([tf.constant([rank])], ignore_name_scope=True, name="hapi.ga")
+    assert g[0].numpy().tolist() == list(range(size))
+    assert int(bf.size_op(process_set_id=0)) == size
+    assert int(bf.process_set_included_op()) == 1
+    with pytest.raises(ValueError, match="not a registered process set"):
+        bf.process_set_included_op(12345)
+    out = bf.allreduce(tf.constant([float(rank)]), average=None, name="hapi.avgnone")
+    np.testing.assert_allclose(out.numpy(), [(size - 1) / 2])
+    v = tf.Variable([1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * float(rank + 1))
+    grad = bf.DistributedGradientTape(tape).gradient(loss, [v], use_generic_names=True)
+    np.testing.assert_allclose(grad[0].numpy(), [(size + 1) / 2])
+    np.testing.assert_allclose(bfk.allreduce(float(rank), "hapi.kallreduce").numpy(),
+                               (size - 1) / 2)
+    assert bfk.MetricAverageCallback(device="").device == ""
+    assert bfk.BestModelCheckpoint(monitor="loss").filepath == "best_model.keras"
+    assert bfk.BestModelCheckpoint(save_weights_only=True).filepath == "best_model.weights.h5"
+    warm = bfk.LearningRateWarmupCallback(0.1, 2, False)
+    assert warm.momentum_correction is False
+    assert bfk.broadcast_global_variables is bf.broadcast_global_variables
+    assert bfk.ProcessSet is bf.ProcessSet and bfk.global_process_set is gps
+    assert callable(bfk.add_process_set) and callable(bfk.remove_process_set)
+    assert isinstance(keras.optimizers.SGD(0.1), keras.optimizers.Optimizer)
+
+
+def test_init_arguments_of_horovod(rank, size):
+    bf.init(process_sets="dynamic")  # initialized already: a no-op that registers nothing
+    with pytest.raises(ValueError, match=r"comm= .* not supported.*process_sets=\[bf.ProcessSet"):
+        bf.init(comm=[0])
+    with pytest.raises(TypeError, match="process_sets must be a list"):
+        bf.init(process_sets="static")
+
+
+def test_xla_compiled_collective_fails_at_trace_time_naming_the_fix(rank, size):
+    """XLA cannot compile bluefog's ops: tracing one into a jit_compile function raises a
+    ValueError saying what to change, on every rank, before anything is sent; a Keras model
+    compiled with jit_compile=True and DistributedOptimizer gets the same error from fit."""
+    import keras
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        return bf.allreduce(x, name="hapi.xla")
+
+    with pytest.raises(ValueError, match=r"compiled by XLA .* jit_compile=False"):
+        step(tf.ones([2]))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=bf.DistributedOptimizer(keras.optimizers.SGD(0.1), name="hapi.xk"),
+                  loss="mse", jit_compile=True)
+    with pytest.raises(ValueError, match="model.compile\\(..., jit_compile=False\\)"):
+        model.fit(np.ones([4, 2]), np.ones([4, 1]), epochs=1, verbose=0)
+    # Nothing was sent: the next collective still matches across ranks.
+    out = bf.allreduce(tf.constant([float(rank)]), average=False, name="hapi.after_xla")
+    np.testing.assert_allclose(out.numpy(), [size * (size - 1) / 2])

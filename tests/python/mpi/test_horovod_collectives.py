@@ -48,8 +48,7 @@ def test_alltoall_equal_splits(mode, dtype, rank, size, op_name):
         x = (np.arange(2 * size)[:, None] % 2 == rank % 2).repeat(3, axis=1)
     else:
         x = _rows(rank, 2 * size, 3, dtype)
-    out, received = _run(mode, lambda t: bf.alltoall(t, name=op_name), x)
-    np.testing.assert_array_equal(received, [2] * size)
+    out = _run(mode, lambda t: bf.alltoall(t, name=op_name), x)  # without splits: the tensor
     # Rank r receives rows 2r, 2r+1 of every rank j, in rank order.
     for j in range(size):
         if dtype == tf.bool:
@@ -97,9 +96,10 @@ def test_alltoall_gradient_is_the_reverse_alltoall(rank, size, op_name):
 
 
 def test_alltoall_mistakes(rank, size, op_name):
-    if size > 1:
-        with pytest.raises(ValueError, match="splits"):
-            bf.alltoall(tf.ones([2 * size + 1, 2]), name=op_name + ".uneven")
+    if size > 1:  # Horovod's error type, and a ValueError
+        for error in (ValueError, tf.errors.InvalidArgumentError):
+            with pytest.raises(error, match="splits"):
+                bf.alltoall(tf.ones([2 * size + 1, 2]), name=op_name + ".uneven")
     with pytest.raises(tf.errors.FailedPreconditionError, match="rank 0's splits .* add up to"):
         bf.alltoall(tf.ones([3, 2]), splits=[5] * size, name=op_name + ".sum")
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="rank >= 1"):
@@ -283,6 +283,51 @@ def test_float64_scale_factors_are_exact(mode, rank, size, op_name):
     np.testing.assert_allclose(tape.gradient(loss, v).numpy(), [1 / 3] * 3, rtol=1e-14)
 
 
-def test_scale_factors_refuse_integers(rank, size, op_name):
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [tf.uint8, tf.int8, tf.int32, tf.int64], ids=lambda d: d.name)
+def test_integer_scale_factors_as_horovod(mode, dtype, rank, size, op_name):
+    """Integers are scaled in float64 and truncated: before the sum each rank's input, after it
+    the sum (Horovod's rule)."""
+    x = (np.arange(7) * (rank + 1) % 5 + 1).astype(dtype.as_numpy_dtype)
+    pre, post = _run(mode, lambda t: (
+        bf.allreduce(t, op=bf.Sum, prescale_factor=0.7, name=op_name + ".pre"),
+        bf.allreduce(t, op=bf.Sum, postscale_factor=0.7, name=op_name + ".post")), x)
+    xs = [(np.arange(7) * (r + 1) % 5 + 1).astype(np.float64) for r in range(size)]
+    np.testing.assert_array_equal(pre, sum(np.trunc(v * 0.7) for v in xs))
+    np.testing.assert_array_equal(post, np.trunc(sum(xs) * 0.7))
+    assert pre.dtype == dtype.as_numpy_dtype
+    grouped = _run(mode, lambda t: bf.grouped_allreduce([t], op=bf.Sum, postscale_factor=0.7,
+                                                        name=op_name + ".g"), x)
+    np.testing.assert_array_equal(grouped[0], np.trunc(sum(xs) * 0.7))
+
+
+def test_scale_factors_refuse_min_max(rank, size, op_name):
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="prescale_factor"):
-        bf.allreduce(tf.ones([2], tf.int32), average=False, prescale_factor=2.0, name=op_name)
+        bf.allreduce(tf.ones([2], tf.int32), op=bf.Max, prescale_factor=2.0, name=op_name)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reducescatter_horovod_arguments(mode, rank, size, op_name):
+    """prescale/postscale factors, compression, device_dense and ignore_name_scope; the
+    gradient includes the factors."""
+    x = _rows(rank, 2 * size, 2, tf.float32)
+    ints = _rows(rank, 2 * size, 1, tf.int32)
+    out, grouped, scaled_int = _run(mode, lambda t, i: (
+        bf.reducescatter(t, op=bf.Sum, prescale_factor=2.0, postscale_factor=0.5,
+                         compression=bf.Compression.fp16, device_dense="/cpu:0",
+                         ignore_name_scope=True, name=op_name),
+        bf.grouped_reducescatter([t], op=bf.Average, postscale_factor=3.0,
+                                 ignore_name_scope=True, name=op_name + ".g")[0],
+        bf.reducescatter(i, op=bf.Sum, postscale_factor=0.3, name=op_name + ".i")), x, ints)
+    start, count = _split_rows(2 * size, size, rank)
+    total = np.array([10 * size * (size - 1) // 2 + size * k for k in range(start, start + count)],
+                     np.float64)
+    np.testing.assert_allclose(out, np.repeat(total[:, None], 2, axis=1), rtol=1e-3)
+    np.testing.assert_allclose(grouped, np.repeat(3 * total[:, None] / size, 2, axis=1),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(scaled_int[:, 0], np.trunc(total * 0.3))
+    v = tf.Variable(tf.ones([size, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(bf.reducescatter(v, op=bf.Sum, prescale_factor=3.0,
+                                              name=op_name + ".grad"))
+    np.testing.assert_allclose(tape.gradient(loss, v).numpy(), np.full([size, 2], 3.0))

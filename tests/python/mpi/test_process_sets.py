@@ -67,8 +67,11 @@ def _set_ops(ps, rank):
                                   np.concatenate([[r] * (r + 1) for r in ps.ranks]))
     b = bf.broadcast(tf.constant([rank]), root_rank=ps.ranks[-1], name="ps.bcast", process_set=ps)
     assert b.numpy().tolist() == [ps.ranks[-1]]
-    out, received = bf.alltoall(tf.fill([n, 1], rank), name="ps.a2a", process_set=ps)
+    out, received = bf.alltoall(tf.fill([n, 1], rank), splits=[1] * n, name="ps.a2a",
+                                process_set=ps)
     assert out.numpy()[:, 0].tolist() == ps.ranks and received.numpy().tolist() == [1] * n
+    out = bf.alltoall(tf.fill([n, 1], rank), name="ps.a2a.even", process_set=ps)
+    assert out.numpy()[:, 0].tolist() == ps.ranks
     rs = bf.reducescatter(tf.ones([n, 2]) * (rank + 1), op=bf.Sum, name="ps.rs", process_set=ps)
     np.testing.assert_allclose(rs.numpy(), [[total] * 2])
 
