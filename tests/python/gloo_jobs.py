@@ -26,6 +26,16 @@ _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
 _RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TF_CONFIG")
 
 
+def gloo_built() -> bool:
+    """Whether the installed bluefog has the Gloo backend (tests without it skip)."""
+    try:
+        from bluefog.common.capabilities import gloo_built as built
+
+        return built()
+    except Exception:  # noqa: BLE001 - no built package: nothing to run
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,20 +14,10 @@ import textwrap
 
 import pytest
 
-from gloo_jobs import run_gloo_job
+from gloo_jobs import gloo_built, run_gloo_job
 from mpi_jobs import PYTHON, REPO, netns_skip_reason, run_job
 
-
-def _gloo_built() -> bool:
-    try:
-        from bluefog.common.capabilities import gloo_built
-
-        return gloo_built()
-    except Exception:  # noqa: BLE001 - no built package: nothing to run
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _gloo_built(),
+pytestmark = pytest.mark.skipif(not gloo_built(),
                                 reason="bluefog was built without Gloo (libgloo-dev)")
 
 # The parts of the TF suite that run on Gloo as they are: collectives of every kind and dtype,

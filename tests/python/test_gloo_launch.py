@@ -20,19 +20,10 @@ import pytest
 import bluefog
 from bluefog.run import gloo_launch
 
+from gloo_jobs import gloo_built
 from mpi_jobs import PYTHON, REPO, alive, have_mpirun, job_env, mpirun_prefix, run_job
 
-
-def _gloo_built() -> bool:
-    try:
-        from bluefog.common.capabilities import gloo_built
-
-        return gloo_built()
-    except Exception:  # noqa: BLE001 - no built package: nothing to run
-        return False
-
-
-needs_gloo = pytest.mark.skipif(not _gloo_built(),
+needs_gloo = pytest.mark.skipif(not gloo_built(),
                                 reason="bluefog was built without Gloo (libgloo-dev)")
 JOB_TIMEOUT_S = 240
 # The functions below are not importable on the ranks (this file is not a package module):
