@@ -31,8 +31,8 @@ def make_horovod_case(kind: str, rng, tag, base_seed: int):
                 return bf.reducescatter(tf.constant([True]), name=tag)
             if variant == 5:
                 return bf.reducescatter(x, op=bf.Max, name=tag)
-            if variant == 6:  # scale factors on integers
-                return bf.allreduce(tf.constant([1, 2]), prescale_factor=2.0, name=tag)
+            if variant == 6:  # a negative split
+                return bf.alltoall(x, splits=[-1, size + 2] + [0] * (size - 2), name=tag)
             return bf.allreduce(x, name=tag, process_set=bf.ProcessSet([0]))  # not registered
         return Case(kind, run, "error", f"Horovod-API misuse variant {variant}")
 

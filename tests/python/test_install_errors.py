@@ -6,6 +6,7 @@ make test-tf-matrix covers the real cross-version case (TensorFlow 2.16 importin
 another version, and the configure step runs with a Python whose environment has no TensorFlow.
 """
 
+import glob
 import os
 import shutil
 import subprocess
@@ -68,23 +69,51 @@ def test_configure_without_tensorflow_names_what_to_install(tmp_path):
 MPI_DIR = "/usr/lib/x86_64-linux-gnu/openmpi"
 
 
-@pytest.mark.skipif(CMAKE is None, reason="cmake not installed")
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
-                    or not os.path.isdir(MPI_DIR),
-                    reason="hiding Open MPI needs root, unshare and Debian's Open MPI layout")
-def test_configure_without_mpi_names_the_packages(tmp_path):
-    # A machine without Open MPI's development files: in a private mount namespace, Debian's
-    # Open MPI folder (headers, libraries) is an empty tmpfs and the wrappers are empty files.
+GLOO_HEADERS = "/usr/include/gloo"
+GLOO_LIBRARY = "/usr/lib/libgloo.so"
+
+
+def _configure_hiding(tmp_path, hide_gloo: bool):
+    """Configures the C++ core in a private mount namespace where Debian's Open MPI folder
+    (headers, libraries) is an empty tmpfs and the wrappers are empty files; with `hide_gloo`,
+    Gloo's headers and library are hidden too. Returns (returncode, output)."""
     hide = [f"mount -t tmpfs none {MPI_DIR}"] + [
         f"mount --bind /dev/null {w}" for w in ("/usr/bin/mpicc", "/usr/bin/mpicxx",
                                                "/usr/bin/mpirun") if os.path.exists(w)]
+    if hide_gloo:
+        hide += [f"mount -t tmpfs none {GLOO_HEADERS}"] + [
+            f"mount --bind /dev/null {lib}" for lib in glob.glob(GLOO_LIBRARY + "*")]
     script = " && ".join(hide + [f"'{CMAKE}' -S '{REPO}' -B '{tmp_path}/build' "
-                                 "-DBLUEFOG_BUILD_TF=OFF"])
+                                 "-DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=OFF"])
     result = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True,
                             text=True, timeout=120)
     out = " ".join((result.stdout + result.stderr).split())
     if "unshare failed" in out or "mount: " in out:
         pytest.skip(f"cannot make a mount namespace here: {out[-300:]}")
-    assert result.returncode != 0
-    assert "no MPI C compiler wrapper (mpicc)" in out, out[-2000:]
+    return result.returncode, out
+
+
+needs_hiding = pytest.mark.skipif(
+    CMAKE is None or os.geteuid() != 0 or not shutil.which("unshare")
+    or not os.path.isdir(MPI_DIR),
+    reason="hiding Open MPI needs cmake, root, unshare and Debian's Open MPI layout")
+
+
+@needs_hiding
+@pytest.mark.skipif(not os.path.isdir(GLOO_HEADERS), reason="libgloo-dev is not installed")
+def test_configure_without_mpi_builds_gloo_only(tmp_path):
+    """MPI is optional: without it the core configures with the Gloo backend alone, and says
+    what to install for MPI."""
+    code, out = _configure_hiding(tmp_path, hide_gloo=False)
+    assert code == 0, out[-2000:]
+    assert "MPI not found" in out and "libopenmpi-dev openmpi-bin" in out, out[-2000:]
+    assert "building the Gloo backend" in out, out[-2000:]
+
+
+@needs_hiding
+def test_configure_without_any_backend_names_the_packages(tmp_path):
+    code, out = _configure_hiding(tmp_path, hide_gloo=True)
+    assert code != 0
+    assert "neither MPI" in out and "nor Gloo" in out, out[-2000:]
     assert "apt-get install libopenmpi-dev openmpi-bin" in out, out[-2000:]
+    assert "libgloo-dev" in out, out[-2000:]
