@@ -303,10 +303,8 @@ class RayExecutor:
             kwargs: Optional[Dict] = None) -> List[Any]:
         """Runs ``fn(*args, **kwargs)`` on every worker and returns each rank's result, in
         rank order. Raises WorkerFailedError naming the ranks where it failed."""
-        self._check_started("run()")
         return self._collect(getattr(fn, "__name__", "the function"),
-                             [w.call.remote(fn, list(args or []), dict(kwargs or {}), False)
-                              for w in self.workers])
+                             self.run_remote(fn, args, kwargs))
 
     def execute(self, fn: Callable[[Any], Any]) -> List[Any]:
         """Runs ``fn(executable)`` on every worker, ``executable`` being the worker's instance
