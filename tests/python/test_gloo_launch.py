@@ -213,8 +213,8 @@ def test_digits_same_accuracy_under_every_bootstrap(no_mpirun_env, run_env):
     for how, job in outputs.items():
         assert job.returncode == 0 and not job.timed_out, f"{how}:\n{job.tail()}"
     outputs = {how: job.output for how, job in outputs.items()}
-    outputs["bluefog.run"] = bluefog.run(_digits_in_process, args=(args[1], argv), np=2, env=run_env,
-                                         timeout=JOB_TIMEOUT_S)[0]
+    outputs["bluefog.run"] = bluefog.run(_digits_in_process, args=(args[1], argv), np=2,
+                                         env=run_env, timeout=JOB_TIMEOUT_S)[0]
     accuracy = {}
     for how, out in outputs.items():
         found = re.search(pattern, out)
