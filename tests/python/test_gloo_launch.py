@@ -297,5 +297,28 @@ def test_run_lambda_results_in_rank_order(run_env):
     assert out == [10, 13, 16]
 
 
+def test_run_takes_horovods_arguments(run_env, tmp_path):
+    """horovod.run's names: num_proc, hostfile, start_timeout, disable_cache; the ones with no
+    meaning for a Gloo job are refused naming what to do instead."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# this machine\nlocalhost slots=2\n")
+    out = bluefog.run(lambda: (os.environ["RANK"], os.environ["BLUEFOG_GLOO_TIMEOUT"],
+                               os.environ["BLUEFOG_CACHE_CAPACITY"]),
+                      num_proc=2, hostfile=str(hostfile), start_timeout=45, disable_cache=True,
+                      use_gloo=True, env=run_env, timeout=JOB_TIMEOUT_S)
+    assert out == [("0", "45.0", "0"), ("1", "45.0", "0")]
+    with pytest.raises(ValueError, match="always starts a Gloo job"):
+        bluefog.run(abs, args=(1,), num_proc=2, use_mpi=True)
+    with pytest.raises(ValueError, match=r"does not run elastic jobs \(min_num_proc given\)"):
+        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1)
+    with pytest.raises(ValueError, match="np=2 and num_proc=3 disagree"):
+        bluefog.run(abs, args=(1,), np=2, num_proc=3)
+    hostfile.write_text("localhost cpus=2\n")
+    with pytest.raises(ValueError, match="line 1: expected 'host slots=N'"):
+        bluefog.run(abs, args=(1,), hostfile=str(hostfile))
+    with pytest.warns(UserWarning, match="verbose=2 has no effect"):
+        assert bluefog.run(abs, args=(-3,), verbose=2, env=run_env, timeout=JOB_TIMEOUT_S) == [3]
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "--rootdir", REPO]))
