@@ -523,6 +523,13 @@ def _broadcast_grad(op, grad):
 _agreements = [0]
 
 
+def _forget_agreements() -> None:
+    _agreements[0] = 0
+
+
+basics.register_reinit_hook(_forget_agreements)
+
+
 def _topology_allgather(pair) -> list:
     """Every rank's int pair, for set_topology's agreement check (eager even while tracing)."""
     _agreements[0] += 1
