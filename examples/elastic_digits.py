@@ -45,6 +45,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.002, help="single-process learning rate")
     p.add_argument("--commit-every", type=int, default=10, help="steps between two commits")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds to sleep after each step (tests: keeps the job running while "
+                        "a new worker starts)")
     p.add_argument("--log-steps", action="store_true",
                    help="rank 0 prints a line per step and per commit (the elastic tests read "
                         "them)")
@@ -105,6 +108,8 @@ def main():
                 start = state.sample + rank * args.batch_size
                 idx = order[start:start + args.batch_size]
                 train_step(x_train[idx], y_train[idx])
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
                 if args.log_steps and rank == 0:
                     print(f"STEP launch {launch} epoch {state.epoch} batch {state.batch} "
                           f"size {size} t={time.time():.3f}", flush=True)

@@ -235,20 +235,23 @@ class GlooElasticDriver:
                 if w.wid in self.joining:
                     self.joining.remove(w.wid)
             running = [m for m in self.members if not self.workers[m].ended]
-            finished = [m for m in self.members if self.workers[m].ended
-                        and self.workers[m].proc.returncode == 0]
-            if finished and len(finished) + len([m for m in self.members if m in dead]) == len(
-                    self.members) and not running:
-                if any(m in dead for m in self.members):
-                    pass  # a worker died at the very end: reported above, the job is done
+            ok = [m for m in self.members if self.workers[m].ended
+                  and self.workers[m].proc.returncode == 0]
+            if ok:
+                # A worker finished: the job is ending (the others finish too, or fail).
+                if running:
+                    time.sleep(_POLL_S)
+                    continue
                 for w in self.joining:
                     self.workers[w].proc.terminate()
-                log(f"job done: {len(finished)} worker(s) finished")
+                failed = [m for m in self.members if m not in ok]
+                if failed:
+                    log(f"job failed: worker(s) {failed} exited with an error after "
+                        f"{len(ok)} finished")
+                    return 1
+                log(f"job done: {len(ok)} worker(s) finished")
                 return 0
             if any(m in dead for m in self.members):
-                if finished:
-                    # Some finished already: the others can only be finishing too.
-                    continue
                 if len(running) < self.args.min_np:
                     log(f"giving up: {len(running)} worker(s) left, below --min-np "
                         f"{self.args.min_np}. Lost: {'; '.join(self.lost)}")

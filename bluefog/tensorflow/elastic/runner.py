@@ -87,7 +87,8 @@ def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
     while True:
         try:
             state.sync()
-            if reset:
+            # A new worker joining a running job resets as much as the others do.
+            if reset or state.restored_commit:
                 state.on_reset()
             return func(state, *args, **kwargs)
         except HostsUpdatedInterrupt as e:
