@@ -47,7 +47,8 @@ def finish(job, timeout=TIMEOUT_S):
         job.proc.wait(timeout=timeout)
     except Exception:  # noqa: BLE001 - a hang: fail with the output
         job.kill()
-        raise AssertionError(f"the job did not finish in {timeout} s:\n{job.output[-6000:]}")
+        raise AssertionError(f"the job did not finish in {timeout} s:\n{job.output[-6000:]}") \
+            from None
     job.reader.join(timeout=10)
     return job.output
 
