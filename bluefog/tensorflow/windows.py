@@ -98,10 +98,11 @@ def _window(op: str, name) -> _Window:
     with _lock:
         w = _windows.get(name)
     if w is None and name in _lost:
-        raise ValueError(f"{_prefix(op, name)}: the window belonged to the job before an "
-                         "elastic reset re-formed it (new ranks and size), which freed every "
-                         "window; create it again with bf.win_create(tensor, name) on every rank "
-                         "(in a reset callback, say)")
+        raise ValueError(f"{_prefix(op, name)}: the window belonged to an earlier job of "
+                         "this process: bf.init() after a shutdown or a lost rank (an elastic "
+                         "reset) started a new job, which has none of the old windows; create "
+                         "it again with bf.win_create(tensor, name) on every rank (in an "
+                         "elastic reset callback, say)")
     if w is None:
         raise ValueError(f"{_prefix(op, name)}: there is no window of that name; create it with "
                          "bf.win_create(tensor, name) on every rank first")

@@ -8,6 +8,8 @@ Each test runs examples/elastic_digits.py (digits, a KerasState committed every 
 * the discovery script adds a slot: a new worker joins at the next commit and ends with the
   same weights as the others;
 * below --min-np: the job ends with status 1 and a line naming the lost worker.
+
+The last two run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 40 s and 20 s here).
 """
 
 import os
@@ -24,6 +26,9 @@ from gloo_jobs import gloo_built  # noqa: E402
 from mpi_jobs import PYTHON, BackgroundJob  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gloo_built(), reason="bluefog was built without Gloo")
+
+slow = pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_ELASTIC") != "1",
+                          reason="60 s: run by `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1)")
 
 EXAMPLE = "examples/elastic_digits.py"
 TIMEOUT_S = 150
@@ -108,6 +113,7 @@ def test_killed_worker_survivors_continue_in_place():
           f"uninterrupted {accuracy(ref):.4f}")
 
 
+@slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_discovered_slot_joins_at_the_next_commit(tmp_path):
     hosts = tmp_path / "hosts.txt"
@@ -139,6 +145,7 @@ def test_discovered_slot_joins_at_the_next_commit(tmp_path):
     assert reset and int(reset.group(3)) >= 1, out[-6000:]
 
 
+@slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_below_min_np_ends_the_job_with_a_clear_message():
     job = BackgroundJob(bfrun("-np", "2", "--min-np", "2", "-H", "localhost:2", *example()))
