@@ -427,6 +427,13 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
 _agreements = [0]
 
 
+def _forget_agreements() -> None:
+    _agreements[0] = 0
+
+
+basics.register_reinit_hook(_forget_agreements)
+
+
 def _topology_allgather(pair) -> list:
     """Every rank's int pair, for set_topology's agreement check (eager even while tracing)."""
     _agreements[0] += 1
