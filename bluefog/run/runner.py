@@ -46,7 +46,8 @@ class _Stream:
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None,
         np: int = 1, hosts: Optional[str] = None, env: Optional[Dict[str, str]] = None,
         timeout: Optional[float] = None, rsh_agent: Optional[str] = None,
-        executable: Optional[str] = None) -> List[Any]:
+        executable: Optional[str] = None, use_gloo: Optional[bool] = None,
+        use_mpi: Optional[bool] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)`` on `np` processes and returns their results in rank order.
 
     Each process is a rank of a Gloo job (``bluefog.tensorflow.init()`` inside `fn` joins it).
@@ -55,9 +56,17 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     same Python (`executable`, default this one) and bluefog. `env` replaces the environment
     the ranks inherit. Each rank's output is printed prefixed with ``[rank]``.
 
+    `use_gloo` and `use_mpi` are Horovod's: the ranks always run on Gloo here, so
+    ``use_mpi=True`` (without ``use_gloo=True``) raises ValueError; start such a job with
+    ``bfrun -np N python script.py`` instead.
+
     Raises RuntimeError naming the rank when a rank raises (the rank's exception is its cause)
     or dies, after ending the other ranks; TimeoutError after `timeout` seconds.
     """
+    if use_mpi and not use_gloo:
+        raise ValueError("bluefog.run: use_mpi=True: bluefog.run starts its ranks on Gloo, "
+                         "not MPI; pass use_gloo=True (or neither), or start the script on MPI "
+                         "with `bfrun -np N python script.py`")
     payload = base64.b64encode(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))).decode()
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(

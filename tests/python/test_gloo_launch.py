@@ -250,9 +250,15 @@ def test_run_raises_naming_the_rank(run_env):
 
 def test_run_lambda_results_in_rank_order(run_env):
     offset = 10
+    # use_gloo / use_mpi as Horovod's examples pass them (horovod.run(..., use_gloo=True)).
     out = bluefog.run(lambda k: int(__import__("os").environ["RANK"]) * k + offset, args=(3,),
-                      np=3, env=run_env, timeout=JOB_TIMEOUT_S)
+                      np=3, env=run_env, timeout=JOB_TIMEOUT_S, use_gloo=True, use_mpi=False)
     assert out == [10, 13, 16]
+
+
+def test_run_refuses_use_mpi_naming_bfrun():
+    with pytest.raises(ValueError, match=r"use_mpi=True.*bfrun -np N python script.py"):
+        bluefog.run(print, np=2, use_gloo=False, use_mpi=True)
 
 
 if __name__ == "__main__":
