@@ -96,7 +96,7 @@ def test_bfrun_gloo_rsh_agent_and_env(tmp_path, no_mpirun_env):
     result = bfrun(["-np", "3", "-H", f"{here}:2,elsewhere:1", "--rsh-agent", FAKE_RSH,
                     PYTHON, job], no_mpirun_env, timeout=60)
     assert result.returncode == 0, result.tail()
-    lines = sorted(re.findall(r"^\[(\d)\] ENV (.*)$", result.output, re.M))
+    lines = sorted(re.findall(r"^\[(\d)\]<stdout>:ENV (.*)$", result.output, re.M))
     assert [r for r, _ in lines] == ["0", "1", "2"], result.output
     fields = [line.split() for _, line in lines]
     assert [f[:4] for f in fields] == [["0", "3", "0", "2"], ["1", "3", "1", "2"],
@@ -182,7 +182,7 @@ def test_bfrun_gloo_digits_matches_mpi(no_mpirun_env):
     acc_gloo = float(re.search(pattern, gloo.output).group(1))
     acc_mpi = float(re.search(pattern, mpi.output).group(1))
     assert acc_gloo > 0.85 and abs(acc_gloo - acc_mpi) <= 0.01, (acc_gloo, acc_mpi)
-    assert "[0] weights identical on all ranks" in gloo.output, gloo.tail()
+    assert "[0]<stdout>:weights identical on all ranks" in gloo.output, gloo.tail()
 
 
 # --- bluefog.run ----------------------------------------------------------------------------
