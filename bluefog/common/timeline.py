@@ -4,13 +4,16 @@ run) and Bluefog's ``timeline_start_activity`` / ``timeline_end_activity`` /
 communication).
 
 The same Chrome trace as ``BLUEFOG_TIMELINE`` (each tensor's queue, negotiation and
-communication phases; open it in Perfetto or ``chrome://tracing``), one file per rank.
+communication phases; open it in Perfetto or ``chrome://tracing``), one file per rank, complete
+JSON at every moment; ``merge_timelines`` (which ``bfrun`` runs when the job ends) makes the
+ranks' files one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import threading
 import time
@@ -98,3 +101,66 @@ def timeline_context(tensor_name: str, activity_name: str):
         yield
     finally:
         timeline_end_activity(tensor_name)
+
+
+def _read_events(path: str) -> list:
+    """The events of one rank's timeline file. The writer puts one event per line and keeps the
+    file complete JSON; a file cut mid-write (a full disk) is read line by line, dropping the
+    event that was cut."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    try:
+        events = json.loads(text)
+        if isinstance(events, list):
+            return events
+    except ValueError:
+        pass
+    events = []
+    for line in text.splitlines():
+        line = line.strip().rstrip(",")
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events
+
+
+def merge_timelines(file_path: str, size: int, keep_parts: bool = False) -> list:
+    """Merges the ranks' timeline files (``rank_path(file_path, r)`` for r < ``size``, as
+    ``--timeline-filename`` / ``BLUEFOG_TIMELINE`` / ``start_timeline`` name them) into one
+    Chrome trace at ``file_path``: every rank's events, ``pid`` = rank, complete JSON even when
+    a rank was killed while recording (its events up to the kill). ``bfrun`` calls it when the
+    job ends; call it yourself after a job started another way (on the host that can read every
+    rank's file). The ranks' files other than rank 0's are removed unless ``keep_parts``.
+    Returns the ranks whose file was not found (e.g. written on another host), which are left
+    out. Raises FileNotFoundError when no rank's file exists.
+    """
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"merge_timelines: size must be a positive int, got {size!r}")
+    file_path = os.fspath(file_path)
+    meta, events, missing, merged = [], [], [], []
+    for r in range(size):
+        part = rank_path(file_path, r)
+        if not os.path.exists(part):
+            missing.append(r)
+            continue
+        for e in _read_events(part):
+            (meta if isinstance(e, dict) and e.get("ph") == "M" else events).append(e)
+        merged.append(part)
+    if not merged:
+        raise FileNotFoundError(
+            f"merge_timelines: no timeline file of any rank: {rank_path(file_path, 0)!r}"
+            f"{' ... ' + repr(rank_path(file_path, size - 1)) if size > 1 else ''}")
+    events.sort(key=lambda e: e.get("ts", 0) if isinstance(e, dict) else 0)
+    tmp = f"{file_path}.merging.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("[\n")
+        f.write(",\n".join(json.dumps(e) for e in meta + events))
+        f.write("\n]\n")
+    os.replace(tmp, file_path)
+    if not keep_parts:
+        for part in merged:
+            if part != file_path:
+                os.remove(part)
+    return missing

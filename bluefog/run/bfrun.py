@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
@@ -33,6 +34,7 @@ from bluefog.run import (
     gloo_launch,
     horovod_flags,
 )
+from bluefog.run.timeline_files import merge_timeline, timeline_to_merge
 
 INSTALL_HINT = ("bfrun starts the ranks with Open MPI's mpirun. Install it, e.g. on Debian/Ubuntu "
                 "`sudo apt-get install openmpi-bin` (add libopenmpi-dev to build bluefog), or put "
@@ -62,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-hostfile", "--hostfile", dest="hostfile",
                    help="Open MPI hostfile: one 'host slots=N' per line")
     p.add_argument("--timeline-filename", dest="timeline",
-                   help="record a bluefog timeline; sets BLUEFOG_TIMELINE for every rank")
+                   help="record a bluefog timeline; sets BLUEFOG_TIMELINE for every rank. A "
+                        "name ending in .json (as Horovod's): one file with every rank's "
+                        "events, merged when the job ends")
+    p.add_argument("--timeline-per-rank", dest="timeline_per_rank", action="store_true",
+                   help="keep one timeline file per rank (rank 0 the given name, rank r "
+                        "<stem>.rank<r>.json) instead of merging them")
     p.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also forward this environment variable (repeatable)")
     p.add_argument("--mpi-args", dest="mpi_args", default="",
@@ -164,6 +171,35 @@ def build_command(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) ->
     return cmd
 
 
+def _run_then_merge(mpirun: str, cmd: List[str], env: Dict[str, str], path: str,
+                    np_: int) -> int:
+    """Runs mpirun as a child (not in bfrun's place), merges the timeline when it ends, and
+    returns mpirun's status. SIGTERM and SIGHUP are passed on to mpirun; so is SIGINT unless
+    bfrun runs in the terminal's foreground (where Ctrl-C reaches mpirun directly)."""
+    proc = subprocess.Popen(cmd, env=env, executable=mpirun,
+                            preexec_fn=elastic_driver.end_with(os.getpid()))
+
+    def forward(signum, _frame):
+        if signum == signal.SIGINT:
+            try:
+                if os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp():
+                    return
+            except (OSError, ValueError):
+                pass
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, forward) for s in handled}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    merge_timeline(path, np_)
+    return 128 - code if code < 0 else code
+
+
 def _elastic_requested(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.min_np, args.max_np, args.host_discovery_script,
                                         args.reset_limit, args.blacklist_cooldown_range,
@@ -245,6 +281,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
+    merged = timeline_to_merge(args, env)
+    if merged:
+        return _run_then_merge(mpirun, cmd, env, merged, args.np)
     try:
         # mpirun takes bfrun's place: signals (Ctrl-C) reach it directly, and its exit status,
         # non-zero when a rank fails, is bfrun's.

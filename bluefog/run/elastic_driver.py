@@ -174,7 +174,7 @@ class ElasticDriver:
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace",
                                      bufsize=1, start_new_session=True,
-                                     preexec_fn=_end_with(os.getpid()))
+                                     preexec_fn=end_with(os.getpid()))
         pumps = [threading.Thread(target=self._pump, args=(self.proc.stdout, sys.stdout),
                                   daemon=True),
                  threading.Thread(target=self._pump, args=(self.proc.stderr, sys.stderr),
@@ -321,7 +321,7 @@ class ElasticDriver:
             self.resets += 1
 
 
-def _end_with(parent: int) -> Optional[Callable[[], None]]:
+def end_with(parent: int) -> Optional[Callable[[], None]]:
     """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies (Linux; None
     elsewhere). SIGTERM is what makes mpirun end its ranks and daemons."""
     if not sys.platform.startswith("linux"):

@@ -12,7 +12,8 @@ the store stays the job's only listener. bfrun picks the store's port (a free on
 is on this host) and a random per-job token (BLUEFOG_JOB_TOKEN), and gives each rank MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.
 
-Each line a rank prints comes out prefixed with ``[rank]``. When a rank fails, bfrun ends the
+Each line a rank prints comes out prefixed with ``[rank]<stdout>:`` or ``[rank]<stderr>:``, as
+Horovod's Gloo launcher tags them (``tag=False``: as it is). When a rank fails, bfrun ends the
 others and exits with that rank's status, naming it; Ctrl-C, SIGTERM or SIGHUP ends every rank.
 """
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from bluefog.run import elastic_hosts
+from bluefog.run.timeline_files import merge_timeline, timeline_to_merge
 
 # Variables an MPI launcher sets: a rank that inherits them would take itself for an MPI rank.
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
@@ -142,9 +144,10 @@ class Job:
 
     def __init__(self, ranks: List[Rank], commands: List[List[str]], envs: List[Dict[str, str]],
                  on_line: Optional[Callable[[int, bool, bytes], bool]] = None,
-                 out=None, err=None):
+                 out=None, err=None, tag: bool = True):
         self.ranks = ranks
         self.on_line = on_line
+        self.tag = tag
         self.out = out or sys.stdout.buffer
         self.err = err or sys.stderr.buffer
         self.lock = threading.Lock()
@@ -175,13 +178,13 @@ class Job:
             self.exits.append(index)
 
     def _forward(self, rank: int, stream, is_err: bool) -> None:
-        prefix = f"[{rank}]".encode()
+        prefix = f"[{rank}]<{'stderr' if is_err else 'stdout'}>:".encode() if self.tag else b""
         for line in iter(stream.readline, b""):
             if self.on_line is not None and self.on_line(rank, is_err, line):
                 continue
             sink = self.err if is_err else self.out
             with self.lock:
-                sink.write(prefix + (b" " if line.strip() else b"") + line)
+                sink.write(prefix + line)
                 if not line.endswith(b"\n"):
                     sink.write(b"\n")
                 sink.flush()
@@ -314,7 +317,7 @@ def main(args: argparse.Namespace,
     sys.stderr.flush()
     try:
         job = launch(args.command, args.np, args.hosts, env, extra, args.rsh_agent,
-                     args.gloo_port, forwarded_env=forwarded_env)
+                     args.gloo_port, forwarded_env=forwarded_env, tag=args.tag_output)
     except LaunchError as e:
         print(f"bfrun: {e}", file=sys.stderr)
         return 127
@@ -327,6 +330,7 @@ def main(args: argparse.Namespace,
     # SIGINT too: a shell starts a background job with SIGINT ignored, which Python keeps.
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, on_signal) for s in handled}
+    merged = timeline_to_merge(args, env)
     try:
         code, _, msg = job.wait()
     except KeyboardInterrupt:
@@ -334,10 +338,14 @@ def main(args: argparse.Namespace,
         print(f"bfrun: {signal.Signals(sig).name}: ending all {len(ranks)} ranks",
               file=sys.stderr, flush=True)
         job.terminate()
+        if merged:
+            merge_timeline(merged, args.np)
         return 128 + sig
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if merged:
+        merge_timeline(merged, args.np)
     if msg:
         print(f"bfrun: {msg}", file=sys.stderr, flush=True)
     return code

@@ -80,8 +80,12 @@ def add_to(p: argparse.ArgumentParser) -> None:
                    help="BLUEFOG_GLOO_TIMEOUT")
     h.add_argument("--binding-args", dest="binding_args",
                    help="extra mpirun binding arguments, as one quoted string")
-    h.add_argument("--tag-output", dest="tag_output", action="store_true",
-                   help="prefix each output line with its rank (mpirun's --tag-output)")
+    h.add_argument("--tag-output", dest="tag_output", action="store_true", default=True,
+                   help="prefix each output line with its rank, as horovodrun does: "
+                        "[1,RANK]<stdout>: (mpirun's --tag-output), [RANK]<stdout>: with "
+                        "--gloo (the default)")
+    h.add_argument("--no-tag-output", dest="tag_output", action="store_false",
+                   help="print the ranks' output lines as they are, untagged")
     h.add_argument("--prefix-output-with-timestamp", dest="timestamp_output",
                    action="store_true", help="prefix each output line with the time "
                                              "(mpirun's --timestamp-output)")

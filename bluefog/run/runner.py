@@ -103,7 +103,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     `hosts` is ``"host1:slots,host2:slots"`` as for ``bfrun -H`` (default: this machine); other
     hosts are reached with `rsh_agent` (default ``$BLUEFOG_RSH_AGENT``, else ssh) and need the
     same Python (`executable`, default this one) and bluefog. `env` replaces the environment
-    the ranks inherit. Each rank's output is printed prefixed with ``[rank]``.
+    the ranks inherit. Each rank's output is printed prefixed with ``[rank]<stdout>:`` (or
+    ``<stderr>``), as ``horovod.run`` prints it.
 
     Horovod's ``horovod.run`` arguments are accepted under its names: `num_proc` (= `np`,
     default 1), `hostfile` (lines ``host slots=N``), `start_timeout` (seconds the ranks wait

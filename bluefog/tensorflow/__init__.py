@@ -32,6 +32,7 @@ from bluefog.common.process_sets import (  # noqa: F401
     remove_process_set,
 )
 from bluefog.common.timeline import (  # noqa: F401
+    merge_timelines,
     start_timeline,
     stop_timeline,
     timeline_context,

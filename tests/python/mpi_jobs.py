@@ -18,6 +18,10 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+# bfrun's tag on a rank's output line (horovodrun's): "[1,RANK]<stdout>:" from mpirun's
+# --tag-output, "[RANK]<stdout>:" with --gloo; optional, for patterns anchored at a line start.
+TAG = r"(?:\[(?:\d+,)?\d+\]<std(?:out|err)>:)?"
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
 

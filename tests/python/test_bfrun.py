@@ -1,6 +1,8 @@
 """bfrun, end to end: it launches real ranks with mpirun (plain pytest, not under mpirun)."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,8 +38,10 @@ sys.stdout.flush()
 def test_two_ranks_run_a_collective():
     result = bfrun(["-np", "2", sys.executable, "-c", RANK_SCRIPT], timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Tagged by rank as horovodrun tags its output (mpirun's --tag-output), by default.
     for r in range(2):
-        assert f"rank {r} of 2 total 3" in result.stdout, result.stdout + result.stderr[-3000:]
+        assert re.search(rf"^\[\d+,{r}\]<stdout>:rank {r} of 2 total 3$", result.stdout, re.M), \
+            result.stdout + result.stderr[-3000:]
 
 
 @needs_mpirun
@@ -47,10 +51,10 @@ def test_console_script_if_installed():
         pytest.skip("the bfrun console script is not installed next to this python")
     program = ("import os, sys; "
                "sys.stdout.write('hello %s\\n' % os.environ['OMPI_COMM_WORLD_RANK'])")
-    result = subprocess.run([script, "-np", "2", sys.executable, "-c", program],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run([script, "-np", "2", "--no-tag-output", sys.executable, "-c",
+                             program], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "hello 0" in result.stdout and "hello 1" in result.stdout
+    assert sorted(result.stdout.splitlines()) == ["hello 0", "hello 1"], result.stdout
 
 
 @needs_mpirun
@@ -152,16 +156,81 @@ def test_horovodrun_settings_reach_the_ranks_tagged():
         assert f"[1,{r}]<stdout>:env 2097152 3.0 warning" in result.stdout, result.stdout
 
 
-@needs_mpirun
-def test_timeline_filename_as_horovod_names_it(tmp_path):
-    """--timeline-filename timeline.json (a file name, as Horovod's flag takes): rank 0 writes
-    that file, rank 1 timeline.rank1.json (as bf.start_timeline names them), valid JSON."""
-    import json
+def _x_events(events):
+    """{(pid, tensor): [phase names]} of a Chrome trace's complete events."""
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+              if e.get("name") == "thread_name"}
+    found = {}
+    for e in events:
+        if e.get("ph") == "X":
+            found.setdefault((e["pid"], tracks[(e["pid"], e["tid"])]), []).append(e["name"])
+    return found
 
+
+@needs_mpirun
+def test_timeline_filename_is_one_merged_file(tmp_path):
+    """--timeline-filename timeline.json, as Horovod takes it: one Chrome trace with every
+    rank's events (pid = rank); the per-rank files are gone. --timeline-per-rank keeps them."""
     path = tmp_path / "timeline.json"
     result = bfrun(["-np", "2", "--timeline-filename", str(path), sys.executable, "-c",
                     RANK_SCRIPT], timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("timeline.json", "timeline.rank1.json"):
-        events = json.loads((tmp_path / name).read_text())
-        assert any(e.get("name") == "thread_name" for e in events), events[:5]  # a tensor's track
+    assert sorted(os.listdir(tmp_path)) == ["timeline.json"]
+    events = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {0: "bluefog rank 0", 1: "bluefog rank 1"}, names
+    phases = _x_events(events)
+    for rank in range(2):
+        allreduce = [v for (pid, t), v in phases.items() if pid == rank and "allreduce" in t]
+        assert allreduce and {"QUEUE", "NEGOTIATE", "allreduce"} <= set(allreduce[0]), phases
+
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    result = bfrun(["-np", "2", "--timeline-filename", str(apart / "t.json"),
+                    "--timeline-per-rank", sys.executable, "-c", RANK_SCRIPT], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(os.listdir(apart)) == ["t.json", "t.rank1.json"]
+    for rank, name in enumerate(["t.json", "t.rank1.json"]):
+        assert {pid for pid, _ in _x_events(json.loads((apart / name).read_text()))} == {rank}
+
+
+@needs_mpirun
+def test_timeline_stays_valid_json_when_a_rank_is_killed(tmp_path):
+    """HOROVOD_TIMELINE (read as BLUEFOG_TIMELINE): rank 1 is killed (SIGKILL) after three
+    allreduces, the job fails, and the merged file is still valid JSON with both ranks'
+    events up to the kill."""
+    code = RANK_SCRIPT + (
+        "import os, signal, time\n"
+        "for i in range(3):\n"
+        "    bf.allreduce(tf.constant([1.0]), name=f'step{i}')\n"
+        "if bf.rank() == 1:\n"
+        "    time.sleep(0.5)  # the background thread records the last phase after the op\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(60)\n")
+    path = tmp_path / "timeline.json"
+    result = bfrun(["-np", "2", sys.executable, "-c", code], timeout=180,
+                   env={"HOROVOD_TIMELINE": str(path)})
+    assert result.returncode != 0, result.stdout + result.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["timeline.json"]
+    phases = _x_events(json.loads(path.read_text()))
+    for rank in range(2):
+        for i in range(3):
+            assert "allreduce" in phases.get((rank, f"step{i}"), []), (rank, i, phases)
+
+
+def test_merge_timelines_reads_a_file_cut_mid_event(tmp_path):
+    """A rank's file cut in the middle of an event (a full disk): the merge keeps the events
+    before the cut and writes complete JSON."""
+    from bluefog.common.timeline import merge_timelines
+
+    meta = '{"name": "process_name", "ph": "M", "pid": %d, "args": {"name": "r%d"}}'
+    event = '{"name": "QUEUE", "ph": "X", "pid": %d, "tid": 1, "ts": %d, "dur": 1}'
+    (tmp_path / "t.json").write_text(
+        "[\n" + ",\n".join([meta % (0, 0), event % (0, 5)]) + "\n]\n")
+    (tmp_path / "t.rank1.json").write_text(
+        "[\n" + ",\n".join([meta % (1, 1), event % (1, 3), (event % (1, 7))[:20]]))
+    assert merge_timelines(str(tmp_path / "t.json"), 3) == [2]
+    events = json.loads((tmp_path / "t.json").read_text())
+    assert [(e["ph"], e["pid"], e.get("ts")) for e in events] == [
+        ("M", 0, None), ("M", 1, None), ("X", 1, 3), ("X", 0, 5)]
+    assert sorted(os.listdir(tmp_path)) == ["t.json"]

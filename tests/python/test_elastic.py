@@ -23,7 +23,16 @@ import time
 
 import pytest
 
-from mpi_jobs import PYTHON, BackgroundJob, descendants, have_mpirun, job_env, kill_tree, run_job
+from mpi_jobs import (
+    PYTHON,
+    TAG,
+    BackgroundJob,
+    descendants,
+    have_mpirun,
+    job_env,
+    kill_tree,
+    run_job,
+)
 
 pytestmark = pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed")
 
@@ -75,7 +84,7 @@ def grow(tmp_path, extra=(), worker_args=()):
     try:
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("STEP launch 0 step 3 "):
+            if re.match(TAG + "STEP launch 0 step 3 ", line):
                 hostfile.write_text("localhost:2\n")
             if time.time() > deadline:
                 raise AssertionError("the job did not end in time:\n" + "".join(lines)[-4000:])
@@ -142,7 +151,7 @@ def test_a_bad_discovery_script_is_reported_and_the_wait_is_bounded(tmp_path):
 
 def job_tree(job):
     """mpirun and the ranks under the driver, once every rank runs."""
-    job.wait_for(r"^STEP launch 0 step 6 ", TIMEOUT_S)  # after the first commit
+    job.wait_for(r"^" + TAG + r"STEP launch 0 step 6 ", TIMEOUT_S)  # after the first commit
     tree = descendants(job.proc.pid)
     argvs = {p: open(f"/proc/{p}/cmdline").read().split("\0") for p in tree}
     ranks = [p for p, argv in argvs.items() if argv[:2] == [PYTHON, WORKER]]

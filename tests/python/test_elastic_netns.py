@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from mpi_jobs import PYTHON, BackgroundJob, kill_tree, netns_skip_reason
+from mpi_jobs import PYTHON, TAG, BackgroundJob, kill_tree, netns_skip_reason
 
 PREFIX = "bfel"
 NET = "10.78.0"
@@ -34,8 +34,9 @@ NHOSTS = 3
 COMMIT_EVERY = 10
 EPOCHS = 30
 JOB_TIMEOUT_S = 420
-STEP = re.compile(r"^STEP launch (\d+) epoch (\d+) batch (\d+) size (\d+) t=([\d.]+)", re.M)
-COMMIT = re.compile(r"^COMMIT launch (\d+) epoch (\d+) batch (\d+)", re.M)
+STEP = re.compile(r"^" + TAG + r"STEP launch (\d+) epoch (\d+) batch (\d+) size (\d+) "
+                  r"t=([\d.]+)", re.M)
+COMMIT = re.compile(r"^" + TAG + r"COMMIT launch (\d+) epoch (\d+) batch (\d+)", re.M)
 RESULT = re.compile(r"ranks=(\d+) epochs=\d+ commits=\d+ time=[\d.]+s test accuracy=([\d.]+)")
 
 
@@ -152,7 +153,7 @@ class Job(BackgroundJob):
     def summary(self, n=8000):
         """The output without the per-step lines: bfrun's and Open MPI's messages."""
         return "".join(line for line in self.lines
-                       if not line.startswith(("STEP ", "COMMIT ")))[-n:]
+                       if not re.match(TAG + "(STEP|COMMIT) ", line))[-n:]
 
     def wait_for(self, pattern, timeout=JOB_TIMEOUT_S):
         return super().wait_for(pattern, timeout)
@@ -192,7 +193,7 @@ def check_resumed_at_last_commit(job, launch):
     """Where launch+1 resumed: at or after the last commit launch printed (a commit written
     just before the failure may not have been printed). Returns the steps of `launch` that
     were redone (those at or after that position) and launch+1's first step."""
-    reset = re.search(rf"^RESET launch {launch + 1}: \d+ ranks from epoch (\d+) batch (\d+)",
+    reset = re.search(rf"^{TAG}RESET launch {launch + 1}: \d+ ranks from epoch (\d+) batch (\d+)",
                       job.output, re.M)
     assert reset, job.summary()
     resumed = (int(reset.group(1)), int(reset.group(2)))
@@ -231,7 +232,7 @@ def test_lost_host_uninterrupted_reference(hosts):
 def test_lost_host_job_finishes_on_the_others(hosts, fault):
     job = Job(hosts, ["--min-np", "2", "-H", hosts_arg()])
     # Mid-epoch, a few epochs in: after a step that is not the last of a commit interval.
-    job.wait_for(r"^STEP launch 0 epoch 3 batch [1-8] ")
+    job.wait_for(r"^" + TAG + r"STEP launch 0 epoch 3 batch [1-8] ")
     t_kill = time.time()
     try:
         if fault == "kill":
@@ -272,7 +273,7 @@ def test_host_comes_back(hosts):
         f.write("".join(f"{host_ip(i)}:1\n" for i in range(1, NHOSTS + 1)))
     job = Job(hosts, ["--min-np", "2", "--host-discovery-script", f"cat {hostfile}",
                       "--blacklist-cooldown-range", "3", "3"], epochs=40)
-    job.wait_for(r"^STEP launch 0 epoch 2 batch [1-8] ")
+    job.wait_for(r"^" + TAG + r"STEP launch 0 epoch 2 batch [1-8] ")
     assert kill_host(NHOSTS) > 0
     assert job.finish() == 0, job.summary()
     out = job.output

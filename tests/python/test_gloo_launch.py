@@ -97,7 +97,7 @@ def test_bfrun_gloo_rsh_agent_and_env(tmp_path, no_mpirun_env):
     result = bfrun(["-np", "3", "-H", f"{here}:2,elsewhere:1", "--rsh-agent", FAKE_RSH,
                     PYTHON, job], no_mpirun_env, timeout=60)
     assert result.returncode == 0, result.tail()
-    lines = sorted(re.findall(r"^\[(\d)\] ENV (.*)$", result.output, re.M))
+    lines = sorted(re.findall(r"^\[(\d)\]<stdout>:ENV (.*)$", result.output, re.M))
     assert [r for r, _ in lines] == ["0", "1", "2"], result.output
     fields = [line.split() for _, line in lines]
     assert [f[:4] for f in fields] == [["0", "3", "0", "2"], ["1", "3", "1", "2"],
@@ -292,8 +292,9 @@ def test_run_raises_naming_the_rank(run_env):
 
 def test_run_lambda_results_in_rank_order(run_env):
     offset = 10
+    # use_gloo / use_mpi as Horovod's examples pass them (horovod.run(..., use_gloo=True)).
     out = bluefog.run(lambda k: int(__import__("os").environ["RANK"]) * k + offset, args=(3,),
-                      np=3, env=run_env, timeout=JOB_TIMEOUT_S)
+                      np=3, env=run_env, timeout=JOB_TIMEOUT_S, use_gloo=True, use_mpi=False)
     assert out == [10, 13, 16]
 
 
