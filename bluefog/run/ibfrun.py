@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ibfrun",
         description="Start or stop an interactive bluefog cluster: an ipyparallel controller "
-                    "and N engines, each engine one rank of a bluefog job, for %%px cells in "
+                    "and N engines, each engine one rank of a bluefog job, for %px cells in "
                     "Jupyter or IPython.",
         epilog="Example: ibfrun start -np 4; then in Jupyter: import ipyparallel as ipp; "
                "rc = ipp.Client(profile='bluefog')")
