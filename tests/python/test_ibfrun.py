@@ -95,6 +95,29 @@ def test_usage_errors():
     assert result.returncode == 1 and "-np must be >= 1, got 0" in result.stderr
 
 
+def test_console_script_if_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "ibfrun")
+    if not os.path.exists(script):
+        pytest.skip("the ibfrun console script is not installed next to this python")
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "bluefog-tf" in result.stdout, result.stderr
+
+
+@needs_cluster
+def test_a_cluster_that_died_is_cleaned_up(ipython_dir):
+    # The state of a cluster whose processes are gone (pids of a process that has ended).
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    pid_dir = ipython_dir / "profile_dead" / "pid"
+    pid_dir.mkdir(parents=True)
+    (pid_dir / "ibfrun.json").write_text(json.dumps(
+        {"np": 2, "controller": gone.pid, "launcher": gone.pid, "engine_pids": [gone.pid]}))
+    result = ibfrun(["stop", "--profile", "dead"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "the cluster of profile 'dead' had already ended; removed its files" in result.stderr
+    assert not (pid_dir / "ibfrun.json").exists()
+
+
 @needs_cluster
 @pytest.mark.timeout(120)
 def test_engines_that_cannot_start_are_reported_and_cleaned_up(ipython_dir):
