@@ -2,6 +2,7 @@
 example notebook executed headless (nbclient), and ibfrun's errors. Plain pytest (not under
 mpirun); each test has its own IPython directory, so no user profile is touched."""
 
+import argparse
 import json
 import os
 import shutil
@@ -78,6 +79,34 @@ def test_engine_requests_its_rank_as_id():
     assert ibfrun_engine.engine_argv(["--profile=x"], {"RANK": "2"}) == \
         ["--profile=x", "--IPEngine.id=2"]
     assert ibfrun_engine.engine_argv(["--profile=x"], {}) == ["--profile=x"]
+
+
+def test_controller_listens_beyond_localhost_only_for_other_hosts(tmp_path):
+    from bluefog.run import ibfrun as ib
+
+    def args(hosts=None, hostfile=None):
+        return argparse.Namespace(hosts=hosts, hostfile=hostfile)
+
+    assert not ib._needs_remote_controller(args())
+    assert not ib._needs_remote_controller(args(hosts="localhost:2,127.0.0.1:2"))
+    assert ib._needs_remote_controller(args(hosts="localhost:2,node7:2"))
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# comment\nlocalhost slots=2\n")
+    assert not ib._needs_remote_controller(args(hostfile=str(hostfile)))
+    hostfile.write_text("localhost slots=2\nnode7 slots=2\n")
+    assert ib._needs_remote_controller(args(hostfile=str(hostfile)))
+
+
+def test_missing_ipyparallel_says_what_to_install(tmp_path):
+    # A Python whose ipyparallel cannot be imported (a package that fails as a missing one does).
+    fake = tmp_path / "ipyparallel"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named ipyparallel')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    result = subprocess.run(IBFRUN + ["start", "-np", "2"], capture_output=True, text=True,
+                            timeout=60, cwd=REPO, env=env)
+    assert result.returncode == 1
+    assert "pip install 'bluefog-tf[interactive]'" in result.stderr, result.stderr
 
 
 @needs_cluster
