@@ -108,10 +108,11 @@ template <typename F>
 void GlooCommunicator::Run(const char* op, F&& body) {
   try {
     body();
-  } catch (const BluefogError&) {
+  } catch (const BluefogError& e) {
+    if (e.code() == StatusCode::kAborted) throw TransportError(e.code(), e.what());
     throw;
   } catch (const std::exception& e) {
-    throw BluefogError(StatusCode::kAborted,
+    throw TransportError(StatusCode::kAborted,
                        Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
                               ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
                               ". A peer may have exited, or not called it within "
