@@ -113,11 +113,11 @@ void GlooCommunicator::Run(const char* op, F&& body) {
     throw;
   } catch (const std::exception& e) {
     throw TransportError(StatusCode::kAborted,
-                       Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
-                              ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
-                              ". A peer may have exited, or not called it within "
-                              "BLUEFOG_GLOO_TIMEOUT (",
-                              setup_.timeout.count() / 1000, " s)"));
+                         Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
+                                ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
+                                ". A peer may have exited, or not called it within "
+                                "BLUEFOG_GLOO_TIMEOUT (",
+                                setup_.timeout.count() / 1000, " s)"));
   }
 }
 
