@@ -294,6 +294,21 @@ class GlooElasticDriver:
                 for w in alive:
                     per_host[w.host] = per_host.get(w.host, 0) + 1
                 room = (self.max_np or 1 << 30) - len(alive)
+                listed = dict(hosts)
+                for host in sorted(per_host):
+                    # Fewer slots there now (or none): its newest workers are stopped, and the
+                    # job re-forms without them as after a failure.
+                    extra = per_host[host] - listed.get(host, 0)
+                    on_host = [w for w in alive if w.host == host]
+                    for w in sorted(on_host, key=lambda w: int(w.wid))[-extra:] if extra > 0 \
+                            else []:
+                        log(f"stopping worker {w.wid} on {host}: the discovery script lists "
+                            f"{listed.get(host, 0)} slot(s) there")
+                        try:
+                            os.killpg(w.proc.pid, signal.SIGTERM)
+                        except OSError:
+                            pass
+                        per_host[host] -= 1
                 for host, slots in hosts:
                     while slots > per_host.get(host, 0) and room > 0:
                         wid = self.start_worker(host)
