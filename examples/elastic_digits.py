@@ -121,10 +121,11 @@ def main():
             commit(state)  # at most --commit-every steps between two commits
 
     def commit(state):
+        first = bf.rank() == 0  # asked before: after a lost rank, bf.rank() raises
         try:
             state.commit()
         finally:  # also when commit() raises HostsUpdatedInterrupt: the state was saved
-            if args.log_steps and bf.rank() == 0:
+            if args.log_steps and first:
                 print(f"COMMIT launch {launch} epoch {state.epoch} batch {state.batch}",
                       flush=True)
 

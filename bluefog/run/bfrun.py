@@ -229,6 +229,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bfrun: no command given; usage: bfrun -np N python train.py", file=sys.stderr)
         return 2
     elastic = _elastic_requested(args)
+    if elastic and args.gloo and args.np and not (args.hosts or args.host_discovery_script):
+        args.hosts = f"localhost:{args.np}"  # as bfrun --gloo -np N without -H
     if elastic:
         problem = elastic_driver.check_args(args)
         if problem:

@@ -93,17 +93,26 @@ class GlooElasticDriver:
 
     # -- workers -------------------------------------------------------------------------------
 
+    def worker_env(self, wid: str) -> Dict[str, str]:
+        """What a worker needs to find the job (besides what bf.init() reads from rounds)."""
+        return {"MASTER_ADDR": self.addr, "MASTER_PORT": str(self.port),
+                "BLUEFOG_JOB_TOKEN": self.secret, "BLUEFOG_BACKEND": "gloo",
+                "BLUEFOG_GLOO_EXTERNAL_STORE": "1", elastic_rounds.ENV_WORKER: wid}
+
     def start_worker(self, host: str) -> str:
         wid = str(self.next_id)
         self.next_id += 1
+        self.workers[wid] = Worker(wid, host, self.spawn(wid, host))
+        return wid
+
+    def spawn(self, wid: str, host: str):
+        """Starts worker ``wid`` on ``host``; returns an object with subprocess.Popen's poll(),
+        returncode, wait(timeout) and pid (a process of its own group), or stop()."""
         env = {k: v for k, v in self.env.items()
                if not k.startswith(gloo_launch._LAUNCHER_PREFIXES) and k != "TF_CONFIG"}
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.pop(k, None)
-        env.update(MASTER_ADDR=self.addr, MASTER_PORT=str(self.port),
-                   BLUEFOG_JOB_TOKEN=self.secret, BLUEFOG_BACKEND="gloo",
-                   BLUEFOG_GLOO_EXTERNAL_STORE="1", PYTHONUNBUFFERED="1")
-        env[elastic_rounds.ENV_WORKER] = wid
+        env.update(self.worker_env(wid), PYTHONUNBUFFERED="1")
         command = list(self.args.command)
         stdin = subprocess.DEVNULL
         if not gloo_launch.is_local(host):
@@ -116,10 +125,19 @@ class GlooElasticDriver:
             env, stdin = self.env, subprocess.PIPE
         proc = subprocess.Popen(command, env=env, stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, preexec_fn=gloo_launch._die_with_parent)
-        self.workers[wid] = Worker(wid, host, proc)
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             threading.Thread(target=self._forward, args=(wid, stream, sink), daemon=True).start()
-        return wid
+        return proc
+
+    @staticmethod
+    def stop(proc, sig: int = signal.SIGTERM) -> None:
+        if hasattr(proc, "stop"):
+            proc.stop()
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            pass
 
     def _forward(self, wid: str, stream, sink) -> None:
         prefix = f"[{wid}]".encode()
@@ -133,11 +151,8 @@ class GlooElasticDriver:
     def end_all(self) -> None:
         procs = [w.proc for w in self.workers.values() if w.proc.poll() is None]
         for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except OSError:
-                pass
-            if p.stdin is not None:
+            self.stop(p)
+            if getattr(p, "stdin", None) is not None:
                 try:
                     p.stdin.close()
                 except OSError:
@@ -147,10 +162,7 @@ class GlooElasticDriver:
             try:
                 p.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                self.stop(p, signal.SIGKILL)
                 p.wait()
 
     # -- rounds --------------------------------------------------------------------------------
@@ -182,9 +194,7 @@ class GlooElasticDriver:
         if first < self.args.min_np:
             log(f"giving up: {first} slot(s) available, below --min-np {self.args.min_np}")
             return 1
-        everyone_local = all(gloo_launch.is_local(h) for h, _ in hosts)
-        self.addr = "127.0.0.1" if everyone_local else socket.getfqdn()
-        bind = "127.0.0.1" if everyone_local else ""
+        bind = self.listen(hosts)
         port = self.args.gloo_port or 0
         self.store = gloo_store.StoreServer(bind, port, gloo_store.job_token(self.secret),
                                             gone_prefix=self._gone_prefix)
@@ -201,7 +211,8 @@ class GlooElasticDriver:
             raise KeyboardInterrupt
 
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        old = {s: signal.signal(s, on_signal) for s in handled}
+        in_main = threading.current_thread() is threading.main_thread()
+        old = {s: signal.signal(s, on_signal) for s in handled} if in_main else {}
         try:
             return self.loop()
         except KeyboardInterrupt:
@@ -213,6 +224,12 @@ class GlooElasticDriver:
             for s, h in old.items():
                 signal.signal(s, h)
             self.store.close()
+
+    def listen(self, hosts: eh.Hosts) -> str:
+        """Sets self.addr (where workers reach the store); returns the address to bind."""
+        everyone_local = all(gloo_launch.is_local(h) for h, _ in hosts)
+        self.addr = "127.0.0.1" if everyone_local else socket.getfqdn()
+        return "127.0.0.1" if everyone_local else ""
 
     def loop(self) -> int:
         while True:
@@ -243,7 +260,7 @@ class GlooElasticDriver:
                     time.sleep(_POLL_S)
                     continue
                 for w in self.joining:
-                    self.workers[w].proc.terminate()
+                    self.stop(self.workers[w].proc)
                 failed = [m for m in self.members if m not in ok]
                 if failed:
                     log(f"job failed: worker(s) {failed} exited with an error after "
@@ -294,6 +311,18 @@ class GlooElasticDriver:
                 for w in alive:
                     per_host[w.host] = per_host.get(w.host, 0) + 1
                 room = (self.max_np or 1 << 30) - len(alive)
+                listed = dict(hosts)
+                for host in sorted(per_host):
+                    # Fewer slots there now (or none): its newest workers are stopped, and the
+                    # job re-forms without them as after a failure.
+                    extra = per_host[host] - listed.get(host, 0)
+                    on_host = [w for w in alive if w.host == host]
+                    for w in sorted(on_host, key=lambda w: int(w.wid))[-extra:] if extra > 0 \
+                            else []:
+                        log(f"stopping worker {w.wid} on {host}: the discovery script lists "
+                            f"{listed.get(host, 0)} slot(s) there")
+                        self.stop(w.proc)
+                        per_host[host] -= 1
                 for host, slots in hosts:
                     while slots > per_host.get(host, 0) and room > 0:
                         wid = self.start_worker(host)

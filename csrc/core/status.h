@@ -42,6 +42,14 @@ class BluefogError : public std::runtime_error {
   StatusCode code_;
 };
 
+// A transport whose connections broke (a peer died, or did not answer in time): the channel
+// must stop, failing every request, rather than fail only the requests of the collective that
+// threw and go on. Thrown by the Gloo backend; the executors let it through.
+class TransportError : public BluefogError {
+ public:
+  using BluefogError::BluefogError;
+};
+
 // Builds a message from streamable parts: Concat("rank ", r, ": ", what).
 template <typename... Args>
 std::string Concat(Args&&... args) {

@@ -107,6 +107,8 @@ size_t Executor::Execute(std::vector<Response>& ready) {
           throw BluefogError(StatusCode::kInternal,
                              "a request the runtime carries out reached the executor");
       }
+    } catch (const TransportError&) {
+      throw;  // the channel stops: every request fails, after the job is marked ended
     } catch (const BluefogError& e) {
       for (size_t k = 0; k < n; ++k)
         requests_->Finish(group[k].meta.name,

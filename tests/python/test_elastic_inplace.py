@@ -7,9 +7,12 @@ Each test runs examples/elastic_digits.py (digits, a KerasState committed every 
   uninterrupted run (run beside it) within 1 pp, redoing at most the commit interval;
 * the discovery script adds a slot: a new worker joins at the next commit and ends with the
   same weights as the others;
-* below --min-np: the job ends with status 1 and a line naming the lost worker.
+* below --min-np: the job ends with status 1 and a line naming the lost worker;
+* two failures in a row, the first while the others are inside a commit
+  (tests/elastic/inplace_worker.py, a committed counter): the job finishes on the 2 left, with
+  the counter equal to the number of steps on both.
 
-The last two run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 40 s and 20 s here).
+The last three run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 40, 20 and 25 s here).
 """
 
 import os
@@ -159,3 +162,25 @@ def test_below_min_np_ends_the_job_with_a_clear_message():
     assert re.search(r"bfrun: elastic: giving up: 1 worker\(s\) left, below --min-np 2\. "
                      r"Lost: worker 1 on localhost \(killed by signal SIGKILL\)", out), out[-6000:]
     assert "DONE" not in out
+
+
+@slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_failure_in_a_commit_then_another():
+    job = BackgroundJob(bfrun("-np", "4", "--min-np", "2", "-H", "localhost:4", PYTHON,
+                              "tests/elastic/inplace_worker.py", "--steps", "30",
+                              "--die", "3:10:commit", "--die", "1:17:step"))
+    try:
+        out = finish(job)
+    finally:
+        job.kill()
+    assert job.proc.returncode == 0, out[-6000:]
+    assert "DYING worker 3 at step 10 (commit)" in out and "DYING worker 1 at step 17" in out
+    assert re.search(r"round 1: 3 worker\(s\) \['0', '1', '2'\]", out), out[-6000:]
+    assert re.search(r"round 2: 2 worker\(s\) \['0', '2'\]", out), out[-6000:]
+    pids = dict(re.findall(r"^\[(\d+)\] START worker \d+ pid (\d+)", out, re.M))
+    done = re.findall(r"^\[(\d+)\] DONE worker \d+ rank \d size (\d) step (\d+) counter (\d+) "
+                      r"pid (\d+)", out, re.M)
+    assert sorted(d[0] for d in done) == ["0", "2"], out[-6000:]
+    for w, size, step, counter, pid in done:
+        assert (size, step, counter, pid) == ("2", "30", "30", pids[w]), (w, done)

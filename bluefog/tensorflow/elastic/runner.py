@@ -85,6 +85,7 @@ def _lost_rank(error: BaseException) -> bool:
 def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
     reset = False
     while True:
+        rank = basics.rank()
         try:
             state.sync()
             # A new worker joining a running job resets as much as the others do.
@@ -101,19 +102,11 @@ def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
             elastic_rounds.report_failure()
             if state._saved is not None:  # else the sync below starts from rank 0's values
                 state.restore()
-        print(f"bluefog elastic: worker {elastic_rounds.worker_id()} (rank "
-              f"{_rank_or_none()}): {why}; re-forming the job in place", file=sys.stderr,
-              flush=True)
+        print(f"bluefog elastic: worker {elastic_rounds.worker_id()} (rank {rank}): {why}; "
+              "re-forming the job in place", file=sys.stderr, flush=True)
         basics.shutdown()
         basics.init()
         reset = True
-
-
-def _rank_or_none():
-    try:
-        return basics.rank()
-    except ValueError:
-        return None
 
 
 def _exit(status: int) -> None:

@@ -108,15 +108,16 @@ template <typename F>
 void GlooCommunicator::Run(const char* op, F&& body) {
   try {
     body();
-  } catch (const BluefogError&) {
+  } catch (const BluefogError& e) {
+    if (e.code() == StatusCode::kAborted) throw TransportError(e.code(), e.what());
     throw;
   } catch (const std::exception& e) {
-    throw BluefogError(StatusCode::kAborted,
-                       Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
-                              ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
-                              ". A peer may have exited, or not called it within "
-                              "BLUEFOG_GLOO_TIMEOUT (",
-                              setup_.timeout.count() / 1000, " s)"));
+    throw TransportError(StatusCode::kAborted,
+                         Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
+                                ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
+                                ". A peer may have exited, or not called it within "
+                                "BLUEFOG_GLOO_TIMEOUT (",
+                                setup_.timeout.count() / 1000, " s)"));
   }
 }
 

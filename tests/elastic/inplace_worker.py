@@ -1,0 +1,74 @@
+"""A tiny in-place elastic job (tests/python/test_elastic_inplace.py): no model, a counter.
+
+Each step allreduces 1 (so a lost peer is noticed) and adds 1 to a variable; the variable and
+the step are committed every --commit-every steps. At the end every worker prints its values:
+the variable must equal the number of steps on every rank whatever failures happened (a lost
+commit, or a rank left out of a sync, would show as a wrong value).
+
+--die W:S:WHERE (repeatable): worker W (BLUEFOG_ELASTIC_WORKER) kills itself with SIGKILL at
+step S, WHERE being "step" (after the step's allreduce, while the others go on to the next
+one) or "commit" (just before the commit of step S, which the others are then inside).
+"""
+
+import argparse
+import os
+import signal
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+
+import bluefog.tensorflow as bf  # noqa: E402
+
+bf.init()
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--commit-every", type=int, default=5)
+    p.add_argument("--step-ms", type=float, default=30)
+    p.add_argument("--die", action="append", default=[])
+    args = p.parse_args()
+    me = os.environ.get("BLUEFOG_ELASTIC_WORKER", "")
+    deaths = {}
+    for d in args.die:
+        w, s, where = d.split(":")
+        if w == me:
+            deaths[(int(s), where)] = True
+    print(f"START worker {me} pid {os.getpid()}", flush=True)
+    counter = tf.Variable(0.0)
+    state = bf.elastic.TensorFlowState([counter], step=0)
+    state.register_reset_callbacks([lambda: print(
+        f"RESET size {bf.size()} step {state.step} t={time.time():.3f}", flush=True)
+        if bf.rank() == 0 else None])
+
+    def die(step, where):
+        if deaths.get((step, where)):
+            print(f"DYING worker {me} at step {step} ({where}) t={time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    @bf.elastic.run
+    def train(state):
+        while state.step < args.steps:
+            n = bf.allreduce(tf.constant(1.0), average=False)
+            counter.assign_add(1.0)
+            state.step += 1
+            if bf.rank() == 0:
+                print(f"STEP {state.step} size {int(n)}", flush=True)
+            die(state.step, "step")
+            if state.step % args.commit_every == 0:
+                die(state.step, "commit")
+                state.commit()
+            time.sleep(args.step_ms / 1000)
+
+    train(state)
+    print(f"DONE worker {me} rank {bf.rank()} size {bf.size()} step {state.step} counter "
+          f"{float(counter.numpy()):.0f} pid {os.getpid()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
