@@ -99,9 +99,11 @@ test-python: build
 
 # The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
 # 3 ranks, windows included. Then the launchers, with the digits example under bfrun --gloo
-# against mpirun.
+# against mpirun, and in-place elastic training's slower cases (a joining worker, below
+# --min-np).
 test-gloo: build
 	BLUEFOG_TEST_GLOO_DIGITS=1 $(PY) -m pytest -q tests/python/test_gloo_launch.py
+	BLUEFOG_TEST_GLOO_ELASTIC=1 $(PY) -m pytest -q tests/python/test_elastic_inplace.py
 	for n in 2 3; do \
 	  echo "== pytest on Gloo, $$n ranks =="; \
 	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \

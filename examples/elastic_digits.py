@@ -2,16 +2,18 @@
 
     bfrun --min-np 2 --max-np 4 -H host1:2,host2:2 python examples/elastic_digits.py
     bfrun --min-np 1 --host-discovery-script ./hosts.sh python examples/elastic_digits.py
+    bfrun --gloo -np 3 --min-np 2 -H localhost:3 python examples/elastic_digits.py  # in place
     bfrun -np 2 python examples/elastic_digits.py          # not elastic: runs like any job
 
 A custom loop with DistributedGradientTape whose state (weights, optimizer slots, epoch, batch,
 position in the epoch) is a ``bf.elastic.KerasState`` committed every ``--commit-every``
 steps. When a host is lost, ``bfrun`` relaunches the job on the others and training carries on
 from the last commit; when the discovery script reports a new host, the ranks stop at their
-next commit and the job is relaunched with it. Every epoch visits each training sample once
-whatever the number of ranks: the position is counted in samples, not in per-rank batches.
-At the end rank 0 prints the test accuracy, and the script exits 1 if the ranks' weights
-differ.
+next commit and the job is relaunched with it. With ``--gloo`` nothing is relaunched: the
+surviving processes re-form the job in place and restore the last commit from memory. Every
+epoch visits each training sample once whatever the number of ranks: the position is counted
+in samples, not in per-rank batches. At the end rank 0 prints the test accuracy, and the script
+exits 1 if the ranks' weights differ.
 """
 
 import argparse
@@ -43,6 +45,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.002, help="single-process learning rate")
     p.add_argument("--commit-every", type=int, default=10, help="steps between two commits")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds to sleep after each step (tests: keeps the job running while "
+                        "a new worker starts)")
     p.add_argument("--log-steps", action="store_true",
                    help="rank 0 prints a line per step and per commit (the elastic tests read "
                         "them)")
@@ -51,6 +56,8 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if args.log_steps:
+        print(f"START rank {bf.rank()} size {bf.size()} pid {os.getpid()}", flush=True)
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)
@@ -86,7 +93,7 @@ def main():
         if bf.rank() == 0:
             print(f"RESET launch {os.environ.get('BLUEFOG_ELASTIC_RESTART', '0')}: "
                   f"{bf.size()} ranks from epoch {state.epoch} batch {state.batch} "
-                  f"(commit {state.commits}) t={time.time():.3f}", flush=True)
+                  f"(commit {state.commits}) pid {os.getpid()} t={time.time():.3f}", flush=True)
 
     state.register_reset_callbacks([rescale_learning_rate])
     launch = os.environ.get("BLUEFOG_ELASTIC_RESTART", "0")
@@ -101,6 +108,8 @@ def main():
                 start = state.sample + rank * args.batch_size
                 idx = order[start:start + args.batch_size]
                 train_step(x_train[idx], y_train[idx])
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
                 if args.log_steps and rank == 0:
                     print(f"STEP launch {launch} epoch {state.epoch} batch {state.batch} "
                           f"size {size} t={time.time():.3f}", flush=True)
@@ -134,6 +143,9 @@ def main():
               f"time={elapsed:.1f}s test accuracy={accuracy:.4f}")
         print("weights identical on all ranks" if identical else
               "ERROR: weights differ between ranks")
+    if args.log_steps:
+        print(f"DONE rank {bf.rank()} size {bf.size()} pid {os.getpid()} "
+              f"accuracy={accuracy:.4f}", flush=True)
     return 0 if identical else 1
 
 

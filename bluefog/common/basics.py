@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from bluefog.common import horovod_env, tf_config
+from bluefog.common import elastic_rounds, horovod_env, tf_config
 
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
@@ -61,6 +61,26 @@ def _load() -> ctypes.CDLL:
 
 class BluefogError(RuntimeError):
     """Raised when the C++ runtime reports a failure outside of a TensorFlow op."""
+
+
+class BluefogInternalError(RuntimeError):
+    """The job lost a rank (its process died, or its connections broke): every collective
+    pending or started on a survivor fails, and ``bf.elastic.run`` turns that failure into this
+    error, restores the last commit and re-forms the job with the ranks that remain (an elastic
+    ``bfrun --gloo``). Horovod's name for it is ``HorovodInternalError``."""
+
+
+HorovodInternalError = BluefogInternalError
+
+# Called, without arguments, after init() started a new job in a process that had run one
+# before (the Gloo backend, elastic resets): the front ends forget what belonged to the old job.
+_reinit_hooks: List = []
+_ever_initialized = [False]
+
+
+def register_reinit_hook(hook) -> None:
+    """``hook()`` runs after every init() that follows an earlier job in this process."""
+    _reinit_hooks.append(hook)
 
 
 def _check(code: int) -> None:
@@ -149,7 +169,11 @@ def init(process_sets=None, comm=None) -> None:
     process_sets = _check_init_arguments(process_sets, comm)
     if comm is not None:
         global_process_set.mpi_comm = comm
-    if not is_initialized():
+    if is_initialized():
+        _check(_load().bluefog_init())
+    elif elastic_rounds.active():
+        _init_elastic_round()
+    else:
         horovod_env.apply_and_announce(os.environ)
         try:
             rendezvous = tf_config.rendezvous_from_tf_config(os.environ)
@@ -157,13 +181,44 @@ def init(process_sets=None, comm=None) -> None:
             raise BluefogError(str(e)) from None
         if rendezvous:
             os.environ.update(rendezvous)
-    _check(_load().bluefog_init())
+        _check(_load().bluefog_init())
+        _after_new_job()
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
     if process_sets:
         for process_set in process_sets:
             add_process_set(process_set)
+
+
+def _init_elastic_round() -> None:
+    """Under an elastic ``bfrun --gloo``: joins the driver's newest round that includes this
+    worker; when that round's rendezvous fails (a rank of it died meanwhile), the next one."""
+    if _ever_initialized[0] is False:
+        horovod_env.apply_and_announce(os.environ)
+    while True:
+        round_id, variables = elastic_rounds.join_next_round()
+        os.environ.update(variables)
+        code = _load().bluefog_init()
+        if code == 0:
+            break
+        message = _load().bluefog_last_error().decode("utf-8", "replace")
+        if not elastic_rounds.superseded(round_id):
+            raise BluefogError(message)
+    _after_new_job()
+
+
+def _after_new_job() -> None:
+    with _sets_lock:
+        sets = [p for i, p in _registered.items() if i != 0]
+        for p in sets:
+            p.process_set_id = None
+        _registered.clear()
+        _registered[0] = global_process_set
+    if _ever_initialized[0]:
+        for hook in _reinit_hooks:
+            hook()
+    _ever_initialized[0] = True
 
 
 def shutdown() -> None:
@@ -173,7 +228,10 @@ def shutdown() -> None:
     once. It returns once every rank has joined the shutdown's negotiation round (at its next
     collective or shutdown).
 
-    MPI cannot be restarted, so ``init()`` after ``shutdown()`` raises in the same process.
+    On the Gloo backend ``init()`` may follow in the same process and starts a new job (what
+    elastic resets do): the process sets, the topology and the windows of the old one are gone
+    and must be made again. MPI cannot be restarted, so there ``init()`` after ``shutdown()``
+    raises.
     """
     if _lib is not None:
         _check(_lib.bluefog_shutdown())

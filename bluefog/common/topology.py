@@ -24,6 +24,17 @@ _state = {"topology": None, "weighted": False, "for_size": None,
           "machine_topology": None, "machine_weighted": False, "for_machines": None}
 
 
+def _forget_topology() -> None:
+    # A new job (elastic reset): its ranks and size are new; the default topology until the
+    # user sets one again (set_topology in a reset callback).
+    with _lock:
+        _state.update(topology=None, weighted=False, for_size=None, machine_topology=None,
+                      machine_weighted=False, for_machines=None)
+
+
+basics.register_reinit_hook(_forget_topology)
+
+
 # The framework's allgather of one int64 pair per rank (registered by bluefog.tensorflow):
 # set_topology uses it to check that every rank set the same graph.
 _agreement = {"allgather": None}

@@ -5,12 +5,14 @@
     bfrun -np 8 --hostfile hosts.txt python train.py
     bfrun --min-np 2 --max-np 4 -H a:2,b:2 python train.py               # elastic
     bfrun --min-np 2 --host-discovery-script ./hosts.sh python train.py  # elastic
+    bfrun --gloo -np 3 --min-np 2 -H localhost:3 python train.py         # elastic, in place
 
 It runs ``mpirun`` with the options bluefog needs (``--bind-to none``, ``--oversubscribe``,
 ``--allow-run-as-root`` when run as root), forwards the relevant environment variables to every
 rank (also on other hosts), and exits with ``mpirun``'s exit status: non-zero when a rank fails.
 With ``--min-np`` (elastic mode, bluefog/run/elastic_driver.py) it stays alive instead and
-relaunches the job on the hosts that remain or that are discovered.
+relaunches the job on the hosts that remain or that are discovered; with ``--gloo`` too, the
+workers keep running and re-form the job in place (bluefog/run/gloo_elastic.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from bluefog.run import elastic_driver, elastic_hosts, gloo_launch, horovod_flags
+from bluefog.run import (
+    elastic_driver,
+    elastic_hosts,
+    gloo_elastic,
+    gloo_launch,
+    horovod_flags,
+)
 from bluefog.run.timeline_files import merge_timeline, timeline_to_merge
 
 INSTALL_HINT = ("bfrun starts the ranks with Open MPI's mpirun. Install it, e.g. on Debian/Ubuntu "
@@ -239,9 +247,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.gloo:
         if elastic:
-            print("bfrun: --gloo does not run elastic jobs (--min-np ...); use mpirun's path",
-                  file=sys.stderr)
-            return 2
+            relaunch_only = [flag for flag, v in (("--reset-limit", args.reset_limit),
+                                                  ("--blacklist-cooldown-range",
+                                                   args.blacklist_cooldown_range),
+                                                  ("--state-dir", args.state_dir)) if v]
+            if relaunch_only:
+                print(f"bfrun: {', '.join(relaunch_only)}: options of the relaunching elastic "
+                      "mode (over mpirun); --gloo keeps the workers running and the commits "
+                      "in memory", file=sys.stderr)
+                return 2
+            return gloo_elastic.main(args, forwarded_env)
         return gloo_launch.main(args, forwarded_env)
 
     env = dict(os.environ)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import os
+import shlex
 import sys
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import cloudpickle
@@ -24,6 +26,43 @@ PAYLOAD_VAR = "BLUEFOG_RUN_PAYLOAD"
 MARKER_VAR = "BLUEFOG_RUN_MARKER"
 # One environment string is limited to 128 KiB on Linux (MAX_ARG_STRLEN).
 MAX_PAYLOAD_BYTES = 96 * 1024
+
+
+def _resolve_np(np_: Optional[int], num_proc: Optional[int]) -> int:
+    if np_ is not None and num_proc is not None and np_ != num_proc:
+        raise ValueError(f"bluefog.run: np={np_} and num_proc={num_proc} disagree; give one")
+    n = np_ if np_ is not None else (num_proc if num_proc is not None else 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"bluefog.run: the number of processes must be an integer >= 1, "
+                         f"got {n!r}")
+    return n
+
+
+def hosts_from_hostfile(path: str) -> str:
+    """``host1:N,host2:M`` from an Open MPI / Horovod hostfile (``host slots=N`` per line;
+    blank lines and ``#`` comments skipped; no ``slots=`` means 1)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ValueError(f"bluefog.run: cannot read hostfile {path!r}: {e}") from None
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = 1
+        for word in words[1:]:
+            key, _, value = word.partition("=")
+            if key in ("slots", "max_slots", "max-slots") and value.isdigit():
+                slots = int(value) if key == "slots" else slots
+            else:
+                raise ValueError(f"bluefog.run: hostfile {path!r} line {number}: expected "
+                                 f"'host slots=N', got {line.strip()!r}")
+        hosts.append(f"{words[0]}:{slots}")
+    if not hosts:
+        raise ValueError(f"bluefog.run: hostfile {path!r} names no host")
+    return ",".join(hosts)
 
 
 class _Stream:
@@ -44,10 +83,20 @@ class _Stream:
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None,
-        np: int = 1, hosts: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-        timeout: Optional[float] = None, rsh_agent: Optional[str] = None,
-        executable: Optional[str] = None, use_gloo: Optional[bool] = None,
-        use_mpi: Optional[bool] = None) -> List[Any]:
+        np: Optional[int] = None, hosts: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
+        rsh_agent: Optional[str] = None, executable: Optional[str] = None, *,
+        num_proc: Optional[int] = None, hostfile: Optional[str] = None,
+        start_timeout: Optional[float] = None, ssh_port: Optional[int] = None,
+        ssh_identity_file: Optional[str] = None, disable_cache: Optional[bool] = None,
+        use_gloo: Optional[bool] = None, use_mpi: Optional[bool] = None,
+        mpi_args: Optional[str] = None, verbose: Optional[int] = None,
+        output_filename: Optional[str] = None, network_interface: Optional[str] = None,
+        network_interfaces: Optional[str] = None, min_num_proc: Optional[int] = None,
+        max_num_proc: Optional[int] = None, min_np: Optional[int] = None,
+        max_np: Optional[int] = None, slots: Optional[int] = None,
+        reset_limit: Optional[int] = None, cooldown_range: Any = None,
+        host_discovery_script: Optional[str] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)`` on `np` processes and returns their results in rank order.
 
     Each process is a rank of a Gloo job (``bluefog.tensorflow.init()`` inside `fn` joins it).
@@ -57,17 +106,51 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     the ranks inherit. Each rank's output is printed prefixed with ``[rank]<stdout>:`` (or
     ``<stderr>``), as ``horovod.run`` prints it.
 
-    `use_gloo` and `use_mpi` are Horovod's: the ranks always run on Gloo here, so
-    ``use_mpi=True`` (without ``use_gloo=True``) raises ValueError; start such a job with
-    ``bfrun -np N python script.py`` instead.
+    Horovod's ``horovod.run`` arguments are accepted under its names: `num_proc` (= `np`,
+    default 1), `hostfile` (lines ``host slots=N``), `start_timeout` (seconds the ranks wait
+    for each other at the rendezvous: ``BLUEFOG_GLOO_TIMEOUT``), `ssh_port` and
+    `ssh_identity_file` (added to ssh), `disable_cache` (``BLUEFOG_CACHE_CAPACITY=0``),
+    `use_gloo`. `use_mpi=True` and `mpi_args` are refused (this function always starts a Gloo
+    job; launch an MPI job with ``bfrun``), as are the elastic arguments (`min_num_proc`,
+    `max_num_proc`, `host_discovery_script`, ...: launch an elastic job with ``bfrun``).
+    `verbose`, `output_filename` and `network_interface(s)` are accepted and have no effect
+    (a warning says so).
 
     Raises RuntimeError naming the rank when a rank raises (the rank's exception is its cause)
     or dies, after ending the other ranks; TimeoutError after `timeout` seconds.
     """
-    if use_mpi and not use_gloo:
-        raise ValueError("bluefog.run: use_mpi=True: bluefog.run starts its ranks on Gloo, "
-                         "not MPI; pass use_gloo=True (or neither), or start the script on MPI "
-                         "with `bfrun -np N python script.py`")
+    np = _resolve_np(np, num_proc)
+    if use_mpi or use_gloo is False or mpi_args:
+        raise ValueError("bluefog.run always starts a Gloo job (no mpirun); use_mpi=True, "
+                         "use_gloo=False and mpi_args have no meaning here: launch an MPI job "
+                         "with `bfrun -np N python train.py` instead")
+    elastic = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc, "min_np": min_np,
+               "max_np": max_np, "slots": slots, "reset_limit": reset_limit,
+               "cooldown_range": cooldown_range, "host_discovery_script": host_discovery_script}
+    given = [k for k, v in elastic.items() if v is not None]
+    if given:
+        raise ValueError(f"bluefog.run does not run elastic jobs ({', '.join(given)} given): "
+                         f"launch an elastic job with `bfrun --min-np M --max-np N "
+                         f"--host-discovery-script S python train.py` (docs: elastic training)")
+    if hostfile is not None:
+        if hosts is not None:
+            raise ValueError("bluefog.run: give hosts or hostfile, not both")
+        hosts = hosts_from_hostfile(hostfile)
+    ignored = {"verbose": verbose, "output_filename": output_filename,
+               "network_interface": network_interface, "network_interfaces": network_interfaces}
+    for name, value in ignored.items():
+        if value is not None:
+            warnings.warn(f"bluefog.run: {name}={value!r} has no effect here (the ranks' output "
+                          f"is printed tagged by rank; Gloo connects over the interface of the "
+                          f"address each host resolves to)", stacklevel=2)
+    if rsh_agent is None and (ssh_port is not None or ssh_identity_file):
+        rsh_agent = "ssh" + (f" -p {int(ssh_port)}" if ssh_port is not None else "") + (
+            f" -i {shlex.quote(ssh_identity_file)}" if ssh_identity_file else "")
+    base = dict(os.environ if env is None else env)
+    if start_timeout is not None:
+        base["BLUEFOG_GLOO_TIMEOUT"] = str(float(start_timeout))
+    if disable_cache:
+        base["BLUEFOG_CACHE_CAPACITY"] = "0"
     payload = base64.b64encode(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))).decode()
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(
@@ -75,7 +158,6 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
             f"than {MAX_PAYLOAD_BYTES} (they travel in an environment variable); pass large "
             f"data as a file path and read it inside the function")
     marker = "bluefog-run-result-" + os.urandom(8).hex()
-    base = dict(os.environ if env is None else env)
     base[PAYLOAD_VAR] = payload
     base[MARKER_VAR] = marker
     results: Dict[int, tuple] = {}

@@ -55,6 +55,7 @@ from bluefog.common.topology import (  # noqa: F401
     unified_mpi_window_model_supported,
 )
 from bluefog.tensorflow import (
+    collective_grads,  # noqa: F401  (registers the gradients)
     elastic,  # noqa: F401
     util,  # noqa: F401  (Horovod's hvd.util)
 )

@@ -1,7 +1,7 @@
-"""The collectives as TensorFlow ops: allreduce, allgather, broadcast, and their gradients.
+"""The collectives as TensorFlow ops: allreduce, allgather, broadcast.
 
 Each op is a C++ AsyncOpKernel that hands the tensor to the bluefog runtime; this module only
-names requests, validates arguments and registers gradients.
+names requests and validates arguments. Their gradients are in collective_grads.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Optional, Union
 import tensorflow as tf
 
 from bluefog.common import basics, topology
-from bluefog.common.process_sets import process_set_by_id
 from bluefog.tensorflow import adasum as _adasum
 from bluefog.tensorflow import eager_calls
 from bluefog.tensorflow.compression import Compression
@@ -20,13 +19,11 @@ from bluefog.tensorflow.op_library import (
     device_scope,
     eager_inline_attrs,
     eager_name,
-    forward_name,
     name_input,
     one_device,
     ops,
     process_set_attrs,
     request_name,
-    set_rank,
     set_size,
 )
 from bluefog.tensorflow.op_rules import (
@@ -427,100 +424,14 @@ def broadcast(tensor: Union[tf.Tensor, tf.Variable], root_rank: int,
                                  **set_attrs, **eager_inline_attrs())
 
 
-def _reduce_op_attr(op) -> str:
-    value = op.get_attr("reduce_op")
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _extremum_or_product_grad(x, y, grad, reduce_op: str, base: Optional[str],
-                              process_set=None):
-    """d(sum over ranks of loss_r)/dx for y = min/max/product over ranks of x.
-
-    min, max: the summed upstream gradient goes to the ranks whose x equals the result, split
-    evenly between ties. product: it is multiplied by the product of the other ranks' x,
-    computed from every rank's x (so zeros are handled exactly).
-    """
-    def sub(suffix):
-        return None if base is None else base + suffix
-
-    summed = allreduce(grad, average=False, name=sub(""), process_set=process_set)
-    if reduce_op in (Min, Max):
-        hit = tf.cast(tf.equal(x, y), grad.dtype)
-        ties = allreduce(hit, average=False, name=sub(".ties"), process_set=process_set)
-        return summed * hit / tf.maximum(ties, tf.ones_like(ties))
-    everyone = allgather(tf.expand_dims(x, 0), name=sub(".inputs"),
-                         process_set=process_set)  # [size, ...]
-    before = tf.math.cumprod(everyone, axis=0, exclusive=True)
-    after = tf.math.cumprod(everyone, axis=0, exclusive=True, reverse=True)
-    others = (before * after)[set_rank(process_set)]
-    return summed * tf.cast(others, grad.dtype)
-
-
-def _scale_of(op) -> dict:
-    """The forward op's scale factors, for its gradient (the same linear map)."""
-    return {"prescale_factor": op.get_attr("prescale_factor"),
-            "postscale_factor": op.get_attr("postscale_factor")}
-
-
-def _grad_set(op):
-    """The process set the forward op ran on (None: every rank), for its gradient."""
-    set_id = op.get_attr("process_set_id")
-    return None if set_id == 0 else process_set_by_id(set_id)
-
-
-@tf.RegisterGradient("BluefogAllreduce")
-def _allreduce_grad(op, grad):
-    """The gradient of a sum over ranks is the sum of the upstream gradients over ranks."""
-    reduce_op = _reduce_op_attr(op)
-    if reduce_op == "sum":
-        return [allreduce(grad, average=op.get_attr("average"), name=forward_name(op),
-                          process_set=_grad_set(op), **_scale_of(op)), None]
-    return [_extremum_or_product_grad(op.inputs[0], op.outputs[0], grad, reduce_op,
-                                      forward_name(op), _grad_set(op)), None]
-
-
-@tf.RegisterGradient("BluefogGroupedAllreduce")
-def _grouped_allreduce_grad(op, *grads):
-    base = forward_name(op)
-    reduce_op = _reduce_op_attr(op)
-    if reduce_op == "sum":
-        reduced = grouped_allreduce(list(grads), average=op.get_attr("average"), name=base,
-                                    process_set=_grad_set(op), **_scale_of(op))
-        return reduced + [None]
-    return [None if g is None else
-            _extremum_or_product_grad(op.inputs[i], op.outputs[i], tf.convert_to_tensor(g),
-                                      reduce_op, None if base is None else f"{base}.{i}",
-                                      _grad_set(op))
-            for i, g in enumerate(grads)] + [None]
-
-
-@tf.RegisterGradient("BluefogAllgather")
-def _allgather_grad(op, grad):
-    """Each rank's input receives its own slice of the upstream gradient summed over ranks."""
-    base = forward_name(op)
-    process_set = _grad_set(op)
-    summed = allreduce(grad, average=False, name=base, process_set=process_set)
-    first_dims = allgather(tf.shape(op.inputs[0], out_type=tf.int64)[:1],
-                           name=None if base is None else base + ".dims",
-                           process_set=process_set)
-    me = set_rank(process_set)
-    start = tf.reduce_sum(first_dims[:me])
-    return [summed[start:start + first_dims[me]], None]
-
-
-@tf.RegisterGradient("BluefogBroadcast")
-def _broadcast_grad(op, grad):
-    """Only the root's input influences the result: it receives the summed gradient."""
-    summed = allreduce(grad, average=False, name=forward_name(op), process_set=_grad_set(op))
-    if basics.rank() == op.get_attr("root_rank"):
-        return [summed, None]
-    # The zeros must wait for the allreduce, or graphs would prune it on non-root ranks and the
-    # root would wait forever.
-    with tf.control_dependencies([summed]):
-        return [tf.zeros_like(summed), None]
-
-
 _agreements = [0]
+
+
+def _forget_agreements() -> None:
+    _agreements[0] = 0
+
+
+basics.register_reinit_hook(_forget_agreements)
 
 
 def _topology_allgather(pair) -> list:

@@ -51,6 +51,15 @@ _lock = threading.Lock()
 _name_counters: dict = {}
 
 
+def _forget_counters() -> None:
+    # A new job (elastic reset): every rank, old or new, numbers its unnamed requests from 0.
+    with _lock:
+        _name_counters.clear()
+
+
+basics.register_reinit_hook(_forget_counters)
+
+
 def request_name(op: str, name: Optional[str]) -> str:
     """The name every rank uses to match this request of ``op``.
 

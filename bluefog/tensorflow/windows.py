@@ -55,6 +55,18 @@ class _Window:
 _lock = threading.Lock()
 _windows: Dict[str, _Window] = {}
 _with_p = [False]
+# Windows of an earlier job of this process (an elastic reset re-formed it): their buffers are
+# gone; they must be created again.
+_lost: set = set()
+
+
+def _forget_windows() -> None:
+    with _lock:
+        _lost.update(_windows)
+        _windows.clear()
+
+
+basics.register_reinit_hook(_forget_windows)
 
 
 def _topology_guard():
@@ -85,6 +97,12 @@ def _window(op: str, name) -> _Window:
                          "which frees every window); call bf.init() and bf.win_create first")
     with _lock:
         w = _windows.get(name)
+    if w is None and name in _lost:
+        raise ValueError(f"{_prefix(op, name)}: the window belonged to an earlier job of "
+                         "this process: bf.init() after a shutdown or a lost rank (an elastic "
+                         "reset) started a new job, which has none of the old windows; create "
+                         "it again with bf.win_create(tensor, name) on every rank (in an "
+                         "elastic reset callback, say)")
     if w is None:
         raise ValueError(f"{_prefix(op, name)}: there is no window of that name; create it with "
                          "bf.win_create(tensor, name) on every rank first")
@@ -178,6 +196,7 @@ def win_create(tensor: Union[tf.Tensor, tf.Variable], name: str, zero_init: bool
         else:
             variable = tf.Variable(value, trainable=False, name=f"bluefog_window_{name}")
     with _lock:
+        _lost.discard(name)
         _windows[name] = _Window(variable, in_ranks, out_ranks, float(self_weight),
                                  {int(r): float(w) for r, w in nw.items()})
     return True

@@ -112,6 +112,9 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
   if (const char* v = lookup("BLUEFOG_JOB_TOKEN")) config.job_token = v;
   if (const char* v = lookup("BLUEFOG_GLOO_TIMEOUT"))
     config.gloo_timeout_seconds = ParseDouble("BLUEFOG_GLOO_TIMEOUT", v, 0.001);
+  if (const char* v = lookup("BLUEFOG_GLOO_PREFIX")) config.gloo_prefix = v;
+  if (const char* v = lookup("BLUEFOG_GLOO_EXTERNAL_STORE"))
+    config.gloo_external_store = std::string(v) == "1";
   config.mpi_launched = lookup("OMPI_COMM_WORLD_SIZE") != nullptr ||
                         lookup("PMI_SIZE") != nullptr || lookup("PMIX_RANK") != nullptr;
   return config;

@@ -74,6 +74,12 @@ struct Config {
   int env_local_size = -1;
   std::string job_token;  // BLUEFOG_JOB_TOKEN; empty: derived from the rendezvous address
   double gloo_timeout_seconds = 300.0;  // BLUEFOG_GLOO_TIMEOUT
+  // Set by an elastic `bfrun --gloo` for each round of the job: the prefix of every key this
+  // rank writes in the store (BLUEFOG_GLOO_PREFIX), so that rounds never read each other's
+  // keys; and whether the store's server runs outside the ranks (BLUEFOG_GLOO_EXTERNAL_STORE=1:
+  // in bfrun, which outlives every rank) instead of in rank 0.
+  std::string gloo_prefix;
+  bool gloo_external_store = false;
   // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set: an MPI launcher started this process.
   bool mpi_launched = false;
 

@@ -57,6 +57,8 @@ std::unique_ptr<Communicator> MakeGloo(const Config& config, TransportInfo* info
       JobToken(config.job_token, config.master_addr, config.master_port, config.env_world_size);
   setup.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(config.gloo_timeout_seconds * 1000.0));
+  setup.prefix = config.gloo_prefix;
+  setup.external_store = config.gloo_external_store;
   auto gloo = std::make_unique<GlooCommunicator>(setup, TransportOptions::FromConfig(config));
   *info = gloo->Init();
   return gloo;
@@ -101,10 +103,13 @@ void Runtime::Init() {
   std::lock_guard<std::mutex> guard(InitMutex());
   if (started_) {
     if (world_->running()) return;
-    throw BluefogError(StatusCode::kPrecondition,
-                       Concat("bluefog was shut down in this process (", world_->stop_reason(),
-                              ") and cannot be initialized again, because MPI cannot be "
-                              "restarted. Start a new process."));
+    if (std::string(transport_->backend()) != "gloo")
+      throw BluefogError(StatusCode::kPrecondition,
+                         Concat("bluefog was shut down in this process (", world_->stop_reason(),
+                                ") and cannot be initialized again, because MPI cannot be "
+                                "restarted. Start a new process (or run on the Gloo backend, "
+                                "which can be initialized again)."));
+    ResetEndedJob();
   }
   config_ = Config::FromEnvironment();
   std::promise<void> started;
@@ -120,6 +125,21 @@ void Runtime::Init() {
   started_ = true;
 }
 
+void Runtime::ResetEndedJob() {
+  // The job ended (shutdown, or its global channel failed): its thread finishes on its own.
+  if (thread_.joinable()) thread_.join();
+  started_ = false;
+  world_.reset();
+  windows_ = std::make_unique<WindowService>();
+  transport_.reset();
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  sets_.clear();
+  next_set_id_ = 1;
+  removed_ids_.clear();
+  adds_agreed_ = 0;
+  removes_agreed_ = 0;
+}
+
 void Runtime::Shutdown() {
   if (forked()) return;  // the parent's runtime (at exit of a forked child, say): not ours
   std::lock_guard<std::mutex> guard(InitMutex());
@@ -128,7 +148,7 @@ void Runtime::Shutdown() {
       Concat("rank ", info_.rank, " shut down: bf.shutdown() was called or its process exited");
   // At once, not after the shutdown round: the other ranks join that round only at their next
   // collective, and until then their window operations into this rank must fail, not land.
-  windows_.Close(reason);
+  windows_->Close(reason);
   world_->RequestStop(reason);
   if (thread_.joinable()) thread_.join();
 }
@@ -170,7 +190,7 @@ void Runtime::Main(std::promise<void>* started) {
   std::vector<int> everyone(info_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
   world_ = std::make_unique<Channel>(0, config_, transport_.get(), info_, everyone, &timeline_);
-  windows_.Attach(
+  windows_->Attach(
       [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
       info_.rank, info_.size);
   world_->set_runtime_hook(
@@ -211,9 +231,13 @@ void Runtime::Main(std::promise<void>* started) {
       (void)set.transport.release();
     }
   }
-  windows_.Stop(reason, clean);
+  // Gloo's calls are synchronous: nothing is pending after a failed one, and closing its
+  // connections now is what makes the peers still waiting on this rank fail at once rather
+  // than after BLUEFOG_GLOO_TIMEOUT (their error in turn reaches theirs).
+  const bool gloo = std::string(transport_->backend()) == "gloo";
+  windows_->Stop(reason, clean || gloo);
   timeline_.Close();
-  if (clean) transport_->Shutdown();
+  if (clean || gloo) transport_->Shutdown();
 }
 
 Status Runtime::Enqueue(Request request, bool drive) {
@@ -383,10 +407,10 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
     spec.shape = mine->meta.shape;
     spec.in_ranks = mine->meta.recv_ranks;
     spec.out_ranks = mine->meta.send_ranks;
-    return windows_.Create(std::move(spec), mine->input, mine->zero_init);
+    return windows_->Create(std::move(spec), mine->input, mine->zero_init);
   }
   if (response.meta.op == OpType::kWinFree) {
-    windows_.Free(response.meta.name);
+    windows_->Free(response.meta.name);
     return 0;
   }
   if (response.meta.op == OpType::kAddProcessSet) {

@@ -26,7 +26,11 @@ class Runtime {
  public:
   static Runtime& Get();
 
-  // Starts the background thread and MPI; idempotent while running. Throws BluefogError.
+  // Starts the background thread and MPI; idempotent while running. On the Gloo backend it
+  // may run again after a shutdown or a failure (a lost peer): everything of the earlier job
+  // (channels, process sets, windows, the transport) is dropped and a new job is joined, as
+  // the variables say now (an elastic round). MPI cannot be restarted: there it throws.
+  // Throws BluefogError.
   void Init();
   // Stops every rank's runtime: pending requests fail with a "shut down" error. Idempotent.
   void Shutdown();
@@ -97,11 +101,13 @@ class Runtime {
 
   // The windows (bf.win_*). Created and freed through Enqueue (kWinCreate, kWinFree), so every
   // rank does it at the same point; the other operations go to the service directly.
-  WindowService& windows() { return windows_; }
+  WindowService& windows() { return *windows_; }
 
  private:
   Runtime() = default;
   void Main(std::promise<void>* started);
+  // Drops what an ended job left (Init on Gloo, after the background thread has ended).
+  void ResetEndedJob();
   // On the global channel's thread: registers or removes the set of `response`, or creates or
   // frees its window (`mine`: this rank's request).
   int OnRuntimeOp(const Response& response, const Request* mine);
@@ -120,7 +126,7 @@ class Runtime {
   std::unique_ptr<Communicator> transport_;   // set by the background thread before Init returns
   std::atomic<int64_t> inline_threshold_{0};  // what SetTuning last set (config's at first)
   Timeline timeline_;
-  WindowService windows_;
+  std::unique_ptr<WindowService> windows_ = std::make_unique<WindowService>();
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
   std::atomic<bool> started_{false};
   std::thread thread_;

@@ -1,9 +1,12 @@
 """``bf.elastic``: training that survives lost hosts and takes in new ones (under
 ``bfrun --min-np``). Horovod's elastic API: ``run``, ``State``, ``ObjectState``,
-``TensorFlowState``, ``KerasState``, ``HostsUpdatedInterrupt`` and the Keras callbacks.
+``TensorFlowState``, ``KerasState`` (also as ``TensorFlowKerasState``),
+``HostsUpdatedInterrupt``, ``BluefogInternalError`` (also as ``HorovodInternalError``) and the
+Keras callbacks.
 docs/elastic.md shows how to use it; docs/design.md how it works."""
 
 from bluefog.common import elastic_env as _env
+from bluefog.common.basics import BluefogInternalError, HorovodInternalError  # noqa: F401
 from bluefog.tensorflow.elastic.interrupts import HostsUpdatedInterrupt  # noqa: F401
 from bluefog.tensorflow.elastic.interrupts import install_handler as _install_handler
 from bluefog.tensorflow.elastic.runner import run  # noqa: F401
@@ -11,6 +14,7 @@ from bluefog.tensorflow.elastic.state import (  # noqa: F401
     KerasState,
     ObjectState,
     State,
+    TensorFlowKerasState,
     TensorFlowState,
 )
 

@@ -7,7 +7,8 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from bluefog.common import basics, elastic_env
+from bluefog.common import basics, elastic_env, elastic_rounds
+from bluefog.common.basics import BluefogInternalError
 from bluefog.tensorflow.elastic.interrupts import HostsUpdatedInterrupt
 from bluefog.tensorflow.elastic.state import State
 
@@ -27,6 +28,13 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     with the status that makes ``bfrun`` relaunch the job on the new hosts. Without an elastic
     ``bfrun`` the interrupt propagates. Any other error propagates too: under an elastic
     ``bfrun`` the failed launch is relaunched on the hosts that remain.
+
+    Under ``bfrun --gloo --min-np`` (in place) the process is never restarted: when a
+    collective fails because a rank was lost (``BluefogInternalError``; any error raised while
+    bluefog's job has ended counts as one), every survivor restores its last commit
+    (``state.restore()``); after that or a ``HostsUpdatedInterrupt``, it calls
+    ``bf.shutdown()`` and ``bf.init()``, which joins the job's next round (new ranks and size),
+    then ``state.sync()`` (new workers get the state), the reset callbacks and ``func`` again.
     """
     if not callable(func):
         raise TypeError(f"bluefog elastic run: expected a function, got {type(func).__name__}")
@@ -40,6 +48,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         if not basics.is_initialized():
             raise ValueError("bluefog elastic run: bluefog is not initialized; call bf.init() "
                              "before the training function")
+        if elastic_rounds.active():
+            return _run_in_place(func, state, args, kwargs)
         state.sync()
         if state.restored_commit or elastic_env.restart_count() > 0:
             try:
@@ -64,6 +74,46 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return wrapper
+
+
+def _lost_rank(error: BaseException) -> bool:
+    """Whether ``error`` came from the job losing a rank: bluefog's job ended under it (a
+    failed collective ends it on every survivor), or it says so itself."""
+    return isinstance(error, BluefogInternalError) or not basics.is_initialized()
+
+
+def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
+    reset = False
+    while True:
+        try:
+            state.sync()
+            # A new worker joining a running job resets as much as the others do.
+            if reset or state.restored_commit:
+                state.on_reset()
+            return func(state, *args, **kwargs)
+        except HostsUpdatedInterrupt as e:
+            # commit() raised it on every rank: the state is committed, nothing to restore.
+            why = str(e)
+        except Exception as e:  # noqa: BLE001 - anything but a lost rank is re-raised
+            if not _lost_rank(e):
+                raise
+            why = f"a rank was lost: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            elastic_rounds.report_failure()
+            if state._saved is not None:  # else the sync below starts from rank 0's values
+                state.restore()
+        print(f"bluefog elastic: worker {elastic_rounds.worker_id()} (rank "
+              f"{_rank_or_none()}): {why}; re-forming the job in place", file=sys.stderr,
+              flush=True)
+        basics.shutdown()
+        basics.init()
+        reset = True
+
+
+def _rank_or_none():
+    try:
+        return basics.rank()
+    except ValueError:
+        return None
 
 
 def _exit(status: int) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from bluefog.common import basics, elastic_env
+from bluefog.common import basics, elastic_env, elastic_rounds
 from bluefog.tensorflow import mpi_ops, objects
 from bluefog.tensorflow import variables as bf_variables
 from bluefog.tensorflow.elastic import interrupts
@@ -27,6 +27,14 @@ _RESERVED = frozenset(["commit", "save", "restore", "sync", "check_host_updates"
 Snapshot = Tuple[int, List[np.ndarray], Dict[str, Any]]  # (commit id, values, attributes)
 
 _collectives = 0  # per-process counter for the names of the state's collectives
+
+
+def _forget_counter() -> None:
+    global _collectives
+    _collectives = 0  # a new job: its ranks (some new) number the state's collectives alike
+
+
+basics.register_reinit_hook(_forget_counter)
 
 
 def _name(what: str) -> str:
@@ -117,7 +125,10 @@ class State:
         """Raises ``HostsUpdatedInterrupt`` on every rank when any rank got the driver's
         notice that hosts were added or removed. One allreduce: every rank must call it."""
         _check_initialized("check_host_updates")
-        mine = 1 if interrupts.pending() else 0
+        if elastic_rounds.active():  # bfrun --gloo --min-np: a newer round waits in the store
+            mine = 1 if elastic_rounds.hosts_updated() is not None else 0
+        else:
+            mine = 1 if interrupts.pending() else 0
         total = mpi_ops.allreduce(tf.constant(mine, tf.int32), average=False,
                                   name=_name("hosts_updated"))
         if int(total) > 0:
@@ -288,3 +299,7 @@ class KerasState(State):
         if not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         return list(self.model.weights) + list(optimizer.variables)
+
+
+TensorFlowKerasState = KerasState
+"""Horovod's name for ``KerasState`` (its TensorFlow 2 elastic examples use it)."""

@@ -124,11 +124,11 @@ TransportInfo GlooCommunicator::Init() {
   BF_ENFORCE(setup_.size >= 1 && setup_.rank >= 0 && setup_.rank < setup_.size,
              StatusCode::kInvalidArgument, "RANK=", setup_.rank, " and WORLD_SIZE=", setup_.size,
              ": RANK must be at least 0 and below WORLD_SIZE");
-  if (setup_.rank == 0)
+  if (setup_.rank == 0 && !setup_.external_store)
     server_ = std::make_shared<TcpStoreServer>(setup_.master_addr, setup_.master_port, setup_.token,
                                                setup_.timeout);
   store_ = std::make_shared<TcpStore>(setup_.master_addr, setup_.master_port, setup_.token,
-                                      setup_.rank, setup_.timeout);
+                                      setup_.rank, setup_.timeout, setup_.prefix);
 
   // Every rank announces its host; a rank that never comes is named, not waited on forever.
   const std::string host = HostName();
@@ -140,6 +140,9 @@ TransportInfo GlooCommunicator::Init() {
   for (std::vector<std::string> missing = keys;;) {
     missing = store_->Missing(missing);
     if (missing.empty()) break;
+    BF_ENFORCE(!setup_.external_store || !store_->Missing({kAbortKey}).empty(),
+               StatusCode::kAborted, "rank ", rank_, ": the elastic driver gave up this round (",
+               setup_.prefix, ") of the Gloo rendezvous: a rank of it is gone");
     if (std::chrono::steady_clock::now() >= deadline) {
       std::vector<int> ranks;
       for (const std::string& k : missing) ranks.push_back(std::stoi(k.substr(16)));

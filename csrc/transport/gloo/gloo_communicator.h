@@ -43,7 +43,15 @@ struct GlooSetup {
   // the route to MASTER_ADDR (127.0.0.1 when that is a loopback address), else its name.
   std::string host;
   std::chrono::milliseconds timeout{300000};
+  // An elastic round (bfrun --gloo --min-np): every key under this prefix; the store served
+  // by bfrun rather than rank 0; and the rendezvous given up at once when the driver sets
+  // `<prefix>abort` (it started a newer round without one of this round's ranks).
+  std::string prefix;
+  bool external_store = false;
 };
+
+// The key an elastic driver sets (under the round's prefix) to end a round's rendezvous.
+constexpr const char* kAbortKey = "bluefog/abort";
 
 // The window service's link over `context` (window_link.cc).
 std::unique_ptr<WindowLink> MakeGlooWindowLink(std::shared_ptr<gloo::Context> context,

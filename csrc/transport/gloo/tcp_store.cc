@@ -262,8 +262,8 @@ void TcpStoreServer::Serve(int fd) {
 }
 
 TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, int rank,
-                   std::chrono::milliseconds timeout)
-    : where_(Concat(addr, ":", port)), rank_(rank), timeout_(timeout) {
+                   std::chrono::milliseconds timeout, std::string prefix)
+    : where_(Concat(addr, ":", port)), prefix_(std::move(prefix)), rank_(rank), timeout_(timeout) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -323,9 +323,10 @@ TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::vector<char> TcpStore::Call(char op, const std::string& key, const std::vector<char>& value,
+std::vector<char> TcpStore::Call(char op, const std::string& name, const std::vector<char>& value,
                                  bool* found) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const std::string key = prefix_ + name;
   const uint32_t key_len = static_cast<uint32_t>(key.size());
   bool ok =
       WriteAll(fd_, &op, 1) && WriteAll(fd_, &key_len, 4) && WriteAll(fd_, key.data(), key.size());

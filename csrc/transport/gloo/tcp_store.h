@@ -64,8 +64,9 @@ class TcpStore : public gloo::rendezvous::Store {
  public:
   // Connects to addr:port, retrying until `timeout` (the server may start later), and presents
   // `token`. Throws BluefogError when the server does not answer in time or refuses the token.
+  // Every key is read and written under `prefix` (an elastic job's round, say "r3/").
   TcpStore(const std::string& addr, int port, const std::string& token, int rank,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, std::string prefix = "");
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -85,6 +86,7 @@ class TcpStore : public gloo::rendezvous::Store {
                          bool* found);
 
   std::string where_;
+  std::string prefix_;
   int rank_;
   std::chrono::milliseconds timeout_;
   int fd_ = -1;

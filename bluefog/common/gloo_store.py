@@ -1,0 +1,212 @@
+"""The Gloo rendezvous store's wire protocol in Python: a server and a client.
+
+The ranks' side is C++ (csrc/transport/gloo/tcp_store.cc); this module speaks the same protocol
+so that an elastic ``bfrun --gloo`` can serve the store itself (it outlives every rank, so the
+job's store survives the loss of any worker) and so that the driver and the workers can
+exchange the rounds of the job (bluefog/common/elastic_rounds.py) through it. No TensorFlow.
+
+The wire (native byte order, as the C++ side): a connection opens with ``BFG1``, the token's
+length (u32), the token and the client's rank (i32); the server answers ``Y`` or ``N``. Then
+requests: an op byte (``S`` set, ``G`` get, ``H`` has), the key's length (u32), the key and, for a
+set, the value's length (u64) and the value. A set is answered ``K``; a get ``Y``, the length
+(u64) and the bytes, or ``N`` while the key is unset; a has ``Y`` or ``N``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+_MAGIC = b"BFG1"
+_MAX_KEY = 4096
+_MAX_VALUE = 64 << 20
+_MAX_TOKEN = 256
+
+
+def _fnv(text: bytes, h: int) -> int:
+    for c in text:
+        h ^= c
+        h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def job_token(secret: str) -> str:
+    """The digest the ranks present for ``BLUEFOG_JOB_TOKEN=secret`` (JobToken in
+    tcp_store.cc)."""
+    text = f"bluefog-token|{secret}".encode()
+    return f"{_fnv(text, 14695981039346656037):016x}{_fnv(text, 0x9e3779b97f4a7c15):016x}"
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n > 0:
+        b = sock.recv(n)
+        if not b:
+            raise ConnectionError("connection closed")
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+class StoreServer:
+    """The store, served from a thread of this process at ``addr:port`` (port 0: a free one,
+    then in ``self.port``). When a rank's connection ends, ``<prefix>bluefog/gone/<rank>`` is
+    set, ``prefix`` being what ``gone_prefix()`` returned when it connected (the round it came
+    for), as rank 0's server does: the ranks read it to name who left."""
+
+    def __init__(self, addr: str, port: int, token: str,
+                 gone_prefix: Optional[Callable[[], str]] = None):
+        self.token = token.encode()
+        self.gone_prefix = gone_prefix
+        self.data: Dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.sock = socket.create_server((addr, port), reuse_port=False, backlog=128)
+        self.port = self.sock.getsockname()[1]
+        self.refused = 0
+        self._stopping = False
+        self._clients: List[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True, name="bluefog-store").start()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.lock:
+            self.data[key] = bytes(value)
+
+    def get(self, key: str) -> Optional[bytes]:
+        with self.lock:
+            return self.data.get(key)
+
+    def keys(self, prefix: str) -> List[str]:
+        with self.lock:
+            return [k for k in self.data if k.startswith(prefix)]
+
+    def close(self) -> None:
+        self._stopping = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        with self.lock:
+            clients, self._clients = self._clients, []
+        for c in clients:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self._clients.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        rank = -1
+        prefix = ""
+        try:
+            if _read(conn, 4) != _MAGIC:
+                raise ConnectionError("not bluefog's handshake")
+            (n,) = struct.unpack("=I", _read(conn, 4))
+            if n > _MAX_TOKEN:
+                raise ConnectionError("token too long")
+            token = _read(conn, n)
+            (rank,) = struct.unpack("=i", _read(conn, 4))
+            if token != self.token:
+                self.refused += 1
+                conn.sendall(b"N")
+                rank = -1
+                return
+            conn.sendall(b"Y")
+            prefix = self.gone_prefix() if self.gone_prefix else ""
+            while True:
+                op = _read(conn, 1)
+                (n,) = struct.unpack("=I", _read(conn, 4))
+                if n > _MAX_KEY or op not in (b"S", b"G", b"H"):
+                    return
+                key = _read(conn, n).decode("utf-8", "replace")
+                if op == b"S":
+                    (m,) = struct.unpack("=Q", _read(conn, 8))
+                    if m > _MAX_VALUE:
+                        return
+                    self.set(key, _read(conn, m))
+                    conn.sendall(b"K")
+                    continue
+                value = self.get(key)
+                if value is None or op == b"H":
+                    conn.sendall(b"N" if value is None else b"Y")
+                    continue
+                conn.sendall(b"Y" + struct.pack("=Q", len(value)) + value)
+        except (ConnectionError, OSError, struct.error):
+            pass
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+            with self.lock:
+                if conn in self._clients:
+                    self._clients.remove(conn)
+            if self.gone_prefix and rank >= 0 and not self._stopping:
+                self.set(f"{prefix}bluefog/gone/{rank}", b"")
+
+
+class StoreClient:
+    """One connection to a store (rank 0's or bfrun's). Raises ConnectionError when the server
+    cannot be reached within ``timeout`` seconds or refuses the token."""
+
+    def __init__(self, addr: str, port: int, token: str, rank: int = -1, timeout: float = 30.0):
+        self.where = f"{addr}:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock = socket.create_connection((addr, port), timeout=timeout)
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"the elastic driver's store at {self.where} did not "
+                                          f"answer within {timeout:g} s: {e}") from None
+                time.sleep(0.1)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t = token.encode()
+        self.sock.sendall(_MAGIC + struct.pack("=I", len(t)) + t + struct.pack("=i", rank))
+        if _read(self.sock, 1) != b"Y":
+            raise ConnectionError(f"the store at {self.where} refused this process's job token "
+                                  "(BLUEFOG_JOB_TOKEN)")
+        self.lock = threading.Lock()
+
+    def _request(self, op: bytes, key: str, value: bytes = b"") -> bytes:
+        k = key.encode()
+        msg = op + struct.pack("=I", len(k)) + k
+        if op == b"S":
+            msg += struct.pack("=Q", len(value)) + value
+        with self.lock:
+            self.sock.sendall(msg)
+            answer = _read(self.sock, 1)
+            if op == b"G" and answer == b"Y":
+                (n,) = struct.unpack("=Q", _read(self.sock, 8))
+                return b"Y" + _read(self.sock, n)
+            return answer
+
+    def set(self, key: str, value: bytes) -> None:
+        self._request(b"S", key, value)
+
+    def get(self, key: str) -> Optional[bytes]:
+        """The value, or None while the key is unset (no wait)."""
+        answer = self._request(b"G", key)
+        return answer[1:] if answer[:1] == b"Y" else None
+
+    def has(self, key: str) -> bool:
+        return self._request(b"H", key) == b"Y"
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

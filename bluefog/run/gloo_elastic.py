@@ -1,0 +1,322 @@
+"""In-place elastic training on Gloo: ``bfrun --gloo --min-np M [--max-np X] [-np N]
+(-H hosts | --host-discovery-script S) python train.py``.
+
+bfrun starts one worker process per slot and stays alive as the job's driver. It serves the
+Gloo rendezvous store itself (bluefog/common/gloo_store.py), so the store outlives every
+worker, and runs the job as a series of *rounds* (bluefog/common/elastic_rounds.py): each round
+lists the workers in rank order and has a key prefix of its own in the store.
+
+* A worker that dies (any exit but 0) leaves its round. Its peers' collectives fail at once
+  (their Gloo connections to it break); the driver publishes the next round with the workers
+  that remain, and they join it without restarting: ``bf.elastic.run`` restores the last
+  commit, calls ``bf.shutdown()`` and ``bf.init()``, synchronizes and goes on.
+* Fewer than ``--min-np`` workers left: the job ends with status 1 and a line naming the
+  workers lost.
+* New slots (from the discovery script): the driver starts workers for them (up to
+  ``--max-np``); once they wait for a round, it publishes one that includes them, which the
+  running workers notice at their next ``commit()`` (``HostsUpdatedInterrupt``); the new
+  workers receive the state by broadcast before their first step.
+* Every worker exited 0: the job is done.
+
+Each line a worker prints comes out prefixed with ``[id]`` (the worker ids 0..N-1 of the
+first round are its ranks; later workers get the next ids).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from bluefog.common import elastic_rounds, gloo_store
+from bluefog.run import elastic_hosts as eh
+from bluefog.run import gloo_launch
+
+# How long the driver waits, after a worker reported a failed collective, for the death that
+# explains it before it re-forms the job with the same workers anyway.
+_FAILURE_GRACE_S = 2.0
+_POLL_S = 0.02
+
+
+def log(msg: str) -> None:
+    print(f"bfrun: elastic: {msg}", file=sys.stderr, flush=True)
+
+
+class Worker:
+    def __init__(self, wid: str, host: str, proc: subprocess.Popen):
+        self.wid = wid
+        self.host = host
+        self.proc = proc
+        self.ended = False
+
+
+class GlooElasticDriver:
+    def __init__(self, args, env: Dict[str, str], extra_names: Sequence[str], forwarded_env):
+        self.args = args
+        self.env = env
+        self.extra_names = list(extra_names)
+        self.forwarded_env = forwarded_env
+        self.workers: Dict[str, Worker] = {}
+        self.next_id = 0
+        self.round = -1
+        self.members: List[str] = []  # the current round's workers, in rank order
+        self.lost: List[str] = []
+        self.joining: List[str] = []  # started, not yet in a round
+        self.secret = secrets.token_hex(16)
+        self.out_lock = threading.Lock()
+        self.fixed = eh.parse_host_spec(args.hosts) if args.hosts else None
+        self.max_np = args.max_np
+        self.last_discovery = 0.0
+        self.failure_seen: Dict[str, float] = {}
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    def hosts(self) -> Optional[eh.Hosts]:
+        if self.fixed is not None:
+            return self.fixed
+        script = self.args.host_discovery_script
+        try:
+            out = subprocess.run(script, shell=True, capture_output=True, text=True,
+                                 timeout=self.args.discovery_timeout, env=self.env)
+            if out.returncode != 0:
+                return None
+            return eh.parse_discovery_output(out.stdout)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def start_worker(self, host: str) -> str:
+        wid = str(self.next_id)
+        self.next_id += 1
+        env = {k: v for k, v in self.env.items()
+               if not k.startswith(gloo_launch._LAUNCHER_PREFIXES) and k != "TF_CONFIG"}
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            env.pop(k, None)
+        env.update(MASTER_ADDR=self.addr, MASTER_PORT=str(self.port),
+                   BLUEFOG_JOB_TOKEN=self.secret, BLUEFOG_BACKEND="gloo",
+                   BLUEFOG_GLOO_EXTERNAL_STORE="1", PYTHONUNBUFFERED="1")
+        env[elastic_rounds.ENV_WORKER] = wid
+        command = list(self.args.command)
+        stdin = subprocess.DEVNULL
+        if not gloo_launch.is_local(host):
+            agent = shlex.split(self.args.rsh_agent or self.env.get("BLUEFOG_RSH_AGENT")
+                                or "ssh")
+            names = list(self.forwarded_env(self.env, self.extra_names)) + [
+                "MASTER_ADDR", "MASTER_PORT", "BLUEFOG_JOB_TOKEN", "BLUEFOG_BACKEND",
+                "BLUEFOG_GLOO_EXTERNAL_STORE", "PYTHONUNBUFFERED", elastic_rounds.ENV_WORKER]
+            command = gloo_launch.remote_command(agent, host, env, names, command)
+            env, stdin = self.env, subprocess.PIPE
+        proc = subprocess.Popen(command, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, preexec_fn=gloo_launch._die_with_parent)
+        self.workers[wid] = Worker(wid, host, proc)
+        for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+            threading.Thread(target=self._forward, args=(wid, stream, sink), daemon=True).start()
+        return wid
+
+    def _forward(self, wid: str, stream, sink) -> None:
+        prefix = f"[{wid}]".encode()
+        for line in iter(stream.readline, b""):
+            with self.out_lock:
+                sink.write(prefix + (b" " if line.strip() else b"") + line)
+                if not line.endswith(b"\n"):
+                    sink.write(b"\n")
+                sink.flush()
+
+    def end_all(self) -> None:
+        procs = [w.proc for w in self.workers.values() if w.proc.poll() is None]
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            if p.stdin is not None:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+        deadline = time.time() + gloo_launch.GRACE_S
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                p.wait()
+
+    # -- rounds --------------------------------------------------------------------------------
+
+    def publish(self, members: List[str], why: str) -> None:
+        old = self.round
+        self.round += 1
+        self.members = list(members)
+        hosts = [self.workers[w].host for w in members]
+        self.store.set(elastic_rounds.round_key(self.round),
+                       elastic_rounds.record(self.round, self.members, hosts))
+        self.store.set(elastic_rounds.ROUND_KEY, str(self.round).encode())
+        if old >= 0:  # a rendezvous of the old round still waiting for a lost worker ends
+            self.store.set(elastic_rounds.prefix(old) + "bluefog/abort", b"1")
+        self.joining = [w for w in self.joining if w not in members]
+        log(f"round {self.round}: {len(members)} worker(s) {members} ({why})")
+
+    def _gone_prefix(self) -> str:
+        return elastic_rounds.prefix(max(self.round, 0))
+
+    # -- the job -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        hosts = self.hosts() or []
+        slots = eh.assign(hosts, self.max_np)
+        first = eh.total_slots(slots)
+        if self.args.np is not None:
+            first = min(first, self.args.np)
+        if first < self.args.min_np:
+            log(f"giving up: {first} slot(s) available, below --min-np {self.args.min_np}")
+            return 1
+        everyone_local = all(gloo_launch.is_local(h) for h, _ in hosts)
+        self.addr = "127.0.0.1" if everyone_local else socket.getfqdn()
+        bind = "127.0.0.1" if everyone_local else ""
+        port = self.args.gloo_port or 0
+        self.store = gloo_store.StoreServer(bind, port, gloo_store.job_token(self.secret),
+                                            gone_prefix=self._gone_prefix)
+        self.port = self.store.port
+        members = []
+        for host in eh.rank_hosts(slots)[:first]:
+            members.append(self.start_worker(host))
+        self.publish(members, "start")
+
+        stopped: List[int] = []
+
+        def on_signal(signum, _frame):
+            stopped.append(signum)
+            raise KeyboardInterrupt
+
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        old = {s: signal.signal(s, on_signal) for s in handled}
+        try:
+            return self.loop()
+        except KeyboardInterrupt:
+            sig = stopped[0] if stopped else signal.SIGINT
+            log(f"interrupted ({signal.Signals(sig).name}): ending every worker")
+            self.end_all()
+            return 128 + sig
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.store.close()
+
+    def loop(self) -> int:
+        while True:
+            now = time.monotonic()
+            dead = []
+            for w in list(self.workers.values()):
+                if w.ended or w.proc.poll() is None:
+                    continue
+                w.ended = True
+                code = w.proc.returncode
+                if code == 0:
+                    continue
+                how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+                       else f"exited with status {code}")
+                where = (f"rank {self.members.index(w.wid)} of round {self.round}"
+                         if w.wid in self.members else "not yet in a round")
+                self.lost.append(f"worker {w.wid} on {w.host} ({how})")
+                log(f"worker {w.wid} ({where}, on {w.host}) {how}")
+                dead.append(w.wid)
+                if w.wid in self.joining:
+                    self.joining.remove(w.wid)
+            running = [m for m in self.members if not self.workers[m].ended]
+            ok = [m for m in self.members if self.workers[m].ended
+                  and self.workers[m].proc.returncode == 0]
+            if ok:
+                # A worker finished: the job is ending (the others finish too, or fail).
+                if running:
+                    time.sleep(_POLL_S)
+                    continue
+                for w in self.joining:
+                    self.workers[w].proc.terminate()
+                failed = [m for m in self.members if m not in ok]
+                if failed:
+                    log(f"job failed: worker(s) {failed} exited with an error after "
+                        f"{len(ok)} finished")
+                    return 1
+                log(f"job done: {len(ok)} worker(s) finished")
+                return 0
+            if any(m in dead for m in self.members):
+                if len(running) < self.args.min_np:
+                    log(f"giving up: {len(running)} worker(s) left, below --min-np "
+                        f"{self.args.min_np}. Lost: {'; '.join(self.lost)}")
+                    self.end_all()
+                    return 1
+                ready = self._ready_joiners(len(running))
+                self.publish(running + ready, f"lost worker(s) {[m for m in dead]}")
+                continue
+            self._check_failures(running, now)
+            self._grow(running, now)
+            time.sleep(_POLL_S)
+
+    def _ready_joiners(self, count: int) -> List[str]:
+        room = (self.max_np or 1 << 30) - count
+        ready = [w for w in self.joining if self.store.get(f"elastic/waiting/{w}") is not None]
+        return ready[:max(room, 0)]
+
+    def _check_failures(self, running: List[str], now: float) -> None:
+        """A worker left its round for a failed collective but no worker died: after a grace
+        period, the job is re-formed with the same workers (a broken connection, a timeout)."""
+        for key in self.store.keys("elastic/failed/"):
+            wid = key.rsplit("/", 1)[1]
+            if self.store.get(key) != str(self.round).encode():
+                continue
+            first = self.failure_seen.setdefault(f"{self.round}/{wid}", now)
+            if now - first > _FAILURE_GRACE_S:
+                self.publish(running + self._ready_joiners(len(running)),
+                             f"worker {wid} reported a failed collective")
+                return
+
+    def _grow(self, running: List[str], now: float) -> None:
+        if self.fixed is not None or now - self.last_discovery < self.args.discovery_interval:
+            ready = self._ready_joiners(len(running))
+        else:
+            self.last_discovery = now
+            hosts = self.hosts()
+            if hosts is not None:
+                alive = [w for w in self.workers.values() if not w.ended]
+                per_host: Dict[str, int] = {}
+                for w in alive:
+                    per_host[w.host] = per_host.get(w.host, 0) + 1
+                room = (self.max_np or 1 << 30) - len(alive)
+                for host, slots in hosts:
+                    while slots > per_host.get(host, 0) and room > 0:
+                        wid = self.start_worker(host)
+                        self.joining.append(wid)
+                        log(f"started worker {wid} on {host} (new slot)")
+                        per_host[host] = per_host.get(host, 0) + 1
+                        room -= 1
+            ready = self._ready_joiners(len(running))
+        if ready:
+            self.publish(running + ready, f"worker(s) {ready} joining")
+
+
+def main(args, forwarded_env) -> int:
+    env = dict(os.environ)
+    extra = []
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if sep:
+            env[name] = value
+        elif name not in env:
+            print(f"bfrun: -x {name}: the variable is not set", file=sys.stderr)
+            return 2
+        extra.append(name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return GlooElasticDriver(args, env, extra, forwarded_env).run()

@@ -1,0 +1,208 @@
+"""ibfrun, end to end: a real ipyparallel cluster whose engines are mpirun ranks, driven by the
+example notebook executed headless (nbclient), and ibfrun's errors. Plain pytest (not under
+mpirun); each test has its own IPython directory, so no user profile is touched."""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bluefog.run import ibfrun_engine
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NOTEBOOK = os.path.join(REPO, "examples", "interactive_consensus.ipynb")
+IBFRUN = [sys.executable, "-m", "bluefog.run.ibfrun"]
+
+needs_cluster = pytest.mark.skipif(
+    shutil.which("mpirun") is None or any(
+        __import__("importlib").util.find_spec(m) is None
+        for m in ("ipyparallel", "nbclient", "ipykernel")),
+    reason="needs mpirun and ipyparallel, nbclient, ipykernel (pip install -r requirements.txt)")
+
+
+@pytest.fixture
+def ipython_dir(tmp_path, monkeypatch):
+    """A fresh IPython directory (profiles, hence clusters, live there) and a Jupyter kernel
+    spec "python3" for this interpreter, used by the notebook's kernel."""
+    ipdir = tmp_path / "ipython"
+    kernel = tmp_path / "jupyter" / "kernels" / "python3"
+    kernel.mkdir(parents=True)
+    (kernel / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3", "language": "python"}))
+    monkeypatch.setenv("IPYTHONDIR", str(ipdir))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "1")
+    yield ipdir
+    _kill_leftovers(ipdir)
+
+
+def _kill_leftovers(ipdir):
+    """After a failed test: end whatever the state files still name (normally nothing)."""
+    for state_file in ipdir.glob("profile_*/pid/ibfrun.json"):
+        state = json.loads(state_file.read_text())
+        pids = [state.get("launcher"), state.get("controller")]
+        pids += state.get("engine_pids") or []
+        pids += state.get("nanny_pids") or []
+        for pid in filter(None, pids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def ibfrun(args, timeout=180):
+    return subprocess.run(IBFRUN + args, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_engine_requests_its_rank_as_id():
+    assert ibfrun_engine.rank_from_env({"OMPI_COMM_WORLD_RANK": "3"}) == 3
+    assert ibfrun_engine.rank_from_env({"RANK": "1"}) == 1  # bfrun --gloo
+    assert ibfrun_engine.rank_from_env({}) is None
+    assert ibfrun_engine.engine_argv(["--profile=x"], {"RANK": "2"}) == \
+        ["--profile=x", "--IPEngine.id=2"]
+    assert ibfrun_engine.engine_argv(["--profile=x"], {}) == ["--profile=x"]
+
+
+def test_controller_listens_beyond_localhost_only_for_other_hosts(tmp_path):
+    from bluefog.run import ibfrun as ib
+
+    def args(hosts=None, hostfile=None):
+        return argparse.Namespace(hosts=hosts, hostfile=hostfile)
+
+    assert not ib._needs_remote_controller(args())
+    assert not ib._needs_remote_controller(args(hosts="localhost:2,127.0.0.1:2"))
+    assert ib._needs_remote_controller(args(hosts="localhost:2,node7:2"))
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# comment\nlocalhost slots=2\n")
+    assert not ib._needs_remote_controller(args(hostfile=str(hostfile)))
+    hostfile.write_text("localhost slots=2\nnode7 slots=2\n")
+    assert ib._needs_remote_controller(args(hostfile=str(hostfile)))
+
+
+def test_missing_ipyparallel_says_what_to_install(tmp_path):
+    # A Python whose ipyparallel cannot be imported (a package that fails as a missing one does).
+    fake = tmp_path / "ipyparallel"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named ipyparallel')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    result = subprocess.run(IBFRUN + ["start", "-np", "2"], capture_output=True, text=True,
+                            timeout=60, cwd=REPO, env=env)
+    assert result.returncode == 1
+    assert "pip install 'bluefog-tf[interactive]'" in result.stderr, result.stderr
+
+
+@needs_cluster
+def test_stop_with_nothing_running(ipython_dir):
+    result = ibfrun(["stop", "--profile", "nothing"], timeout=60)
+    assert result.returncode == 1
+    assert "no cluster of profile 'nothing' is running" in result.stderr
+
+
+def test_usage_errors():
+    result = subprocess.run(IBFRUN, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "ibfrun start -np N" in result.stderr
+    result = subprocess.run(IBFRUN + ["start", "-np", "0"], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert result.returncode == 1 and "-np must be >= 1, got 0" in result.stderr
+
+
+def test_console_script_if_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "ibfrun")
+    if not os.path.exists(script):
+        pytest.skip("the ibfrun console script is not installed next to this python")
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "bluefog-tf" in result.stdout, result.stderr
+
+
+@needs_cluster
+def test_a_cluster_that_died_is_cleaned_up(ipython_dir):
+    # The state of a cluster whose processes are gone (pids of a process that has ended).
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    pid_dir = ipython_dir / "profile_dead" / "pid"
+    pid_dir.mkdir(parents=True)
+    (pid_dir / "ibfrun.json").write_text(json.dumps(
+        {"np": 2, "controller": gone.pid, "launcher": gone.pid, "engine_pids": [gone.pid]}))
+    result = ibfrun(["stop", "--profile", "dead"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "the cluster of profile 'dead' had already ended; removed its files" in result.stderr
+    assert not (pid_dir / "ibfrun.json").exists()
+
+
+@needs_cluster
+@pytest.mark.timeout(120)
+def test_engines_that_cannot_start_are_reported_and_cleaned_up(ipython_dir):
+    # bfrun refuses the -x name, so the engines' job ends before any engine registers.
+    result = ibfrun(["start", "-np", "2", "-x", "1BAD", "--timeout", "60"], timeout=90)
+    assert result.returncode == 1, result.stdout + result.stderr
+    err = result.stderr
+    assert "the engines' job ended (exit status" in err, err
+    assert "with 0 of 2 engines registered" in err, err
+    assert "missing ranks [0, 1]" in err and "not a valid environment variable name" in err, err
+    assert not list(ipython_dir.glob("profile_bluefog/pid/ibfrun.json"))
+    result = ibfrun(["stop"], timeout=60)
+    assert result.returncode == 1, result.stderr  # nothing left to stop
+
+
+@needs_cluster
+@pytest.mark.timeout(300)
+def test_notebook_runs_on_a_two_engine_cluster(ipython_dir):
+    import nbformat
+    from nbclient import NotebookClient
+
+    t0 = time.monotonic()
+    started = ibfrun(["start", "-np", "2", "--timeout", "120"], timeout=150)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "2 engines are up (ranks 0..1" in started.stdout
+        assert "ipp.Client(profile='bluefog')" in started.stdout
+        state = json.loads((ipython_dir / "profile_bluefog" / "pid" / "ibfrun.json").read_text())
+        t_start = time.monotonic() - t0
+
+        again = ibfrun(["start", "-np", "2"], timeout=60)
+        assert again.returncode == 1
+        assert "a cluster of profile 'bluefog' is already running (2 engines" in again.stderr
+        assert "ibfrun stop --profile bluefog" in again.stderr
+
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        NotebookClient(nb, timeout=150, kernel_name="python3",
+                       resources={"metadata": {"path": REPO}}).execute()
+        t_notebook = time.monotonic() - t0 - t_start
+    finally:
+        stopped = ibfrun(["stop"], timeout=90)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "stopped the cluster of profile 'bluefog' (2 engines" in stopped.stdout
+
+    # What the cells printed: the notebook's own output (streams) and the engines' (%%px
+    # shows each engine's stdout as display data).
+    text = "\n".join(o.get("text") or o.get("data", {}).get("text/plain", "")
+                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "rank 0 of 2" in text and "rank 1 of 2" in text, text
+    summary = json.loads(text.split("summary: ", 1)[1].splitlines()[0])
+    assert summary["engines"] == 2
+    assert summary["consensus_error"] < 1e-6, summary
+    assert summary["loss_last"] < 0.1 * summary["loss_first"], summary
+    assert summary["max_distance"] < 1e-3, summary
+    # Every process of the cluster has ended, and a second stop finds nothing.
+    pids = [state["controller"], state["launcher"]] + state["engine_pids"] + state["nanny_pids"]
+    assert not [p for p in pids if _alive(p)], pids
+    assert ibfrun(["stop"], timeout=60).returncode == 1
+    print(f"ibfrun start {t_start:.1f} s, notebook {t_notebook:.1f} s")
