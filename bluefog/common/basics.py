@@ -11,7 +11,7 @@ import numbers
 import os
 import sys
 import threading
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from bluefog.common import elastic_rounds, horovod_env, tf_config
 
@@ -103,15 +103,33 @@ def _tune(knob: str, value: int) -> int:
     return before.value
 
 
+def _mpi4py_comm(obj):
+    """``obj`` when it is an mpi4py communicator (mpi4py imported by the application), else
+    None. bluefog never imports mpi4py itself: importing it initializes MPI."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return obj if mpi is not None and isinstance(obj, mpi.Comm) else None
+
+
 def _check_init_arguments(process_sets, comm) -> list:
     """The process sets to register, checked before anything starts, so that a mistake leaves
     bluefog uninitialized."""
     if comm is not None:
+        mpi_comm = _mpi4py_comm(comm)
+        if mpi_comm is not None:
+            from mpi4py import MPI
+
+            if MPI.Comm.Compare(mpi_comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+                return _check_init_arguments(process_sets, None)
+            what = (f"an mpi4py communicator of {mpi_comm.Get_size()} of the job's "
+                    f"{MPI.COMM_WORLD.Get_size()} processes")
+        else:
+            what = "a list of ranks" if isinstance(comm, (list, tuple)) else repr(comm)
         raise ValueError(
-            "bluefog init: comm= (an mpi4py communicator or a list of ranks, in Horovod) is not "
-            "supported: bluefog always starts on every rank of the job (MPI_COMM_WORLD). Launch "
-            "only the ranks you want, or pass the ranks as a process set instead: "
-            "bf.init(process_sets=[bf.ProcessSet(ranks)]) and process_set= on each collective")
+            f"bluefog init: comm= {what} is not supported: bluefog always starts on every "
+            "rank of the job (MPI_COMM_WORLD; an mpi4py communicator of all of them is "
+            "accepted). Launch only the ranks you want, or pass the ranks as a process set "
+            "instead: bf.init(process_sets=[bf.ProcessSet(ranks or mpi4py_comm)]) and "
+            "process_set= on each collective")
     if process_sets is None or process_sets == "dynamic":
         return []  # "dynamic" (Horovod's): sets are always added with add_process_set here
     if isinstance(process_sets, str) or not isinstance(process_sets, (list, tuple)):
@@ -131,8 +149,11 @@ def init(process_sets=None, comm=None) -> None:
     ``HOROVOD_*`` environment variables with a ``BLUEFOG_*`` counterpart are read as aliases
     (``horovod_env.py``; the ``BLUEFOG_`` name wins); rank 0 prints one notice listing them.
     ``process_sets="dynamic"`` (Horovod's) registers nothing: sets are added later with
-    ``add_process_set``. ``comm`` (Horovod's mpi4py communicator or rank list) is refused with
-    an error saying what to pass instead; arguments are checked before anything starts.
+    ``add_process_set``. ``comm`` (Horovod's): an mpi4py communicator of every process of the
+    job (``MPI.COMM_WORLD`` or a duplicate) is accepted, also as the first positional argument
+    (``init(MPI.COMM_WORLD, process_sets=...)``, Horovod's order); a communicator of fewer
+    processes or a rank list is refused with an error saying what to pass instead (a
+    ``ProcessSet``). Arguments are checked before anything starts.
 
     Starts MPI (unless the application already did) and the background thread that runs every
     collective. ``shutdown()`` runs automatically at interpreter exit. ``process_sets`` (a list
@@ -143,7 +164,11 @@ def init(process_sets=None, comm=None) -> None:
     that lists the workers), it runs on Gloo instead (docs/design.md, "Without mpirun").
     """
     global _atexit_registered
+    if comm is None and _mpi4py_comm(process_sets) is not None:
+        comm, process_sets = process_sets, None  # Horovod's init(comm, ...)
     process_sets = _check_init_arguments(process_sets, comm)
+    if comm is not None:
+        global_process_set.mpi_comm = comm
     if is_initialized():
         _check(_load().bluefog_init())
     elif elastic_rounds.active():
@@ -344,10 +369,35 @@ def _integer_ranks(ranks) -> List[int]:
     return values
 
 
-class ProcessSet:
-    """A set of ranks. ``process_set_id`` is None until the set is registered."""
+def _world_ranks(comm) -> List[int]:
+    """The ranks (in MPI_COMM_WORLD, which are bluefog's ranks under MPI) of the processes of
+    the mpi4py communicator ``comm``."""
+    from mpi4py import MPI
 
-    def __init__(self, ranks: Sequence[int]):
+    if comm == MPI.COMM_NULL:
+        raise ValueError("bluefog ProcessSet: the communicator is MPI.COMM_NULL (this process "
+                         "is not in it); pass a communicator this process belongs to")
+    if comm.Is_inter():
+        raise ValueError("bluefog ProcessSet: an intercommunicator has no single set of ranks; "
+                         "pass an intracommunicator")
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+    finally:
+        group.Free()
+        world.Free()
+
+
+class ProcessSet:
+    """A set of ranks, given as a list of ranks or as an mpi4py communicator (Horovod's
+    ``ProcessSet(comm)``; its processes' ranks, which may differ from rank to rank, as after
+    ``MPI.COMM_WORLD.Split``). ``process_set_id`` is None until the set is registered;
+    ``mpi_comm`` is the communicator it was made from, else None."""
+
+    def __init__(self, ranks: Union[Sequence[int], Any]):
+        self.mpi_comm = _mpi4py_comm(ranks)
+        if self.mpi_comm is not None:
+            ranks = _world_ranks(self.mpi_comm)
         self.ranks: List[int] = sorted(set(_integer_ranks(ranks)))
         self.process_set_id: Optional[int] = None
 
@@ -372,7 +422,8 @@ class ProcessSet:
         return rank() in self.ranks
 
     def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        comm = "" if self.mpi_comm is None else f", mpi_comm={self.mpi_comm!r}"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}{comm})"
 
 
 class _GlobalProcessSet(ProcessSet):
@@ -391,7 +442,8 @@ class _GlobalProcessSet(ProcessSet):
         pass
 
     def __repr__(self) -> str:
-        return "ProcessSet(process_set_id=0, ranks=all)"
+        comm = "" if self.mpi_comm is None else f", mpi_comm={self.mpi_comm!r}"
+        return f"ProcessSet(process_set_id=0, ranks=all{comm})"
 
 
 global_process_set = _GlobalProcessSet()
@@ -419,11 +471,39 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
         raise ValueError(f"rank {rank()}: bluefog add_process_set: ranks "
                          f"{process_set.ranks} must be a non-empty list of ranks in "
                          f"[0, {size()})")
+    if process_set.mpi_comm is not None:
+        return _add_comm_process_set(process_set)
+    _register_into(process_set)
+    return process_set
+
+
+def _add_comm_process_set(process_set: ProcessSet) -> ProcessSet:
+    """Registers the sets of every rank's communicator (each rank may pass a different one, as
+    after ``Split``): the ranks' sets are gathered over MPI_COMM_WORLD with mpi4py, and every
+    distinct set is registered on every rank in the order of its lowest rank; this rank's
+    ProcessSet gets its own set's id. The other sets stay registered under other objects."""
+    from mpi4py import MPI
+
+    if backend() != "mpi":
+        raise ValueError(f"rank {rank()}: bluefog add_process_set: a ProcessSet made from an "
+                         f"mpi4py communicator needs the MPI backend (this job runs on "
+                         f"{backend()}); pass the ranks instead: bf.ProcessSet([...])")
+    everyone = MPI.COMM_WORLD.allgather(tuple(process_set.ranks))
+    distinct = sorted(set(everyone), key=lambda ranks: (ranks[0], ranks))
+    for ranks in distinct:
+        if tuple(process_set.ranks) == ranks:
+            _register_into(process_set)
+        else:
+            add_process_set(ProcessSet(list(ranks)))
+    return process_set
+
+
+def _register_into(process_set: ProcessSet) -> None:
+    """Registers ``process_set``'s ranks (collective) and records the object under its id."""
     set_id = add_process_set_ranks(process_set.ranks)
     process_set.process_set_id = set_id
     with _sets_lock:
         _registered[set_id] = process_set
-    return process_set
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:

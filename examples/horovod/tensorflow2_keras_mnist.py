@@ -9,8 +9,6 @@ What differs from Horovod's script, line by line:
 - the data: ``local_mnist.load_data`` (MNIST-shaped, made here) instead of the MNIST download;
 - ``compile(..., experimental_run_tf_function=False)`` loses that argument (Keras 3 refuses
   it; bluefog's DistributedOptimizer needs nothing of the kind);
-- the checkpoint is ``checkpoint-{epoch}.keras`` (Keras 3 writes whole models only as
-  ``.keras``);
 - ``HVD_EXAMPLE_STEPS`` (default 500, Horovod's number: steps per epoch over all ranks) and
   ``HVD_EXAMPLE_EPOCHS`` (default 24), so that a test can run a short training.
 """
@@ -81,7 +79,7 @@ def main():
 
     # Only rank 0 writes checkpoints, so that ranks do not overwrite each other's files.
     if hvd.rank() == 0:
-        callbacks.append(tf.keras.callbacks.ModelCheckpoint("./checkpoint-{epoch}.keras"))
+        callbacks.append(tf.keras.callbacks.ModelCheckpoint("./checkpoint-{epoch}.h5"))
 
     # Only rank 0 prints the progress.
     verbose = 1 if hvd.rank() == 0 else 0

@@ -90,7 +90,7 @@ SH
     log "bfrun: FAILED:"; tail -n 30 "$work/bfrun.out" >&2; return 1; }
   local i
   for i in $(seq 0 $((nhosts - 1))); do
-    grep -qE "^\[$i\] HELLO rank $i/$nhosts gloo on $(host_ns $((i + 1))) local_size 1 cross $i/$nhosts sum $nhosts" \
+    grep -qE "^\[$i\]<stdout>:HELLO rank $i/$nhosts gloo on $(host_ns $((i + 1))) local_size 1 cross $i/$nhosts sum $nhosts" \
       "$work/bfrun.out" || { log "bfrun: FAILED on rank $i:"; cat "$work/bfrun.out" >&2; return 1; }
   done
   log "bfrun: passed"

@@ -143,7 +143,8 @@ def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
 def test_bfrun_gloo_three_ranks_and_a_failing_rank(tmp_path, no_mpirun_env):
     """3 ranks allreduce; then rank 2 dies (exit status 3, without shutting bluefog down) while
     the others wait in an allreduce for it: bfrun ends them (not after BLUEFOG_GLOO_TIMEOUT)
-    and exits 3 naming rank 2."""
+    and exits 3 naming rank 2. The timeline asked for is one file of the three ranks, valid
+    JSON although no rank shut down."""
     job = _script(tmp_path, """
         import os
         import tensorflow as tf
@@ -156,9 +157,17 @@ def test_bfrun_gloo_three_ranks_and_a_failing_rank(tmp_path, no_mpirun_env):
         bf.allreduce(tf.constant([1.0]), name="never_completes")
         print("NOT REACHED")
         """)
-    result = bfrun(["-np", "3", PYTHON, job], no_mpirun_env)
+    timeline = tmp_path / "timeline.json"
+    result = bfrun(["-np", "3", "--timeline-filename", str(timeline), PYTHON, job],
+                   no_mpirun_env)
     assert not result.timed_out, result.tail()
     assert result.output.count("SUM gloo 3 3 [6.0, 6.0, 6.0, 6.0]") == 3, result.tail()
+    assert not list(tmp_path.glob("timeline.rank*.json"))
+    events = json.loads(timeline.read_text())
+    assert {e["pid"] for e in events if e.get("name") == "process_name"} == {0, 1, 2}
+    done = {e["pid"] for e in events if e.get("name") == "allreduce" and e["ph"] == "X"}
+    queued = {e["pid"] for e in events if e.get("name") == "QUEUE"}
+    assert {0, 1} <= done and queued == {0, 1, 2}, events
     assert result.returncode == 3, result.tail()
     assert "bfrun: rank 2 (on localhost) exited with status 3" in result.output
     assert "NOT REACHED" not in result.output

@@ -55,7 +55,7 @@ def test_tensorflow2_keras_mnist_learns_warms_up_and_checkpoints(tmp_path):
     assert losses[0] > losses[1] > losses[2], f"the loss did not fall: {losses}"
     assert "Epoch 3: finished gradual learning rate warmup to 0.002." in out, out[-3000:]
     saved = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-"))
-    assert saved == ["checkpoint-1.keras", "checkpoint-2.keras", "checkpoint-3.keras"], saved
+    assert saved == ["checkpoint-1.h5", "checkpoint-2.h5", "checkpoint-3.h5"], saved
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
