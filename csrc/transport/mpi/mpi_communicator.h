@@ -88,6 +88,10 @@ class MpiCommunicator : public Communicator {
   void SetUp(bool one_host);
   // exchange_send_ from every rank into exchange_recv_, over MPI.
   void ExchangeSlots(const std::function<void()>& on_wait);
+  // Collective: host_of_ from `shared` (this rank's host's ranks within comm_).
+  void MapHosts(void* shared);
+  // NeighborExchange's one peer on another host, sent to and received from in two phases.
+  void PhasedExchange(const PeerBuffer& send, const PeerBuffer& recv);
 
   TransportOptions options_;
   std::shared_ptr<Tuning> tuning_;
@@ -113,6 +117,10 @@ class MpiCommunicator : public Communicator {
   std::vector<int> displs_;
   std::vector<char> requests_;
   std::vector<char> scratch_;
+  // Each rank's host: the rank (in comm_) of its host's first rank; and how many of comm_'s
+  // ranks share this rank's host.
+  std::vector<int> host_of_;
+  int same_host_ = 1;
 };
 
 }  // namespace bluefog
