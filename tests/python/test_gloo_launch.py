@@ -21,7 +21,16 @@ import bluefog
 from bluefog.run import gloo_launch
 
 from gloo_jobs import gloo_built
-from mpi_jobs import PYTHON, REPO, alive, have_mpirun, job_env, mpirun_prefix, run_job
+from mpi_jobs import (
+    PYTHON,
+    REPO,
+    alive,
+    have_mpirun,
+    job_env,
+    mpirun_prefix,
+    netns_skip_reason,
+    run_job,
+)
 
 needs_gloo = pytest.mark.skipif(not gloo_built(),
                                 reason="bluefog was built without Gloo (libgloo-dev)")
@@ -183,6 +192,23 @@ def test_bfrun_gloo_digits_matches_mpi(no_mpirun_env):
     acc_mpi = float(re.search(pattern, mpi.output).group(1))
     assert acc_gloo > 0.85 and abs(acc_gloo - acc_mpi) <= 0.01, (acc_gloo, acc_mpi)
     assert "[0] weights identical on all ranks" in gloo.output, gloo.tail()
+
+
+@needs_gloo
+@pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
+@pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_DIGITS") != "1",
+                    reason="about 2 minutes: run by `make test-gloo` (BLUEFOG_TEST_GLOO_DIGITS=1)")
+def test_bfrun_gloo_digits_across_netns_hosts():
+    """tests/multihost/gloo_netns.sh digits: examples/tape_digits.py under bfrun --gloo with
+    both ranks on one network-namespace host, then one rank on each of two (the rsh agent of
+    bfrun -H): the same test accuracy, and identical weights on the ranks of each run."""
+    result = run_job(["tests/multihost/gloo_netns.sh", "digits"], timeout=900)
+    if result.returncode == 77:
+        pytest.skip(result.tail(400))
+    print("\n".join(line for line in result.output.splitlines() if "digits:" in line))
+    assert result.returncode == 0 and "[gloo_netns] all passed" in result.output, result.tail()
+    accuracies = re.findall(r"digits: -H \S+: test accuracy ([\d.]+)", result.output)
+    assert len(accuracies) == 2 and accuracies[0] == accuracies[1], result.tail()
 
 
 # --- bluefog.run ----------------------------------------------------------------------------
