@@ -2,9 +2,13 @@
 
 #include <mpi.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
@@ -352,15 +356,40 @@ void MpiCommunicator::PhasedExchange(const PeerBuffer& send, const PeerBuffer& r
   const int lower = std::min(rank_, send.rank);
   const bool send_first = (rank_ == lower) == (lower % 2 == 0);
   for (int phase = 0; phase < 2; ++phase) {
+    MPI_Request request;
     if ((phase == 0) == send_first) {
-      Check(MPI_Send(send.data, static_cast<int>(send.bytes), MPI_BYTE, send.rank, kTag,
-                     AsComm(comm_)),
-            "MPI_Send");
+      Check(MPI_Isend(send.data, static_cast<int>(send.bytes), MPI_BYTE, send.rank, kTag,
+                      AsComm(comm_), &request),
+            "MPI_Isend");
     } else {
-      Check(MPI_Recv(recv.data, static_cast<int>(recv.bytes), MPI_BYTE, recv.rank, kTag,
-                     AsComm(comm_), MPI_STATUS_IGNORE),
-            "MPI_Recv");
+      Check(MPI_Irecv(recv.data, static_cast<int>(recv.bytes), MPI_BYTE, recv.rank, kTag,
+                      AsComm(comm_), &request),
+            "MPI_Irecv");
     }
+    WaitSparingly(&request);
+  }
+}
+
+// A transfer across hosts takes many milliseconds, and MPI_Wait would spin through them on a
+// core that the host's other ranks may need (ranks often outnumber cores). So: test, spin a
+// little, then yield, then sleep between tests, at most kMaxPause: the socket buffers hold far
+// more than a link delivers in that time, so the transfer does not slow down.
+void MpiCommunicator::WaitSparingly(void* request) {
+  constexpr auto kMaxPause = std::chrono::microseconds(500);
+  MPI_Request* r = static_cast<MPI_Request*>(request);
+  int done = 0;
+  auto pause = std::chrono::microseconds(20);
+  const auto start = std::chrono::steady_clock::now();
+  for (int tests = 0;; ++tests) {
+    Check(MPI_Test(r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    if (tests < 100) continue;
+    if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
+      sched_yield();
+      continue;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, kMaxPause);
   }
 }
 

@@ -92,6 +92,8 @@ class MpiCommunicator : public Communicator {
   void MapHosts(void* shared);
   // NeighborExchange's one peer on another host, sent to and received from in two phases.
   void PhasedExchange(const PeerBuffer& send, const PeerBuffer& recv);
+  // MPI_Wait on one MPI_Request that leaves the core to others during a long wait.
+  void WaitSparingly(void* request);
 
   TransportOptions options_;
   std::shared_ptr<Tuning> tuning_;
