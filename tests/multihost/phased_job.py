@@ -1,7 +1,7 @@
 """Run by test_multihost.py on 2 network-namespace hosts x 2 ranks (mpirun -H a:2,b:2): the
 exchanges with one peer on the other host, which the MPI backend runs in two phases, against
 closed-form results; also with the phased exchange off on rank 0 only (the orders must still
-match). Prints PHASED OK from every rank."""
+match); and the flat ring allreduce across the hosts. Prints PHASED OK from every rank."""
 
 import os
 
@@ -38,4 +38,13 @@ for phased_on_rank0 in (1, 0):
                                     dst_weights=dsts, name=f"mixed.{elements}").numpy()
         want = (1.0 - sum(srcs.values())) * (me + 1) + sum(w * (r + 1) for r, w in srcs.items())
         np.testing.assert_allclose(got, want, rtol=1e-6)
+basics._tune("phased_exchange", 1)
+# The allreduce's ring with neighbours on the other host (the hierarchical path off), which
+# waits without spinning there.
+basics._tune("hierarchical", 0)
+for elements in (1 << 20, 1000003):
+    got = bf.allreduce(tf.fill([elements], float(me + 1)), average=False,
+                       name=f"ring.{elements}").numpy()
+    np.testing.assert_allclose(got, n * (n + 1) / 2.0)
+basics._tune("hierarchical", 1)
 print(f"PHASED OK rank {me}", flush=True)

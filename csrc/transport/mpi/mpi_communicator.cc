@@ -374,14 +374,14 @@ void MpiCommunicator::PhasedExchange(const PeerBuffer& send, const PeerBuffer& r
 // core that the host's other ranks may need (ranks often outnumber cores). So: test, spin a
 // little, then yield, then sleep between tests, at most kMaxPause: the socket buffers hold far
 // more than a link delivers in that time, so the transfer does not slow down.
-void MpiCommunicator::WaitSparingly(void* request) {
+void MpiCommunicator::WaitSparingly(void* request, int n) {
   constexpr auto kMaxPause = std::chrono::microseconds(500);
   MPI_Request* r = static_cast<MPI_Request*>(request);
   int done = 0;
   auto pause = std::chrono::microseconds(20);
   const auto start = std::chrono::steady_clock::now();
   for (int tests = 0;; ++tests) {
-    Check(MPI_Test(r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    Check(MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
     if (tests < 100) continue;
     if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {

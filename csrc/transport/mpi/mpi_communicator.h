@@ -76,6 +76,10 @@ class MpiCommunicator : public Communicator {
   char* Scratch(int64_t bytes);
   // Storage for `n` MPI_Request, reused.
   void* Requests(size_t n);
+  // MPI_Waitall on `n` MPI_Request that leaves the core to others during a long wait.
+  void WaitSparingly(void* requests, int n = 1);
+  // Whether `rank` runs on another host than this rank.
+  bool OnOtherHost(int rank) const { return host_of_[rank] != host_of_[rank_]; }
   // Every rank's `bytes` (the same on every rank) into `all`, in rank order: through the
   // shared-memory rounds when there are some, else MPI.
   void SmallAllgather(const void* mine, size_t bytes, void* all);
@@ -92,8 +96,6 @@ class MpiCommunicator : public Communicator {
   void MapHosts(void* shared);
   // NeighborExchange's one peer on another host, sent to and received from in two phases.
   void PhasedExchange(const PeerBuffer& send, const PeerBuffer& recv);
-  // MPI_Wait on one MPI_Request that leaves the core to others during a long wait.
-  void WaitSparingly(void* request);
 
   TransportOptions options_;
   std::shared_ptr<Tuning> tuning_;
