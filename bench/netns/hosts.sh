@@ -3,7 +3,7 @@
 # one veth leg on a bridge in the root namespace (10.213.77.0/24: host i is 10.213.77.i, the
 # root namespace 10.213.77.254), egress rate-limited by tc tbf.
 #
-#   bench/netns/hosts.sh up [N_HOSTS] [RATE]     # default: 2 hosts, 1gbit
+#   bench/netns/hosts.sh up [N_HOSTS] [RATE]     # default: 2 hosts, 1gbit; RATE none: no limit
 #   bench/netns/hosts.sh down [N_HOSTS]
 #
 # BF_NETNS_PREFIX (default bfnv) and BF_NETNS_NET (default 10.213.77) name the namespaces, the
@@ -28,7 +28,8 @@ up)
     ip netns exec $ns ip addr add $net.$i/24 dev ${ns}n
     ip netns exec $ns ip link set ${ns}n up
     # Everything this host sends to another host goes through the rate limiter.
-    ip netns exec $ns tc qdisc add dev ${ns}n root tbf rate "$rate" burst 256kb latency 10ms
+    [ "$rate" = none ] ||
+      ip netns exec $ns tc qdisc add dev ${ns}n root tbf rate "$rate" burst 256kb latency 10ms
   done
   ;;
 down)

@@ -275,9 +275,13 @@ def hierarchical_exchange(tensor, name: str, local: int, local_rank: int, send_m
     flat = tf.reshape(tensor, [-1])
     count = tf.size(flat, out_type=tf.int64)
     # Equal slices on every rank (the exchange between machines is one request, whose shape
-    # every rank must share): pad to a multiple of `local` with zeros, cut them off at the end.
+    # every rank must share): pad to a multiple of `local` with zeros, cut them off at the end
+    # (two copies of the tensor, skipped when its size is known to divide).
     part = (count + local - 1) // local
-    flat = tf.concat([flat, tf.zeros([part * local - count], flat.dtype)], axis=0)
+    static = tensor.shape.num_elements()
+    padded = static is None or static % local != 0
+    if padded:
+        flat = tf.concat([flat, tf.zeros([part * local - count], flat.dtype)], axis=0)
     lo, hi = part * local_rank, part * (local_rank + 1)
     peers = [first + j for j in range(local) if j != local_rank]
     # Reduce-scatter within the machine: local rank j receives slice j from every peer (the
@@ -298,7 +302,7 @@ def hierarchical_exchange(tensor, name: str, local: int, local_rank: int, send_m
         mixed, tensor_name=name_input(name + ".gather"), send_ranks=const_input(peers, tf.int32),
         recv_ranks=const_input(peers, tf.int32))
     joined = tf.concat([gathered[:lo], mixed, gathered[lo:]], axis=0)
-    return tf.reshape(joined[:count], shape)
+    return tf.reshape(joined[:count] if padded else joined, shape)
 
 
 @tf.RegisterGradient("BluefogNeighborAllreduce")

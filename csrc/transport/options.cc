@@ -18,6 +18,8 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
     *value = Load(hierarchical);
   else if (knob == "two_host_split")
     *value = Load(two_host_split);
+  else if (knob == "phased_exchange")
+    *value = Load(phased_exchange);
   else if (knob == "direct")
     *value = Load(direct);
   else if (knob == "staged")
@@ -48,6 +50,8 @@ bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
     hierarchical = on;
   else if (knob == "two_host_split")
     two_host_split = on;
+  else if (knob == "phased_exchange")
+    phased_exchange = on;
   else if (knob == "direct")
     direct = on;
   else if (knob == "staged")

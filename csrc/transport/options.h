@@ -49,6 +49,9 @@ struct Tuning {
   std::atomic<bool> hierarchical;
   // Two hosts: each slice reduced on alternate hosts (false: the ring across).
   std::atomic<bool> two_host_split{true};
+  // MPI: a neighbour exchange with one peer on another host sends, then receives (or the
+  // reverse), instead of both at once (MpiCommunicator::PhasedExchange).
+  std::atomic<bool> phased_exchange{true};
   std::atomic<bool> direct;
   std::atomic<bool> staged{true};
   std::atomic<bool> shared{true};
@@ -68,7 +71,8 @@ struct Tuning {
   // By name, for the C API: the value before, or false when `knob` is not one of
   // kKnobNames (and for the read-only counter).
   static constexpr const char* kKnobNames =
-      "ring_threshold, hierarchical, two_host_split, direct, staged, shared, streaming_stores, "
+      "ring_threshold, hierarchical, two_host_split, phased_exchange, direct, staged, shared, "
+      "streaming_stores, "
       "recheck_calls, worse_percent, direct_fault_rank, shared_calls (read-only)";
   bool Get(const std::string& knob, int64_t* value) const;
   bool Set(const std::string& knob, int64_t value, int64_t* before);

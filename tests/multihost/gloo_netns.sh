@@ -4,9 +4,14 @@
 # with its own hostname and MASTER_ADDR=10.79.0.1 (host 1), RANK, WORLD_SIZE: no mpirun.
 # Needs root (ip netns, unshare).
 #
+#   tests/multihost/gloo_netns.sh [STEP ...]      # default: hello bfrun api
+#
 # Steps: hello (each rank alone on its host: local_size 1, cross_size 2, the allreduce crosses
-# the hosts), bfrun (the same under bfrun --gloo -H with a remote-shell agent), then api (test_collectives, test_process_sets, test_horovod_api through
-# tests/mpi_pytest.sh on both hosts).
+# the hosts), bfrun (the same under bfrun --gloo -H with a remote-shell agent), api
+# (test_collectives, test_process_sets, test_horovod_api through tests/mpi_pytest.sh on both
+# hosts); digits, only when named (about 2 minutes): examples/tape_digits.py trained under
+# bfrun --gloo with both ranks on host 1, then with one rank on each host: the same test
+# accuracy, and identical weights on the ranks.
 # Exit status: 0 passed, 1 failed, 77 skipped. Namespaces and their processes are removed on
 # exit.
 set -uo pipefail
@@ -75,7 +80,7 @@ PY
 
 # bfrun --gloo from outside the hosts, reaching each through a remote-shell agent (as ssh
 # would): -H by address, so MASTER_ADDR is host 1's address and bfrun picks the port and token.
-step_bfrun() {
+make_agent() {
   cat >"$work/agent.sh" <<SH
 #!/bin/sh
 # agent.sh HOST COMMAND: run COMMAND on the host whose address is HOST.
@@ -84,6 +89,10 @@ shift
 exec ip netns exec "\$ns" unshare --uts /bin/sh -c 'hostname "\$0"; exec sh -c "\$1"' "\$ns" "\$*"
 SH
   chmod +x "$work/agent.sh"
+}
+
+step_bfrun() {
+  make_agent
   PYTHONPATH="$repo" BLUEFOG_GLOO_TIMEOUT=60 TF_CPP_MIN_LOG_LEVEL=3 timeout -k 10 300 \
     "$py" -m bluefog.run --gloo -np 2 -H $net.1:1,$net.2:1 --rsh-agent "$work/agent.sh" \
     "$py" "$work/hello.py" >"$work/bfrun.out" 2>&1 || {
@@ -96,6 +105,26 @@ SH
   log "bfrun: passed"
 }
 
+step_digits() {
+  make_agent
+  local where out acc=()
+  for where in "$net.1:2" "$net.1:1,$net.2:1"; do
+    out="$work/digits.$where.out"
+    PYTHONPATH="$repo" BLUEFOG_GLOO_TIMEOUT=60 TF_CPP_MIN_LOG_LEVEL=3 timeout -k 10 600 \
+      "$py" -m bluefog.run --gloo -np 2 -H "$where" --rsh-agent "$work/agent.sh" \
+      "$py" examples/tape_digits.py --epochs 3 >"$out" 2>&1 || {
+      log "digits: FAILED on -H $where:"; tail -n 30 "$out" >&2; return 1; }
+    grep -q "^\[0\] weights identical on all ranks" "$out" || {
+      log "digits: FAILED on -H $where (weights differ):"; tail -n 30 "$out" >&2; return 1; }
+    acc+=("$(grep -oE 'ranks=2 .*test accuracy=[0-9.]+' "$out" | grep -oE '[0-9.]+$')")
+    log "digits: -H $where: test accuracy ${acc[-1]}"
+  done
+  [ -n "${acc[0]}" ] && [ "${acc[0]}" = "${acc[1]}" ] || {
+    log "digits: FAILED: test accuracy ${acc[0]:-missing} on one host, ${acc[1]:-missing} across"
+    return 1; }
+  log "digits: passed (the same accuracy on one host and across hosts)"
+}
+
 step_api() {
   # shellcheck disable=SC2086
   run_ranks api 900 tests/mpi_pytest.sh "$py" -p no:cacheprovider $api_tests || {
@@ -105,9 +134,14 @@ step_api() {
 
 netns_make || { log "setup failed"; exit 1; }
 log "hosts up: $(host_ns 1)=$net.1 $(host_ns 2)=$net.2"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(hello bfrun api)
 status=0
-step_hello || status=1
-[ $status = 0 ] && { step_bfrun || status=1; }
-[ $status = 0 ] && { step_api || status=1; }
+for step in "${steps[@]}"; do
+  case $step in
+  hello | bfrun | api | digits) [ $status = 0 ] && { "step_$step" || status=1; } ;;
+  *) log "unknown step '$step' (hello, bfrun, api, digits)"; exit 2 ;;
+  esac
+done
 [ $status = 0 ] && log "all passed" || log "FAILED"
 exit $status

@@ -22,7 +22,16 @@ import bluefog
 from bluefog.run import gloo_launch
 
 from gloo_jobs import gloo_built, run_gloo_job
-from mpi_jobs import PYTHON, REPO, alive, have_mpirun, job_env, mpirun_prefix, run_job
+from mpi_jobs import (
+    PYTHON,
+    REPO,
+    alive,
+    have_mpirun,
+    job_env,
+    mpirun_prefix,
+    netns_skip_reason,
+    run_job,
+)
 
 needs_gloo = pytest.mark.skipif(not gloo_built(),
                                 reason="bluefog was built without Gloo (libgloo-dev)")
@@ -234,6 +243,24 @@ def test_digits_same_accuracy_under_every_bootstrap(no_mpirun_env, run_env):
     assert reference > 0.85, reference
     for how, acc in accuracy.items():
         assert abs(acc - reference) <= 0.01, (how, acc, reference)
+
+
+@needs_gloo
+@pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
+@pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_DIGITS") != "1",
+                    reason="about 2 minutes: run by `make test-gloo` (BLUEFOG_TEST_GLOO_DIGITS=1)")
+@pytest.mark.timeout(960)
+def test_bfrun_gloo_digits_across_netns_hosts():
+    """tests/multihost/gloo_netns.sh digits: examples/tape_digits.py under bfrun --gloo with
+    both ranks on one network-namespace host, then one rank on each of two (the rsh agent of
+    bfrun -H): the same test accuracy, and identical weights on the ranks of each run."""
+    result = run_job(["tests/multihost/gloo_netns.sh", "digits"], timeout=900)
+    if result.returncode == 77:
+        pytest.skip(result.tail(400))
+    print("\n".join(line for line in result.output.splitlines() if "digits:" in line))
+    assert result.returncode == 0 and "[gloo_netns] all passed" in result.output, result.tail()
+    accuracies = re.findall(r"digits: -H \S+: test accuracy ([\d.]+)", result.output)
+    assert len(accuracies) == 2 and accuracies[0] == accuracies[1], result.tail()
 
 
 # --- bluefog.run ----------------------------------------------------------------------------

@@ -76,6 +76,10 @@ class MpiCommunicator : public Communicator {
   char* Scratch(int64_t bytes);
   // Storage for `n` MPI_Request, reused.
   void* Requests(size_t n);
+  // MPI_Waitall on `n` MPI_Request that leaves the core to others during a long wait.
+  void WaitSparingly(void* requests, int n = 1);
+  // Whether `rank` runs on another host than this rank.
+  bool OnOtherHost(int rank) const { return host_of_[rank] != host_of_[rank_]; }
   // Every rank's `bytes` (the same on every rank) into `all`, in rank order: through the
   // shared-memory rounds when there are some, else MPI.
   void SmallAllgather(const void* mine, size_t bytes, void* all);
@@ -88,6 +92,10 @@ class MpiCommunicator : public Communicator {
   void SetUp(bool one_host);
   // exchange_send_ from every rank into exchange_recv_, over MPI.
   void ExchangeSlots(const std::function<void()>& on_wait);
+  // Collective: host_of_ from `shared` (this rank's host's ranks within comm_).
+  void MapHosts(void* shared);
+  // NeighborExchange's one peer on another host, sent to and received from in two phases.
+  void PhasedExchange(const PeerBuffer& send, const PeerBuffer& recv);
 
   TransportOptions options_;
   std::shared_ptr<Tuning> tuning_;
@@ -113,6 +121,10 @@ class MpiCommunicator : public Communicator {
   std::vector<int> displs_;
   std::vector<char> requests_;
   std::vector<char> scratch_;
+  // Each rank's host: the rank (in comm_) of its host's first rank; and how many of comm_'s
+  // ranks share this rank's host.
+  std::vector<int> host_of_;
+  int same_host_ = 1;
 };
 
 }  // namespace bluefog

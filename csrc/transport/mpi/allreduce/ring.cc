@@ -56,6 +56,25 @@ void RingAllreduce::Run(const AllreduceCall& call) {
   const int right = (rank + 1) % n;
   const int left = (rank - 1 + n) % n;
   auto mod = [n](int k) { return ((k % n) + n) % n; };
+  // With a neighbour on another host a step takes milliseconds: wait without spinning.
+  const bool across = comm_->OnOtherHost(left) || comm_->OnOtherHost(right);
+  MPI_Request* reqs = across ? static_cast<MPI_Request*>(comm_->Requests(2)) : nullptr;
+  auto sendrecv = [&](const char* send, int64_t send_bytes, char* recv, int64_t recv_bytes) {
+    if (!across) {
+      comm_->Check(
+          MPI_Sendrecv(send, static_cast<int>(send_bytes), MPI_BYTE, right, kTag, recv,
+                       static_cast<int>(recv_bytes), MPI_BYTE, left, kTag, comm, MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+      return;
+    }
+    comm_->Check(
+        MPI_Irecv(recv, static_cast<int>(recv_bytes), MPI_BYTE, left, kTag, comm, &reqs[0]),
+        "MPI_Irecv");
+    comm_->Check(
+        MPI_Isend(send, static_cast<int>(send_bytes), MPI_BYTE, right, kTag, comm, &reqs[1]),
+        "MPI_Isend");
+    comm_->WaitSparingly(reqs, 2);
+  };
   // Elements [lo, hi) of chunk c within a segment of `len` elements.
   auto piece = [chunk](int64_t c, int64_t len, int64_t* lo) {
     *lo = std::min(len, c * chunk);
@@ -73,10 +92,7 @@ void RingAllreduce::Run(const AllreduceCall& call) {
       int64_t send_lo, recv_lo;
       const int64_t send_n = piece(c, seg_count(send_seg), &send_lo);
       const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
-      comm_->Check(MPI_Sendrecv(send_base + send_lo * elem, static_cast<int>(send_n * elem),
-                                MPI_BYTE, right, kTag, scratch, static_cast<int>(recv_n * elem),
-                                MPI_BYTE, left, kTag, comm, MPI_STATUS_IGNORE),
-                   "MPI_Sendrecv");
+      sendrecv(send_base + send_lo * elem, send_n * elem, scratch, recv_n * elem);
       if (call.op == ReduceOp::kSum) {
         SumOf(target + recv_lo * elem, own + recv_lo * elem, scratch, recv_n, dtype, last_divisor);
       } else {
@@ -87,12 +103,8 @@ void RingAllreduce::Run(const AllreduceCall& call) {
   for (int step = 0; step < n - 1; ++step) {
     const int send_seg = mod(rank + 1 - step);
     const int recv_seg = mod(rank - step);
-    comm_->Check(
-        MPI_Sendrecv(data + begin(send_seg) * elem, static_cast<int>(seg_count(send_seg) * elem),
-                     MPI_BYTE, right, kTag, data + begin(recv_seg) * elem,
-                     static_cast<int>(seg_count(recv_seg) * elem), MPI_BYTE, left, kTag, comm,
-                     MPI_STATUS_IGNORE),
-        "MPI_Sendrecv");
+    sendrecv(data + begin(send_seg) * elem, seg_count(send_seg) * elem,
+             data + begin(recv_seg) * elem, seg_count(recv_seg) * elem);
   }
 }
 
