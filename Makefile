@@ -103,7 +103,8 @@ test-python: build
 # --min-np).
 test-gloo: build
 	BLUEFOG_TEST_GLOO_DIGITS=1 $(PY) -m pytest -q tests/python/test_gloo_launch.py
-	BLUEFOG_TEST_GLOO_ELASTIC=1 $(PY) -m pytest -q tests/python/test_elastic_inplace.py
+	BLUEFOG_TEST_GLOO_ELASTIC=1 $(PY) -m pytest -q tests/python/test_elastic_inplace.py \
+	  tests/python/test_horovod_elastic_examples.py tests/python/test_ray_elastic.py
 	for n in 2 3; do \
 	  echo "== pytest on Gloo, $$n ranks =="; \
 	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \

@@ -1,0 +1,60 @@
+"""Elastic training on Ray (bluefog.ray.ElasticRayExecutor and Horovod 0.28's
+RayExecutor(min_workers=...)) on a real local Ray cluster: 3 workers, the one of rank 2 killed
+with SIGKILL mid-training; the job finishes on the other 2, in the same processes (their
+PIDs unchanged, having trained at 3 and then 2 ranks), with identical weights.
+
+Each case starts its own cluster in tests/ray/ray_elastic_case.py. The Horovod 0.28 spelling
+runs under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from mpi_jobs import PYTHON, run_job  # noqa: E402
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'bluefog-tf[ray]')")
+
+TIMEOUT_S = 300
+slow = pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_ELASTIC") != "1",
+                          reason="slow: run by `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1)")
+
+
+def run_case(name):
+    result = run_job([PYTHON, "tests/ray/ray_elastic_case.py", name], timeout=TIMEOUT_S)
+    assert not result.timed_out, result.tail()
+    for line in result.output.splitlines():
+        if line.startswith("CASE "):
+            case = json.loads(line[5:])
+            assert "error" not in case, f"{case['error']}\n{result.tail()}"
+            return case, result.output
+    raise AssertionError(f"the case did not report:\n{result.tail()}")
+
+
+def check_survivors(case, out):
+    results = case["results"]
+    assert [r["rank"] for r in results] == [0, 1], results
+    assert all(r["size"] == 2 for r in results), results
+    # The same processes trained at 3 ranks and then at 2: nothing was restarted.
+    assert all(r["pid"] == r["started_pid"] and r["sizes"] == [3, 2] for r in results), results
+    assert len({r["weights"] for r in results}) == 1, "the survivors' weights differ"
+    assert results[0]["accuracy"] >= 0.8, results
+    assert len(case["lost"]) == 1 and "killed by signal SIGKILL" in case["lost"][0], case
+    assert "re-forming the job in place" in out, out[-4000:]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_elastic_ray_executor_survives_a_killed_actor():
+    case, out = run_case("elastic_executor")
+    check_survivors(case, out)
+
+
+@slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_ray_executor_min_workers_survives_a_killed_actor():
+    case, out = run_case("horovod_028")
+    check_survivors(case, out)
