@@ -273,8 +273,9 @@ class ElasticRayExecutor:
     def run(self, worker_fn: Callable[[], Any],
             callbacks: Optional[List[Callable]] = None) -> List[Any]:
         """Runs ``worker_fn()`` on the workers until the job ends; returns the results of the
-        workers of its last round, in rank order. Raises RuntimeError when fewer than
-        ``min_num_proc`` workers remain or a worker's function raised (that error its cause).
+        workers of its last round, in rank order. A worker whose function raised is lost as a
+        dead one is (the others go on, and the driver logs the error); when fewer than
+        ``min_num_proc`` workers remain, raises RuntimeError (a raised error its cause).
         ``callbacks`` (Horovod's values logged by rank 0) are not supported."""
         if callbacks:
             raise ValueError("ElasticRayExecutor.run: callbacks are not supported; print or "
@@ -286,16 +287,20 @@ class ElasticRayExecutor:
                             self.env_vars)
         code = driver.run()
         self.lost = list(driver.lost)
-        for wid, w in driver.workers.items():
-            if w.proc.returncode == 1 and w.proc.error is not None:
-                raise RuntimeError(f"ElasticRayExecutor: worker {wid} raised "
-                                   f"{_summary(w.proc.error)}") from w.proc.error
-        procs = {w: driver.workers[w].proc for w in driver.members}
+        raised = [(wid, w.proc.error) for wid, w in driver.workers.items()
+                  if w.proc.returncode == 1 and w.proc.error is not None]
         if code != 0:
+            if raised:
+                wid, error = raised[0]
+                raise RuntimeError(f"ElasticRayExecutor: the job failed: worker {wid} raised "
+                                   f"{_summary(error)}") from error
             raise RuntimeError(f"ElasticRayExecutor: the job failed: fewer than min_num_proc="
                                f"{self.settings.min_num_proc} workers left. Lost: "
                                f"{'; '.join(driver.lost) or 'none'}")
-        return [p.result for p in procs.values()]
+        for wid, error in raised:  # a lost worker, as a dead one: the job went on without it
+            log(f"worker {wid} raised {_summary(error)}; the job went on without it")
+        procs = [driver.workers[w].proc for w in driver.members]
+        return [p.result for p in procs]
 
     def shutdown(self) -> None:
         """Nothing to free: the workers end with ``run``."""

@@ -3,7 +3,7 @@ node with 1, on this machine): 3 workers train the digits with a KerasState comm
 few steps; at step KILL_AT the worker of rank 2 ends its own process with SIGKILL. Prints one
 JSON line ("CASE {...}") per case, read by tests/python/test_ray_elastic.py.
 
-    python tests/ray/ray_elastic_case.py [horovod_028|elastic_executor]
+    python tests/ray/ray_elastic_case.py [elastic_executor|horovod_028|raises]
 """
 
 import json
@@ -77,6 +77,10 @@ def train():
             "weights": hashlib.sha256(weights.tobytes()).hexdigest()}
 
 
+def bad_data():
+    raise ValueError("bad data")
+
+
 def main():
     case = sys.argv[1] if len(sys.argv) > 1 else "elastic_executor"
     cluster = Cluster(initialize_head=True,
@@ -85,7 +89,16 @@ def main():
     ray.init(address=cluster.address, log_to_driver=True)
     started = time.time()
     try:
-        if case == "horovod_028":
+        if case == "raises":
+            settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3)
+            executor = ElasticRayExecutor(settings, env_vars=QUIET)
+            executor.start()
+            try:
+                executor.run(bad_data)
+                results, lost = "no error", []
+            except RuntimeError as e:
+                results, lost = [str(e), isinstance(e.__cause__, ValueError)], executor.lost
+        elif case == "horovod_028":
             executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2,
                                    max_workers=3, cpus_per_worker=1)
             executor.start(extra_env_vars=QUIET)
