@@ -1,12 +1,13 @@
 """Elastic training on Ray (bluefog.ray.ElasticRayExecutor and Horovod 0.28's
 RayExecutor(min_workers=...)) on a real local Ray cluster: 3 workers, the one of rank 2 killed
-with SIGKILL mid-training; the job finishes on the other 2, in the same processes (their
+mid-training (SIGKILL of its process; ray.kill of its actor in the Horovod 0.28 spelling); the
+job finishes on the other 2, in the same processes (their
 PIDs unchanged, having trained at 3 and then 2 ranks), with identical weights.
 
 Each case starts its own cluster in tests/ray/ray_elastic_case.py; a case where every worker
 raises checks that run() raises their error once fewer than min_num_proc remain. The Horovod
 0.28 spelling runs under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1). Here, loaded: 38 s
-and 12 s in `make test`, 70 s more in `make test-gloo`.
+and 12 s in `make test`, 30-70 s more in `make test-gloo`.
 """
 
 import json

@@ -1,6 +1,7 @@
 """Elastic training on a real local Ray cluster (a head node with 2 logical CPUs and a worker
 node with 1, on this machine): 3 workers train the digits with a KerasState committed every
-few steps; at step KILL_AT the worker of rank 2 ends its own process with SIGKILL. Prints one
+few steps; at step KILL_AT the worker of rank 2 ends its own process with SIGKILL (with
+ray.kill on its own actor in the horovod_028 case). Prints one
 JSON line ("CASE {...}") per case, read by tests/python/test_ray_elastic.py.
 
     python tests/ray/ray_elastic_case.py [elastic_executor|horovod_028|raises]
@@ -26,6 +27,7 @@ def train():
     import hashlib
     import os
     import signal
+    import time
 
     import keras
     import numpy as np
@@ -62,6 +64,11 @@ def train():
     def loop(state):
         while state.batch < STEPS:
             if bf.size() == 3 and bf.rank() == 2 and state.batch == KILL_AT:
+                if os.environ.get("KILL_WITH") == "ray.kill":
+                    import ray
+
+                    ray.kill(ray.get_runtime_context().current_actor)
+                    time.sleep(120)  # the kill arrives while this waits
                 os.kill(os.getpid(), signal.SIGKILL)
             i = (state.batch * bf.size() + bf.rank()) * 32 % (len(x) - 32)
             step(x[i:i + 32], y[i:i + 32])
@@ -101,7 +108,7 @@ def main():
         elif case == "horovod_028":
             executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2,
                                    max_workers=3, cpus_per_worker=1)
-            executor.start(extra_env_vars=QUIET)
+            executor.start(extra_env_vars={**QUIET, "KILL_WITH": "ray.kill"})
             results = executor.run(train)
             lost = executor._elastic.lost
         else:
