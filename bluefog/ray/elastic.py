@@ -31,7 +31,7 @@ except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
                       ) from e
 
-from bluefog.ray.executor import _LAUNCHER_PREFIXES, _RENDEZVOUS, _summary
+from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _summary
 
 
 @dataclasses.dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import secrets
 import socket
 import sys
@@ -34,11 +33,7 @@ except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
                       ) from e
 
-# Variables a worker must not inherit from whatever started Ray: an MPI launcher's (they would
-# make bluefog pick MPI) and another job's rendezvous.
-_LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
-_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-               "LOCAL_WORLD_SIZE", "TF_CONFIG", "BLUEFOG_JOB_TOKEN")
+from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _plain, _summary
 
 
 @dataclasses.dataclass
@@ -83,24 +78,9 @@ class WorkerFailedError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def _plain(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
 def _failed_at(error: BaseException) -> float:
     cause = getattr(error, "cause", None)
     return getattr(cause, "bluefog_failed_at", float("inf"))
-
-
-def _summary(error: BaseException) -> str:
-    """One line: the function's own exception (Ray wraps it), or the worker's death."""
-    if isinstance(error, ray.exceptions.RayActorError):
-        return "its worker process died or its node was lost"
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, BaseException):
-        error = cause
-    text = _plain(str(error)).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}"
 
 
 def _end_bluefog() -> None:
