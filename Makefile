@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
-	sanitize-ci stress soak bench bench-horovod bench-gloo bench-gloo-netns clean sdist docs test-gloo \
+	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo \
 	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
 
 all: build
@@ -104,7 +104,7 @@ test-python: build
 test-gloo: build
 	BLUEFOG_TEST_GLOO_DIGITS=1 $(PY) -m pytest -q tests/python/test_gloo_launch.py
 	BLUEFOG_TEST_GLOO_ELASTIC=1 $(PY) -m pytest -q tests/python/test_elastic_inplace.py \
-	  tests/python/test_ray_elastic.py
+	  tests/python/test_horovod_elastic_examples.py tests/python/test_ray_elastic.py
 	for n in 2 3; do \
 	  echo "== pytest on Gloo, $$n ranks =="; \
 	  $(PY) tests/python/gloo_jobs.py -np $$n --timeout $(TEST_TIMEOUT) -- \
@@ -147,11 +147,6 @@ bench-horovod: build
 # bf.allreduce 1-64 MiB at 2 ranks: bfrun --gloo against mpirun, launches interleaved.
 bench-gloo: build
 	$(PY) bench/gloo_vs_mpi.py
-
-# The same with one rank on each of 2 pretend hosts (network namespaces; root), on an unshaped
-# link and on one shaped to 1 Gbit/s; three launches per backend.
-bench-gloo-netns: build
-	$(PY) bench/gloo_vs_mpi.py --netns none 1gbit --rounds 3
 
 # The source distribution (dist/bluefog_tf-<version>.tar.gz), built as a user would.
 sdist: $(VENV)/.deps-stamp

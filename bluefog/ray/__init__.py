@@ -4,11 +4,12 @@
 (rank 0's node address, a free port, a per-job token) and runs functions on all of them; each
 function calls ``bf.init()`` and trains as under any launcher. The names and arguments are
 Horovod's (``horovod.ray.RayExecutor``). Ray is an optional dependency:
-``pip install 'bluefog-tf[ray]'`` (or ``pip install ray``). ``ElasticRayExecutor`` runs an
-elastic job in place (``bf.elastic.run``) with Ray's node list as the host discovery.
+``pip install 'bluefog-tf[ray]'`` (or ``pip install ray``). ``ElasticRayExecutor`` (and
+``RayExecutor(min_workers=...)``) runs elastic jobs whose workers survive a lost actor.
 """
 
-from bluefog.ray.elastic import ElasticRayExecutor
+from bluefog.ray.elastic import ElasticRayExecutor, ElasticRaySettings
 from bluefog.ray.executor import RayExecutor, RaySettings, WorkerFailedError
 
-__all__ = ["ElasticRayExecutor", "RayExecutor", "RaySettings", "WorkerFailedError"]
+__all__ = ["ElasticRayExecutor", "ElasticRaySettings", "RayExecutor", "RaySettings",
+           "WorkerFailedError"]

@@ -1,46 +1,68 @@
-"""ElasticRayExecutor: in-place elastic training on Ray actors (Gloo backend).
+"""Elastic training on Ray: workers are Ray actors that re-form the job in place when one is
+lost (Horovod's ``horovod.ray.ElasticRayExecutor``, and ``RayExecutor(min_workers=...)``).
 
-The driver of ``bfrun --gloo --min-np`` (bluefog/run/gloo_elastic.py) with Ray actors for
-worker processes and Ray's node list for host discovery: each alive node offers
-``CPU // cpus_per_worker`` slots. The store is served from the process that calls ``run()``.
-A worker whose actor dies (its process killed, its node lost) leaves the job; the others carry
-on in place (``bf.elastic.run``); new nodes get workers that join at the next commit.
+The driver (the process that calls ``run``) serves the Gloo rendezvous store and runs the job
+as rounds, exactly as ``bfrun --gloo --min-np`` does (bluefog/run/gloo_elastic.py, whose round
+logic this reuses): the hosts are Ray's alive nodes, each with as many slots as its CPUs (and
+GPUs, with ``use_gpu``) hold workers; a worker is an actor pinned to its node that runs the
+function once. An actor that dies (``ray.kill``, ``kill -9`` of its process, its node lost)
+leaves the round, the survivors' ``bf.elastic.run`` restores the last commit and the job goes
+on with them, in the same processes. A lost worker's slot is not used again (as a failed host
+is blacklisted); slots of nodes that join the cluster are, up to ``max_num_proc``.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import signal
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
+from bluefog.common import elastic_rounds, gloo_store
 from bluefog.run import elastic_hosts as eh
-from bluefog.run.gloo_elastic import GlooElasticDriver
+from bluefog.run.gloo_elastic import GlooElasticDriver, Worker, log
 
 try:
     import ray
+    from ray.exceptions import RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
                       ) from e
 
-_LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
-_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-               "LOCAL_WORLD_SIZE", "TF_CONFIG", "BLUEFOG_JOB_TOKEN")
+from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _summary
+
+
+@dataclasses.dataclass
+class ElasticRaySettings:
+    """What ``ElasticRayExecutor.create_settings`` returns (Horovod's ``ElasticSettings``)."""
+
+    min_num_proc: int = 1
+    max_num_proc: Optional[int] = None
+    timeout_s: int = 30
+    elastic_timeout: int = 600
+    discovery_interval: float = 1.0
 
 
 class _ElasticWorker:
-    def run(self, env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict) -> Any:
+    """One worker: a Ray actor with the job's rendezvous in its environment."""
+
+    def __init__(self, env: Dict[str, str]):
         for key in list(os.environ):
             if key.startswith(_LAUNCHER_PREFIXES) or key in _RENDEZVOUS:
                 del os.environ[key]
         os.environ.update(env)
-        return fn(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        return fn()
 
 
 class _ActorProcess:
-    """A worker actor seen as the driver sees a process: poll(), returncode, wait(), stop()."""
+    """The running function of one actor, seen as the driver sees a worker process."""
 
     def __init__(self, actor, ref):
         self.actor = actor
@@ -48,132 +70,238 @@ class _ActorProcess:
         self.returncode: Optional[int] = None
         self.result: Any = None
         self.error: Optional[BaseException] = None
+        self.stdin = None
 
     def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            ready, _ = ray.wait([self.ref], timeout=0)
-            if ready:
-                try:
-                    self.result = ray.get(self.ref)
-                    self.returncode = 0
-                except ray.exceptions.RayActorError as e:
-                    self.error, self.returncode = e, -int(signal.SIGKILL)
-                except Exception as e:  # noqa: BLE001 - the function raised: reported by run()
-                    self.error, self.returncode = e, 1
+        if self.returncode is None and ray.wait([self.ref], timeout=0)[0]:
+            try:
+                self.result = ray.get(self.ref)
+                self.returncode = 0
+            except RayActorError as e:  # the actor's process is gone
+                self.error = e
+                self.returncode = -signal.SIGKILL
+            except Exception as e:  # noqa: BLE001 - the function raised
+                self.error = e
+                self.returncode = 1
         return self.returncode
 
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                import subprocess
-
-                raise subprocess.TimeoutExpired("ray actor", timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def stop(self) -> None:
-        ray.kill(self.actor, no_restart=True)
+    def terminate(self) -> None:
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 class _RayDriver(GlooElasticDriver):
-    def __init__(self, args, cpus_per_worker: float, fn, fn_args, fn_kwargs, env):
-        super().__init__(args, env, [], lambda env, extra: [])
-        self.cpus_per_worker = cpus_per_worker
-        self.fn, self.fn_args, self.fn_kwargs = fn, fn_args, fn_kwargs
-        self.actor_class = ray.remote(num_cpus=cpus_per_worker)(_ElasticWorker)
+    def __init__(self, fn, settings: ElasticRaySettings, cpus_per_slot: float,
+                 gpus_per_slot: float, env_vars: Dict[str, str]):
+        from types import SimpleNamespace
+
+        args = SimpleNamespace(hosts=None, max_np=settings.max_num_proc, np=None,
+                               min_np=settings.min_num_proc, host_discovery_script="ray",
+                               discovery_interval=settings.discovery_interval)
+        super().__init__(args, {}, [], None)
+        self.fn = fn
+        self.settings = settings
+        self.cpus_per_slot = cpus_per_slot
+        self.gpus_per_slot = gpus_per_slot
+        self.env_vars = env_vars
+        self.nodes: Dict[str, str] = {}  # host name (ip#node) -> Ray node id
+        self.lost_slots: Dict[str, int] = {}
+        self._counted: set = set()
+        self.lost = _LostList(self)
 
     def hosts(self) -> Optional[eh.Hosts]:
-        hosts = []
+        found = []
         for node in ray.nodes():
-            slots = int(node.get("Resources", {}).get("CPU", 0) // self.cpus_per_worker)
-            if node.get("Alive") and slots > 0:
-                hosts.append((node["NodeID"], slots))
-        return hosts
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            slots = int(res.get("CPU", 0) // self.cpus_per_slot) if self.cpus_per_slot else 1 << 30
+            if self.gpus_per_slot:
+                slots = min(slots, int(res.get("GPU", 0) // self.gpus_per_slot))
+            host = f"{node['NodeManagerAddress']}#{node['NodeID'][:8]}"
+            self.nodes[host] = node["NodeID"]
+            slots -= self.lost_slots.get(host, 0)
+            if slots > 0:
+                found.append((host, slots))
+        return found
 
-    def listen(self, hosts: eh.Hosts) -> str:
+    def start_worker(self, host: str) -> str:
+        wid = str(self.next_id)
+        self.next_id += 1
+        env = {"MASTER_ADDR": self.addr, "MASTER_PORT": str(self.port),
+               "BLUEFOG_JOB_TOKEN": self.secret, "BLUEFOG_BACKEND": "gloo",
+               "BLUEFOG_GLOO_EXTERNAL_STORE": "1", "BLUEFOG_GLOO_TIMEOUT":
+               str(self.settings.timeout_s), elastic_rounds.ENV_WORKER: wid}
+        env.update({k: str(v) for k, v in self.env_vars.items()})
+        actor = ray.remote(_ElasticWorker).options(
+            num_cpus=self.cpus_per_slot, num_gpus=self.gpus_per_slot,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.nodes[host], soft=False)
+        ).remote(env)
+        self.workers[wid] = Worker(wid, host, _ActorProcess(actor, actor.call.remote(self.fn)))
+        return wid
+
+    def end_all(self) -> None:
+        for w in self.workers.values():
+            w.proc.terminate()
+
+    def run(self) -> int:
+        deadline = time.monotonic() + self.settings.elastic_timeout
+        while True:
+            hosts = self.hosts() or []
+            first = eh.total_slots(eh.assign(hosts, self.max_np))
+            if first >= self.args.min_np:
+                break
+            if time.monotonic() > deadline:
+                log(f"giving up: {first} slot(s) on the Ray cluster after "
+                    f"{self.settings.elastic_timeout} s, below min_num_proc {self.args.min_np}")
+                return 1
+            time.sleep(1.0)
         self.addr = ray.util.get_node_ip_address()
-        return ""
+        self.store = gloo_store.StoreServer("", 0, gloo_store.job_token(self.secret),
+                                            gone_prefix=self._gone_prefix)
+        self.port = self.store.port
+        members = [self.start_worker(h) for h in eh.rank_hosts(eh.assign(hosts, self.max_np))]
+        self.publish(members, "start")
+        try:
+            return self.loop()
+        finally:
+            self.end_all()
+            self.store.close()
 
-    def spawn(self, wid: str, host: str):
-        actor = self.actor_class.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=host, soft=False)).remote()
-        env = dict(self.env)
-        env.update(self.worker_env(wid))
-        return _ActorProcess(actor, actor.run.remote(env, self.fn, self.fn_args, self.fn_kwargs))
+    def _note_lost(self) -> None:
+        """A lost worker's slot is not used again."""
+        for w in self.workers.values():
+            if w.ended and w.proc.returncode not in (0, None) and w.wid not in self._counted:
+                self._counted.add(w.wid)
+                self.lost_slots[w.host] = self.lost_slots.get(w.host, 0) + 1
+
+
+class _LostList(list):
+    """The driver's list of lost workers; each addition takes the worker's slot away."""
+
+    def __init__(self, driver: _RayDriver):
+        super().__init__()
+        self.driver = driver
+
+    def append(self, what: str) -> None:
+        super().append(what)
+        self.driver._note_lost()
 
 
 class ElasticRayExecutor:
-    """Runs an elastic training function on Ray, as Horovod's ``ElasticRayExecutor``::
+    """Runs an elastic training function on Ray actors, as Horovod's
+    ``horovod.ray.ElasticRayExecutor``::
 
+        import ray
         from bluefog.ray import ElasticRayExecutor
 
         def train():
             import bluefog.tensorflow as bf
             bf.init()
-            state = bf.elastic.KerasState(model, optimizer, epoch=0)
+            state = bf.elastic.KerasState(model, optimizer, epoch=0, batch=0)
+
             @bf.elastic.run
-            def loop(state): ...
+            def loop(state):
+                ...                  # training steps; state.commit() every few
             loop(state)
             return bf.rank(), ...
 
         ray.init(address="auto")
-        executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(), min_workers=2,
-                                      max_workers=8, cpus_per_worker=1)
+        settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=8)
+        executor = ElasticRayExecutor(settings, cpus_per_slot=2)
         executor.start()
-        results = executor.run(train)   # the last round's workers' results, in rank order
+        results = executor.run(train)   # the results of the last round's workers, rank order
 
-    Every alive Ray node offers ``CPU // cpus_per_worker`` slots (looked at every
-    ``discovery_interval`` seconds); the job starts on up to ``max_workers`` of them. Fewer
-    than ``min_workers`` left: ``run()`` raises RuntimeError naming the workers lost.
+    The workers are as many as the alive Ray nodes' resources hold (``cpus_per_slot`` CPUs,
+    with ``use_gpu`` also ``gpus_per_slot`` GPUs each), at most ``max_num_proc``. A lost actor
+    leaves the job, which goes on with the others from the last commit (``bf.elastic``) as long
+    as ``min_num_proc`` remain; new nodes' slots join at the next commit.
     """
 
     @staticmethod
-    def create_settings(timeout_s: int = 300, discovery_interval: float = 1.0
-                        ) -> Dict[str, float]:
-        """``timeout_s``: the workers' BLUEFOG_GLOO_TIMEOUT; ``discovery_interval``: seconds
-        between two looks at Ray's node list."""
-        return {"timeout_s": timeout_s, "discovery_interval": discovery_interval}
+    def create_settings(min_num_proc: int = 1, max_num_proc: Optional[int] = None,
+                        reset_limit: Optional[int] = None, elastic_timeout: int = 600,
+                        timeout_s: int = 30, ssh_identity_file: Optional[str] = None,
+                        nics: Optional[str] = None, min_np: Optional[int] = None,
+                        max_np: Optional[int] = None, **kwargs: Any) -> ElasticRaySettings:
+        """Settings for the executor, with Horovod's names: ``min_num_proc`` (the fewest
+        workers the job goes on with), ``max_num_proc`` (the most; default: every slot),
+        ``elastic_timeout`` (seconds to wait for ``min_num_proc`` slots at the start),
+        ``timeout_s`` (seconds the workers wait for each other at a rendezvous); ``min_np``
+        and ``max_np`` are the older names. ``ssh_identity_file`` and ``nics`` are accepted
+        and unused (the workers connect over Gloo, without SSH). ``reset_limit`` is refused:
+        the job has no relaunches to count."""
+        del ssh_identity_file, nics, kwargs
+        if reset_limit is not None:
+            raise ValueError("ElasticRayExecutor: reset_limit is not supported: the workers "
+                             "re-form the job in place, nothing is relaunched")
+        min_num_proc = min_np if min_np is not None else min_num_proc
+        max_num_proc = max_np if max_np is not None else max_num_proc
+        if not isinstance(min_num_proc, int) or min_num_proc < 1:
+            raise ValueError(f"ElasticRayExecutor: min_num_proc={min_num_proc!r} must be an "
+                             f"int >= 1")
+        if max_num_proc is not None and max_num_proc < min_num_proc:
+            raise ValueError(f"ElasticRayExecutor: max_num_proc={max_num_proc} is below "
+                             f"min_num_proc={min_num_proc}")
+        return ElasticRaySettings(min_num_proc=min_num_proc, max_num_proc=max_num_proc,
+                                  timeout_s=timeout_s, elastic_timeout=elastic_timeout)
 
-    def __init__(self, settings: Optional[Dict[str, float]] = None, min_workers: int = 1,
-                 max_workers: Optional[int] = None, cpus_per_worker: float = 1,
-                 override_discovery: bool = True, env: Optional[Dict[str, str]] = None):
-        if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
-            raise ValueError(f"ElasticRayExecutor: need 1 <= min_workers <= max_workers, got "
-                             f"{min_workers} and {max_workers}")
-        del override_discovery  # Horovod's; Ray's node list is always the discovery here
-        self.settings = settings or self.create_settings()
-        self.min_workers = min_workers
-        self.max_workers = max_workers
-        self.cpus_per_worker = cpus_per_worker
-        self.env = dict(env or {})
-        self.env.setdefault("BLUEFOG_GLOO_TIMEOUT", str(self.settings["timeout_s"]))
-        self.started = False
+    def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False,
+                 cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = None,
+                 env_vars: Optional[Dict[str, str]] = None, override_discovery: bool = True):
+        if gpus_per_slot and not use_gpu:
+            raise ValueError("ElasticRayExecutor: gpus_per_slot is set but use_gpu is False")
+        if not override_discovery:
+            raise ValueError("ElasticRayExecutor: override_discovery=False is not supported: "
+                             "the hosts are always Ray's alive nodes")
+        self.settings = settings
+        self.cpus_per_slot = cpus_per_slot
+        self.gpus_per_slot = (gpus_per_slot or 1) if use_gpu else 0
+        self.env_vars = dict(env_vars or {})
+        self._started = False
+        self.lost: List[str] = []
 
     def start(self) -> None:
-        """Checks that Ray is initialized (``ray.init()``)."""
+        """Connects to Ray (``ray.init()`` if no connection is open). The workers start in
+        ``run``."""
         if not ray.is_initialized():
-            raise RuntimeError("ElasticRayExecutor: call ray.init() first")
-        self.started = True
+            ray.init()
+        self._started = True
 
-    def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[Dict] = None) -> List[Any]:
-        """Runs ``fn(*args, **kwargs)`` on every worker, as an elastic job; returns the results of
-        the workers of its last round, in rank order."""
-        if not self.started:
-            raise RuntimeError("ElasticRayExecutor: call start() first")
-        args_ns = argparse.Namespace(
-            hosts=None, host_discovery_script="(ray)", max_np=self.max_workers, np=None,
-            min_np=self.min_workers, discovery_interval=self.settings["discovery_interval"],
-            discovery_timeout=30.0, rsh_agent=None, gloo_port=None, command=[])
-        driver = _RayDriver(args_ns, self.cpus_per_worker, fn, list(args), dict(kwargs or {}),
-                            self.env)
+    def run(self, worker_fn: Callable[[], Any],
+            callbacks: Optional[List[Callable]] = None) -> List[Any]:
+        """Runs ``worker_fn()`` on the workers until the job ends; returns the results of the
+        workers of its last round, in rank order. A worker whose function raised is lost as a
+        dead one is (the others go on, and the driver logs the error); when fewer than
+        ``min_num_proc`` workers remain, raises RuntimeError (a raised error its cause).
+        ``callbacks`` (Horovod's values logged by rank 0) are not supported."""
+        if callbacks:
+            raise ValueError("ElasticRayExecutor.run: callbacks are not supported; print or "
+                             "return the values instead")
+        if not self._started:
+            raise RuntimeError("ElasticRayExecutor: run() before start(): call "
+                               "executor.start()")
+        driver = _RayDriver(worker_fn, self.settings, self.cpus_per_slot, self.gpus_per_slot,
+                            self.env_vars)
         code = driver.run()
+        self.lost = list(driver.lost)
+        raised = [(wid, w.proc.error) for wid, w in driver.workers.items()
+                  if w.proc.returncode == 1 and w.proc.error is not None]
         if code != 0:
-            errors = {w.wid: w.proc.error for w in driver.workers.values()
-                      if getattr(w.proc, "error", None) is not None}
-            raise RuntimeError(f"ElasticRayExecutor: the job failed (lost: "
-                               f"{'; '.join(driver.lost) or 'none'}); errors: {errors}")
-        return [driver.workers[w].proc.result for w in driver.members]
+            if raised:
+                wid, error = raised[0]
+                raise RuntimeError(f"ElasticRayExecutor: the job failed: worker {wid} raised "
+                                   f"{_summary(error)}") from error
+            raise RuntimeError(f"ElasticRayExecutor: the job failed: fewer than min_num_proc="
+                               f"{self.settings.min_num_proc} workers left. Lost: "
+                               f"{'; '.join(driver.lost) or 'none'}")
+        for wid, error in raised:  # a lost worker, as a dead one: the job went on without it
+            log(f"worker {wid} raised {_summary(error)}; the job went on without it")
+        procs = [driver.workers[w].proc for w in driver.members]
+        return [p.result for p in procs]
 
     def shutdown(self) -> None:
-        self.started = False
+        """Nothing to free: the workers end with ``run``."""
+        self._started = False

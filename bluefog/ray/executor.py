@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import secrets
 import socket
 import sys
@@ -34,11 +33,7 @@ except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
                       ) from e
 
-# Variables a worker must not inherit from whatever started Ray: an MPI launcher's (they would
-# make bluefog pick MPI) and another job's rendezvous.
-_LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
-_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-               "LOCAL_WORLD_SIZE", "TF_CONFIG", "BLUEFOG_JOB_TOKEN")
+from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _plain, _summary
 
 
 @dataclasses.dataclass
@@ -83,24 +78,9 @@ class WorkerFailedError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def _plain(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
 def _failed_at(error: BaseException) -> float:
     cause = getattr(error, "cause", None)
     return getattr(cause, "bluefog_failed_at", float("inf"))
-
-
-def _summary(error: BaseException) -> str:
-    """One line: the function's own exception (Ray wraps it), or the worker's death."""
-    if isinstance(error, ray.exceptions.RayActorError):
-        return "its worker process died or its node was lost"
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, BaseException):
-        error = cause
-    text = _plain(str(error)).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}"
 
 
 def _end_bluefog() -> None:
@@ -191,7 +171,23 @@ class RayExecutor:
     def __init__(self, settings: Optional[RaySettings] = None,
                  num_workers: Optional[int] = None, num_hosts: Optional[int] = None,
                  num_workers_per_host: Optional[int] = None, cpus_per_worker: float = 1,
-                 use_gpu: bool = False, gpus_per_worker: Optional[float] = None):
+                 use_gpu: bool = False, gpus_per_worker: Optional[float] = None,
+                 use_current_placement_group: bool = True, min_workers: Optional[int] = None,
+                 max_workers: Optional[int] = None, reset_limit: Optional[int] = None,
+                 cooldown_range: Optional[List[int]] = None, elastic_timeout: int = 600,
+                 override_discovery: bool = True):
+        del use_current_placement_group
+        self._elastic = None
+        if min_workers is not None or max_workers is not None:
+            self._elastic = self._elastic_executor(
+                settings, num_workers, num_hosts, num_workers_per_host, cpus_per_worker,
+                use_gpu, gpus_per_worker, min_workers, max_workers, reset_limit,
+                cooldown_range, elastic_timeout, override_discovery)
+            self.settings = settings or RaySettings()
+            self.workers = []
+            self._placement = None
+            self._broken = None
+            return
         if num_workers is not None and (num_hosts is not None or num_workers_per_host):
             raise ValueError("RayExecutor: give num_workers, or num_hosts and "
                              "num_workers_per_host, not both")
@@ -218,6 +214,31 @@ class RayExecutor:
         self.workers: List[Any] = []  # actor handles, in rank order
         self._placement = None
         self._broken: Optional[str] = None
+
+    @staticmethod
+    def _elastic_executor(settings, num_workers, num_hosts, num_workers_per_host,
+                          cpus_per_worker, use_gpu, gpus_per_worker, min_workers, max_workers,
+                          reset_limit, cooldown_range, elastic_timeout, override_discovery):
+        """Horovod 0.28's elastic mode: ``min_workers`` given, the job runs on an
+        ElasticRayExecutor (bluefog/ray/elastic.py)."""
+        from bluefog.ray.elastic import ElasticRayExecutor
+
+        if not min_workers or min_workers < 1:
+            raise ValueError("RayExecutor: max_workers given without a positive min_workers; "
+                             "an elastic job needs min_workers >= 1")
+        if num_workers is not None or num_hosts is not None:
+            raise ValueError("RayExecutor: give num_workers (or num_hosts) for a fixed job or "
+                             "min_workers/max_workers for an elastic one, not both")
+        if cooldown_range is not None:
+            raise ValueError("RayExecutor: cooldown_range is not supported: a lost worker's "
+                             "slot is not used again")
+        timeout_s = settings.timeout_s if settings is not None else 30
+        elastic = ElasticRayExecutor.create_settings(
+            min_num_proc=min_workers, max_num_proc=max_workers, reset_limit=reset_limit,
+            elastic_timeout=elastic_timeout, timeout_s=timeout_s)
+        return ElasticRayExecutor(elastic, use_gpu=use_gpu, cpus_per_slot=cpus_per_worker,
+                                  gpus_per_slot=gpus_per_worker,
+                                  override_discovery=override_discovery)
 
     # -- starting --------------------------------------------------------------------------
 
@@ -252,6 +273,14 @@ class RayExecutor:
         given, is instantiated in every worker (with the args and kwargs) for ``execute()``;
         ``extra_env_vars`` are set in every worker before that. Calling it again replaces the
         workers with fresh ones."""
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise ValueError("RayExecutor (elastic): executable_cls is not supported; "
+                                 "run a function instead")
+            self._elastic.env_vars.update({k: str(v) for k, v in
+                                           (extra_env_vars or {}).items()})
+            self._elastic.start()
+            return
         if self.workers:
             self.shutdown()
         if not ray.is_initialized():
@@ -285,6 +314,9 @@ class RayExecutor:
     # -- running ---------------------------------------------------------------------------
 
     def _check_started(self, what: str) -> None:
+        if self._elastic is not None:
+            raise RuntimeError(f"bluefog.ray: {what} is not available in elastic mode "
+                               f"(min_workers given): use run()")
         if not self.workers:
             raise RuntimeError(f"bluefog.ray: {what} before start(): call executor.start()")
         if self._broken:
@@ -302,7 +334,13 @@ class RayExecutor:
     def run(self, fn: Callable[..., Any], args: Optional[List] = None,
             kwargs: Optional[Dict] = None) -> List[Any]:
         """Runs ``fn(*args, **kwargs)`` on every worker and returns each rank's result, in
-        rank order. Raises WorkerFailedError naming the ranks where it failed."""
+        rank order. Raises WorkerFailedError naming the ranks where it failed.
+
+        Elastic (``min_workers`` given): the results of the workers that finished the job,
+        in rank order (ElasticRayExecutor.run)."""
+        if self._elastic is not None:
+            args, kwargs = list(args or []), dict(kwargs or {})
+            return self._elastic.run(lambda: fn(*args, **kwargs))
         return self._collect(getattr(fn, "__name__", "the function"),
                              self.run_remote(fn, args, kwargs))
 

@@ -12,7 +12,8 @@ It runs ``mpirun`` with the options bluefog needs (``--bind-to none``, ``--overs
 rank (also on other hosts), and exits with ``mpirun``'s exit status: non-zero when a rank fails.
 With ``--min-np`` (elastic mode, bluefog/run/elastic_driver.py) it stays alive instead and
 relaunches the job on the hosts that remain or that are discovered; with ``--gloo`` too, the
-workers keep running and re-form the job in place (bluefog/run/gloo_elastic.py).
+workers keep running and re-form the job in place (bluefog/run/gloo_elastic.py), which is
+also the mode chosen when mpirun is not on PATH (as Horovod's elastic mode, always on Gloo).
 """
 
 from __future__ import annotations
@@ -247,6 +248,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bfrun: hostfile {args.hostfile!r} does not exist", file=sys.stderr)
         return 2
 
+    no_mpirun = shutil.which("mpirun", path=os.environ.get("PATH", os.defpath)) is None
+    if elastic and not args.gloo and no_mpirun:
+        # Horovod's elastic mode runs on Gloo: without mpirun, so does bfrun's.
+        print("bfrun: elastic: mpirun not found on PATH: running the job in place on Gloo "
+              "(as with --gloo)", file=sys.stderr, flush=True)
+        args.gloo = True
     if args.gloo:
         if elastic:
             relaunch_only = [flag for flag, v in (("--reset-limit", args.reset_limit),

@@ -75,6 +75,9 @@ class GlooElasticDriver:
         self.max_np = args.max_np
         self.last_discovery = 0.0
         self.failure_seen: Dict[str, float] = {}
+        # on_line(worker id, is_stderr, line) -> True to take the line out of the output
+        # (bluefog.run takes its result lines).
+        self.on_line = None
 
     # -- hosts ---------------------------------------------------------------------------------
 
@@ -141,7 +144,10 @@ class GlooElasticDriver:
 
     def _forward(self, wid: str, stream, sink) -> None:
         prefix = f"[{wid}]".encode()
+        is_err = sink is sys.stderr.buffer
         for line in iter(stream.readline, b""):
+            if self.on_line is not None and self.on_line(wid, is_err, line):
+                continue
             with self.out_lock:
                 sink.write(prefix + (b" " if line.strip() else b"") + line)
                 if not line.endswith(b"\n"):

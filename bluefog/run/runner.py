@@ -82,6 +82,58 @@ class _Stream:
         self.stream.flush()
 
 
+def _same(name: str, value: Optional[int], horovod_name: str,
+          horovod_value: Optional[int]) -> Optional[int]:
+    if value is not None and horovod_value is not None and value != horovod_value:
+        raise ValueError(f"bluefog.run: {name}={value} and {horovod_name}={horovod_value} "
+                         f"disagree; give one")
+    return value if value is not None else horovod_value
+
+
+def _run_elastic(command: List[str], np: Optional[int], min_np: Optional[int],
+                 max_np: Optional[int], hosts: Optional[str], discovery: Optional[str],
+                 env: Dict[str, str], rsh_agent: Optional[str], on_line,
+                 results: Dict[Any, tuple]) -> List[Any]:
+    """Runs the job under bfrun's in-place elastic driver (bluefog/run/gloo_elastic.py) and
+    returns the results of the workers of its last round, in rank order."""
+    from bluefog.run import bfrun, elastic_driver, gloo_elastic
+
+    argv = ["--gloo"]
+    for flag, value in (("-np", np), ("--min-np", min_np if min_np is not None else 1),
+                        ("--max-np", max_np), ("-H", hosts),
+                        ("--host-discovery-script", discovery), ("--rsh-agent", rsh_agent)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if hosts is None and discovery is None:
+        argv += ["-H", f"localhost:{max_np or np or min_np or 1}"]
+    args = bfrun._parser().parse_args(argv + command)
+    problem = elastic_driver.check_args(args)
+    if problem:
+        raise ValueError(f"bluefog.run (elastic, as bfrun's options): {problem}")
+    driver = gloo_elastic.GlooElasticDriver(args, env, [PAYLOAD_VAR, MARKER_VAR],
+                                            forwarded_env)
+    driver.on_line = lambda wid, is_err, line: on_line(wid, is_err, line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    code = driver.run()
+    members = driver.members
+    for wid in members + sorted(set(results) - set(members)):
+        outcome = results.get(wid)
+        if outcome is not None and outcome[0] == "error":
+            _, exc, text = outcome
+            where = (f"rank {members.index(wid)} (worker {wid})" if wid in members
+                     else f"worker {wid}")
+            raise RuntimeError(f"bluefog.run: {where} raised {text}") from exc
+    if code != 0:
+        raise RuntimeError(f"bluefog.run: the elastic job failed (status {code}; the driver's "
+                           f"last lines above say why)")
+    missing = [r for r, w in enumerate(members) if w not in results]
+    if missing:
+        raise RuntimeError(f"bluefog.run: rank(s) {missing} exited without returning a result "
+                           f"(did the function call os._exit or sys.exit?)")
+    return [results[w][1] for w in members]
+
+
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None,
         np: Optional[int] = None, hosts: Optional[str] = None,
         env: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
@@ -111,27 +163,38 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     for each other at the rendezvous: ``BLUEFOG_GLOO_TIMEOUT``), `ssh_port` and
     `ssh_identity_file` (added to ssh), `disable_cache` (``BLUEFOG_CACHE_CAPACITY=0``),
     `use_gloo`. `use_mpi=True` and `mpi_args` are refused (this function always starts a Gloo
-    job; launch an MPI job with ``bfrun``), as are the elastic arguments (`min_num_proc`,
-    `max_num_proc`, `host_discovery_script`, ...: launch an elastic job with ``bfrun``).
+    job; launch an MPI job with ``bfrun``).
+
+    Elastic jobs: with `min_num_proc` (or `min_np`), `max_num_proc` (`max_np`) or
+    `host_discovery_script`, the job runs as ``bfrun --gloo --min-np`` runs it (docs: elastic
+    training): `np` workers at first (default: every slot, up to `max_num_proc`), on `hosts`
+    or the hosts the script prints (``host:slots`` lines); a lost worker leaves and the others
+    go on in place (`fn` uses ``bf.elastic.run``), down to `min_num_proc` (default 1); new
+    slots join. It returns the results of the workers of the last round, in rank order.
+    `slots`, `reset_limit` and `cooldown_range` are refused (options of the relaunching mode,
+    ``bfrun --min-np`` over mpirun).
     `verbose`, `output_filename` and `network_interface(s)` are accepted and have no effect
     (a warning says so).
 
     Raises RuntimeError naming the rank when a rank raises (the rank's exception is its cause)
     or dies, after ending the other ranks; TimeoutError after `timeout` seconds.
     """
+    np_given = np is not None or num_proc is not None
     np = _resolve_np(np, num_proc)
     if use_mpi or use_gloo is False or mpi_args:
         raise ValueError("bluefog.run always starts a Gloo job (no mpirun); use_mpi=True, "
                          "use_gloo=False and mpi_args have no meaning here: launch an MPI job "
                          "with `bfrun -np N python train.py` instead")
-    elastic = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc, "min_np": min_np,
-               "max_np": max_np, "slots": slots, "reset_limit": reset_limit,
-               "cooldown_range": cooldown_range, "host_discovery_script": host_discovery_script}
-    given = [k for k, v in elastic.items() if v is not None]
+    unsupported = {"slots": slots, "reset_limit": reset_limit, "cooldown_range": cooldown_range}
+    given = [k for k, v in unsupported.items() if v is not None]
     if given:
-        raise ValueError(f"bluefog.run does not run elastic jobs ({', '.join(given)} given): "
-                         f"launch an elastic job with `bfrun --min-np M --max-np N "
-                         f"--host-discovery-script S python train.py` (docs: elastic training)")
+        raise ValueError(f"bluefog.run: {', '.join(given)}: not supported by its in-place "
+                         f"elastic mode (the discovery script gives each host's slots as "
+                         f"host:slots; the relaunching mode's options are bfrun's, over mpirun: "
+                         f"`bfrun --min-np M --reset-limit K ... python train.py`)")
+    min_np = _same("min_np", min_np, "min_num_proc", min_num_proc)
+    max_np = _same("max_np", max_np, "max_num_proc", max_num_proc)
+    elastic = min_np is not None or max_np is not None or host_discovery_script is not None
     if hostfile is not None:
         if hosts is not None:
             raise ValueError("bluefog.run: give hosts or hostfile, not both")
@@ -170,6 +233,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
         return True
 
     command = [executable or sys.executable, "-m", "bluefog.run.task"]
+    if elastic:
+        return _run_elastic(command, np if np_given else None, min_np, max_np, hosts,
+                            host_discovery_script, base, rsh_agent, on_line, results)
     job = gloo_launch.launch(command, np, hosts, base, (PAYLOAD_VAR, MARKER_VAR), rsh_agent,
                              forwarded_env=forwarded_env, on_line=on_line,
                              out=_Stream(sys.stdout), err=_Stream(sys.stderr))

@@ -158,9 +158,10 @@ class BackgroundJob:
     """A launcher in a session of its own (as a terminal's foreground job: a signal to its
     process group reaches what a Ctrl-C would), its output read as it comes."""
 
-    def __init__(self, cmd: Sequence[str], env: Optional[Dict[str, str]] = None):
+    def __init__(self, cmd: Sequence[str], env: Optional[Dict[str, str]] = None,
+                 cwd: str = REPO):
         self.proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=job_env(env), cwd=REPO, text=True, errors="replace",
+                                     env=job_env(env), cwd=cwd, text=True, errors="replace",
                                      start_new_session=True)
         self.started = time.time()
         self.lines: List[str] = []

@@ -334,6 +334,16 @@ def test_run_lambda_results_in_rank_order(run_env):
     assert out == [10, 13, 16]
 
 
+def test_run_elastic_arguments_run_the_in_place_driver(run_env):
+    """min_num_proc/max_num_proc: the job runs under bfrun --gloo --min-np's driver (each
+    worker has its elastic worker id) and the results come back in rank order."""
+    out = bluefog.run(lambda: (os.environ["BLUEFOG_ELASTIC_WORKER"],
+                               os.environ["BLUEFOG_GLOO_EXTERNAL_STORE"]),
+                      num_proc=2, min_num_proc=1, max_num_proc=3, hosts="localhost:3",
+                      use_gloo=True, env=run_env)
+    assert out == [("0", "1"), ("1", "1")]
+
+
 def test_run_takes_horovods_arguments(run_env, tmp_path):
     """horovod.run's names: num_proc, hostfile, start_timeout, disable_cache; the ones with no
     meaning for a Gloo job are refused naming what to do instead."""
@@ -346,8 +356,12 @@ def test_run_takes_horovods_arguments(run_env, tmp_path):
     assert out == [("0", "45.0", "0"), ("1", "45.0", "0")]
     with pytest.raises(ValueError, match="always starts a Gloo job"):
         bluefog.run(abs, args=(1,), num_proc=2, use_mpi=True)
-    with pytest.raises(ValueError, match=r"does not run elastic jobs \(min_num_proc given\)"):
-        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1)
+    with pytest.raises(ValueError, match=r"reset_limit: not supported by its in-place"):
+        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, reset_limit=3)
+    with pytest.raises(ValueError, match="min_np=1 and min_num_proc=2 disagree"):
+        bluefog.run(abs, args=(1,), min_np=1, min_num_proc=2)
+    with pytest.raises(ValueError, match="--max-np 1 is below --min-np 2"):
+        bluefog.run(abs, args=(1,), min_num_proc=2, max_num_proc=1, hosts="localhost:2")
     with pytest.raises(ValueError, match="np=2 and num_proc=3 disagree"):
         bluefog.run(abs, args=(1,), np=2, num_proc=3)
     hostfile.write_text("localhost cpus=2\n")

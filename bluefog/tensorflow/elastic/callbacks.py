@@ -73,8 +73,9 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Keeps ``state.epoch`` = the epochs finished (pass ``initial_epoch=state.epoch`` to
-    ``fit``)."""
+    """Keeps ``state.epoch`` = the epochs finished, whether ``fit`` resumes with
+    ``initial_epoch=state.epoch`` or, as in Horovod's examples, runs ``epochs -
+    state.epoch`` epochs counted from 0."""
 
     def __init__(self, state: State):
         super().__init__()
@@ -82,6 +83,15 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
         if not hasattr(state, "epoch"):
             raise ValueError("bluefog elastic UpdateEpochStateCallback: the state has no "
                              "'epoch' attribute; create it with epoch=0")
+        self._offset = None
+
+    def on_train_begin(self, logs=None):
+        self._offset = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # fit's first epoch is 0 (counted from 0) or state.epoch (initial_epoch given).
+        if self._offset is None:
+            self._offset = self.state.epoch - epoch if epoch in (0, self.state.epoch) else 0
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch = epoch + 1
+        self.state.epoch = (self._offset or 0) + epoch + 1

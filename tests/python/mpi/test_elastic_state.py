@@ -324,6 +324,10 @@ def test_keras_callbacks_track_epoch_and_batch_and_commit(rank):
               verbose=0)
     assert [s[1] for s in recorder.seen] == [3, 4]
     assert (state.epoch, state.batch) == (3, 0)
+    # Horovod's examples resume with fit(epochs=total - state.epoch), counted from 0: the
+    # state still counts the epochs of the whole training.
+    model.fit(x, y, batch_size=2, epochs=5 - state.epoch, callbacks=callbacks, verbose=0)
+    assert (state.epoch, state.batch) == (5, 0)
 
 
 def test_mistakes_get_clear_errors():
