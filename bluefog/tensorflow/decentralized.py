@@ -331,7 +331,33 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
 
     @property
     def communication_type(self) -> str:
+        """The combination of the next communication; assignable between eager steps (Bluefog's
+        examples switch to ``CommunicationType.allreduce`` for a step now and then)."""
         return self._bluefog_communication
+
+    @communication_type.setter
+    def communication_type(self, value):
+        what = f"rank {op_rules.rank_str()}: bluefog {self._bluefog_what}"
+        if self._bluefog_mode not in ("atc", "awc"):
+            raise ValueError(f"{what}: communication_type cannot be changed on this optimizer")
+        value = _communication_type(value)
+        if not isinstance(value, str) or value not in COMMUNICATION_TYPES:
+            raise ValueError(f"{what}: communication_type must be one of "
+                             f"{', '.join(repr(c) for c in COMMUNICATION_TYPES)} or a "
+                             f"bf.CommunicationType, got {value!r}")
+        if value == self._bluefog_communication:
+            return
+        if getattr(self, "_bluefog_traced", False):
+            raise ValueError(
+                f"{what}: setting opt.communication_type after a step was traced (tf.function, "
+                "model.fit) would be ignored by that traced step, whose exchange is fixed; "
+                "change it only in eager loops (model.compile(run_eagerly=True) for fit), or "
+                "wrap one optimizer per communication type")
+        if self._bluefog_schedule is not None and value not in (
+                "neighbor_allreduce", "hierarchical_neighbor_allreduce"):
+            raise ValueError(f"{what}: a schedule= needs 'neighbor_allreduce' or "
+                             f"'hierarchical_neighbor_allreduce', got {value!r}")
+        self._bluefog_communication = value
 
     @property
     def num_steps_per_communication(self) -> int:
@@ -377,6 +403,8 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         variables = self._bluefog_variables(grads, trainable_variables)
         if not grads or variables is None:
             return super().apply(grads, trainable_variables)
+        if not tf.executing_eagerly():
+            object.__setattr__(self, "_bluefog_traced", True)
         if self._bluefog_mode == "atc":
             result = super().apply(grads, trainable_variables)
             communicate = self._bluefog_should_communicate()

@@ -231,3 +231,22 @@ def test_broadcast_parameters_and_window_names(rank, size):
 def test_topology_util_names_under_bf():
     assert bf.RingGraph(4).number_of_nodes() == 4
     assert bf.IsTopologyEquivalent(bf.ExponentialGraph(4), bf.ExponentialGraph(4))
+
+
+@pytest.mark.timeout(120)
+def test_communication_type_switched_between_eager_steps(rank, size):
+    """Bluefog's MNIST example switches to allreduce for one step now and then."""
+    opt = bf.DistributedAdaptWithCombineOptimizer(keras.optimizers.SGD(0.0), name="switch")
+    v = tf.Variable([float(rank)], dtype=tf.float64)
+    opt.communication_type = bf.CommunicationType.allreduce
+    opt.apply([tf.zeros([1], tf.float64)], [v])
+    np.testing.assert_allclose(v.numpy(), [(size - 1) / 2.0], rtol=1e-12)
+    opt.communication_type = "neighbor.allreduce"
+    assert opt.communication_type == "neighbor_allreduce"
+    with pytest.raises(ValueError, match="communication_type must be one of"):
+        opt.communication_type = "ring"
+    tf.function(lambda: opt.apply([tf.zeros([1], tf.float64)], [v]))()
+    with pytest.raises(ValueError, match=r"rank \d+: bluefog DistributedAdaptWithCombineOptimizer:"
+                                         r" setting opt.communication_type after a step was "
+                                         "traced"):
+        opt.communication_type = "allreduce"
