@@ -185,23 +185,35 @@ def _wrap(optimizer, mode, num_steps_per_communication, name, what):
     return new
 
 
-def DistributedWinPutOptimizer(optimizer, num_steps_per_communication: int = 1,
-                               name: Optional[str] = None):
+def _model_or_steps(model, num_steps_per_communication):
+    """Bluefog's ``(optimizer, model, num_steps_per_communication)`` order, and the former
+    ``(optimizer, num_steps_per_communication)`` one: an int in ``model``'s place is the step
+    count."""
+    if isinstance(model, int) and not isinstance(model, bool):
+        return model
+    return num_steps_per_communication
+
+
+def DistributedWinPutOptimizer(optimizer, model=None, num_steps_per_communication: int = 1,
+                               window_prefix: Optional[str] = None, name: Optional[str] = None):
     """Local step, then put the weights to the out-neighbours and combine them with whatever
     the in-neighbours put last, never waiting for a neighbour's step.
 
     Args:
         optimizer: a Keras 3 optimizer instance (not yet wrapped by bluefog).
+        model: Bluefog's argument, accepted for its signature (a Keras model or None; the
+            variables exchanged are those ``apply`` receives).
         num_steps_per_communication: communicate on every n-th step only (n >= 1).
+        window_prefix: Bluefog's name for ``name``.
         name: prefix of the windows' names; equal on every rank.
     """
-    return _wrap(optimizer, "winput", num_steps_per_communication, name,
-                 "DistributedWinPutOptimizer")
+    return _wrap(optimizer, "winput", _model_or_steps(model, num_steps_per_communication),
+                 name or window_prefix, "DistributedWinPutOptimizer")
 
 
-def DistributedPushSumOptimizer(optimizer, num_steps_per_communication: int = 1,
+def DistributedPushSumOptimizer(optimizer, model=None, num_steps_per_communication: int = 1,
                                 name: Optional[str] = None):
     """Local step, then a push-sum exchange over windows (exact averaging on directed graphs
     and with ranks of different speeds). Arguments as for ``DistributedWinPutOptimizer``."""
-    return _wrap(optimizer, "pushsum", num_steps_per_communication, name,
-                 "DistributedPushSumOptimizer")
+    return _wrap(optimizer, "pushsum", _model_or_steps(model, num_steps_per_communication),
+                 name, "DistributedPushSumOptimizer")

@@ -48,6 +48,10 @@ def main(out_dir, runs):
             captured.write(f"seconds: {time.perf_counter() - start:.1f}\n")
             with open(os.path.join(out_dir, f"{bf.rank()}.{k}.txt"), "w") as f:
                 f.write(captured.getvalue())
+        # What a finished job would release: windows the example left (push-DIGing keeps its
+        # own), before the next one sets its topology.
+        bf.barrier()
+        bf.win_free()
     bf.barrier()
 
 

@@ -7,7 +7,11 @@ printed results must be what Bluefog's examples promise.
   (win_accumulate), whose push-sum weights must average 1;
 - decentralized optimization: exact diffusion, gradient tracking and push-DIGing reach the
   solution of distributed gradient descent, where the global gradient is 0 and every rank's
-  local gradient is not.
+  local gradient is not;
+- MNIST (on the digits), with BLUEFOG_SLOW_EXAMPLES=1 only (``make test-bluefog-examples``;
+  about 100 s more on a loaded machine): the window optimizer with Bluefog's per-step
+  ``dst_weights`` and the neighbour optimizer with the one-peer knobs learn (test loss down
+  every epoch, accuracy well above chance).
 
 All run in one job (tests/python/bluefog_examples_driver.py) so TensorFlow and bluefog start
 once; `pytest -s` prints each example's seconds.
@@ -34,6 +38,12 @@ RUNS = [
     "optimization.py --method gradient_tracking --max-iter 400 --lr 0.5",
     "optimization.py --method push_diging --max-iter 200 --lr 1.0",
 ]
+MNIST = [
+    "mnist.py --epochs 3 --batch-size 16 --lr 0.003 --log-interval 100",
+    "mnist.py --epochs 3 --batch-size 16 --lr 0.003 --log-interval 100 --dist-optimizer win_put",
+]
+if os.environ.get("BLUEFOG_SLOW_EXAMPLES") == "1":
+    RUNS = RUNS + MNIST
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +91,16 @@ def test_decentralized_optimization_reaches_the_optimum(outputs, run):
         # The global gradient vanishes at the solution; each rank's own does not.
         assert max(found) < 1e-6, (who, found)
         assert min(local) > 1e-3, (who, local)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.skipif(os.environ.get("BLUEFOG_SLOW_EXAMPLES") != "1",
+                    reason="slow: BLUEFOG_SLOW_EXAMPLES=1 (make test-bluefog-examples)")
+@pytest.mark.parametrize("run", MNIST)
+def test_mnist_learns_with_per_step_knobs(outputs, run):
+    out = outputs.get(run, "")
+    accuracy = numbers(out, r"Accuracy: ([\d.]+)%")
+    loss = numbers(out, r"Test set: Average loss: ([\d.]+)")
+    assert len(accuracy) == 3 and len(loss) == 3, out[-3000:]
+    assert loss[0] > loss[1] > loss[2], loss
+    assert accuracy[-1] > 60.0, accuracy  # chance: 10%

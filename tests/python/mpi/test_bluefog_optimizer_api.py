@@ -250,3 +250,13 @@ def test_communication_type_switched_between_eager_steps(rank, size):
                                          r" setting opt.communication_type after a step was "
                                          "traced"):
         opt.communication_type = "allreduce"
+
+
+def test_window_optimizers_take_bluefog_arguments():
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    put = bf.DistributedWinPutOptimizer(keras.optimizers.SGD(0.1), model, 3,
+                                        window_prefix="bluefog.args")
+    assert put.num_steps_per_communication == 3
+    assert put._bluefog_prefix == "bluefog.args"
+    push = bf.DistributedPushSumOptimizer(keras.optimizers.SGD(0.1), 2)  # the former order
+    assert push.num_steps_per_communication == 2
