@@ -260,3 +260,29 @@ def test_window_optimizers_take_bluefog_arguments():
     assert put._bluefog_prefix == "bluefog.args"
     push = bf.DistributedPushSumOptimizer(keras.optimizers.SGD(0.1), 2)  # the former order
     assert push.num_steps_per_communication == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_machine_knobs_on_hierarchical_optimizer(traced, rank, size):
+    """One machine: no neighbour machines, so the step gives self_weight * the machine's mean
+    (the topology's self weight is 1: the mean itself)."""
+    opt = bf.DistributedAdaptThenCombineOptimizer(
+        keras.optimizers.SGD(0.0), communication_type="hierarchical_neighbor_allreduce",
+        name=f"knobs.machine.{traced}")
+    v = tf.Variable([float(rank)], dtype=tf.float64)
+
+    def step():
+        opt.apply([tf.zeros([1], tf.float64)], [v])
+
+    run = tf.function(step) if traced else step
+    mean = (size - 1) / 2.0
+    run()
+    np.testing.assert_allclose(v.numpy(), [mean], rtol=1e-12)
+    opt.self_weight, opt.src_machine_weights, opt.dst_machine_weights = 0.5, {}, []
+    run()
+    np.testing.assert_allclose(v.numpy(), [0.5 * mean], rtol=1e-12)
+    with pytest.raises(ValueError, match="opt.src_weights would be ignored"):
+        opt.src_weights = {}
+    with pytest.raises(ValueError, match="not another machine"):
+        opt.dst_machine_weights = [1]
