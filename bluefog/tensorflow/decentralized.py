@@ -237,37 +237,42 @@ def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str,
     if not tensors or (communication_type == "empty" and knobs is None):
         return list(tensors)
     k = _next_graph_index(prefix)
-    if knobs is not None:
-        tensors = knobs._bluefog_barrier(tensors, f"{prefix}.{k}")
-    if communication_type == "empty":
-        return list(tensors)
-    if communication_type == "allreduce":
-        return mpi_ops.grouped_allreduce(tensors, average=True, name=f"{prefix}.{k}")
-    if schedule is not None:
-        # One step of the schedule for every dtype's exchange of this communication.
-        send, recv, w, ws = _scheduled_peers(schedule, communication_type, what)
-        return _per_dtype(tensors, _peer_op(communication_type, send, recv, w, ws, []),
-                          prefix, k)
     static = (neighbor_ops.neighbor_allreduce if communication_type == "neighbor_allreduce"
               else neighbor_ops.hierarchical_neighbor_allreduce)
-    if knobs is None:
-        return _per_dtype(tensors, static, prefix, k)
 
-    def with_knobs():
+    def body(ts: List[tf.Tensor], use_knobs: bool) -> List[tf.Tensor]:
+        if communication_type == "empty":
+            return [tf.identity(t) for t in ts]
+        if communication_type == "allreduce":
+            return mpi_ops.grouped_allreduce(ts, average=True, name=f"{prefix}.{k}")
+        if schedule is not None:
+            # One step of the schedule for every dtype's exchange of this communication.
+            send, recv, w, ws = _scheduled_peers(schedule, communication_type, what)
+            return _per_dtype(ts, _peer_op(communication_type, send, recv, w, ws, []),
+                              prefix, k)
+        if not use_knobs:
+            return _per_dtype(ts, static, prefix, k)
         resolve = (optimizer_knobs.neighbor_peers if communication_type == "neighbor_allreduce"
                    else optimizer_knobs.machine_peers)
         # Read when the exchange runs: at every execution of a traced step.
         peers = optimizer_knobs.runtime_values(
             lambda: resolve(what, knobs._bluefog_knob_values), _PEER_DTYPES, _PEER_SHAPES)
-        return _per_dtype(tensors, _peer_op(communication_type, *peers), prefix, k)
+        return _per_dtype(ts, _peer_op(communication_type, *peers), prefix, k)
 
+    if knobs is None:
+        return body(list(tensors), False)
     if tf.executing_eagerly():
-        return with_knobs() if knobs._bluefog_knobs_on() else _per_dtype(tensors, static,
-                                                                          prefix, k)
-    # Traced: the knobs' values of each execution when some weight knob is set, else the
-    # topology's weights as they were at tracing.
-    return tf.cond(knobs._bluefog_knob_flags[0], with_knobs,
-                   lambda: _per_dtype(tensors, static, prefix, k))
+        return body(knobs._bluefog_barrier(list(tensors), f"{prefix}.{k}"),
+                    knobs._bluefog_knobs_on())
+    # Traced: while no knob is set, the topology's weights as they were at tracing (one cond
+    # on the flags); else an optional barrier and the knobs' values of each execution.
+    flags = knobs._bluefog_knob_flags
+
+    def with_flags():
+        ts = knobs._bluefog_barrier(list(tensors), f"{prefix}.{k}")
+        return tf.cond(flags[0], lambda: body(ts, True), lambda: body(ts, False))
+
+    return tf.cond(tf.reduce_any(flags), with_flags, lambda: body(list(tensors), False))
 
 
 def read(variable) -> tf.Tensor:
