@@ -16,7 +16,7 @@ SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py'
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
 	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo \
-	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm
+	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm test-bluefog-examples
 
 all: build
 
@@ -96,6 +96,11 @@ test-python: build
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
 	done
+
+# Bluefog's examples ported to TensorFlow (examples/bluefog/) at 4 ranks, with the slow MNIST
+# runs that `make test` leaves out.
+test-bluefog-examples: build
+	BLUEFOG_SLOW_EXAMPLES=1 $(PY) -m pytest -q tests/python/test_bluefog_examples.py
 
 # The TF suite on the Gloo backend (no mpirun: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE) on 2 and
 # 3 ranks, windows included. Then the launchers, with the digits example under bfrun --gloo

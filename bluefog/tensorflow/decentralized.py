@@ -28,6 +28,11 @@ the static topology: each communication sends to that step's ``send`` ranks (mac
 averages uniformly over itself and that step's ``recv``. The iterator is advanced in Python
 once per communication, also inside a traced train step (through ``tf.py_function``).
 
+Bluefog's per-step knobs (``opt.self_weight``, ``opt.src_weights``, ``opt.dst_weights``,
+``opt.src_machine_weights``, ``opt.dst_machine_weights``, ``opt.enable_topo_check``,
+``opt.force_barrier``) may be assigned between steps instead; the next communication uses them,
+eager or traced (``optimizer_knobs``).
+
 Communication happens on every ``num_steps_per_communication``-th call of ``apply`` (the
 ``n``-th, ``2n``-th, ... call; a ``tf.Variable`` counts the calls, so the schedule also holds
 inside a traced train step). On the other steps the optimizer is just the local optimizer.
@@ -55,7 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 from bluefog.common import basics, topology
-from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, wrapping
+from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, optimizer_knobs, wrapping
 
 __all__ = ["CommunicationType", "DistributedAdaptThenCombineOptimizer",
            "DistributedAdaptWithCombineOptimizer",
@@ -78,12 +83,6 @@ class CommunicationType(enum.Enum):
 
 
 _BY_VALUE = {member.value: member.name for member in CommunicationType}
-
-# Bluefog's per-step knobs of its optimizers, with the value that changes nothing.
-_KNOBS = {"self_weight": None, "src_weights": None, "dst_weights": None,
-          "src_machine_weights": None, "dst_machine_weights": None, "enable_topo_check": True,
-          "force_barrier": False}
-
 
 class _Default:
     """The default ``communication_type`` ("neighbor_allreduce"), told apart from a given one."""
@@ -117,26 +116,21 @@ def _split_model(model, communication_type, default):
     return default if communication_type is _DEFAULT else communication_type
 
 
-def _knob(name: str, neutral):
-    """A property for Bluefog's per-step knob ``name``: reads its neutral value; setting
-    anything else raises, since these optimizers take their weights from the topology or the
-    schedule, never from the knob."""
+def _knob(name: str):
+    """A property for Bluefog's per-step knob ``name``: the value assigned last (checked when
+    assigned), read by the next communication."""
 
     def get(self):
-        return neutral
+        return self._bluefog_knob_values[name]
 
     def set_(self, value):
-        if value is neutral or (neutral is not None and value == neutral):
-            return
-        raise ValueError(
-            f"rank {op_rules.rank_str()}: bluefog {self._bluefog_what}: setting opt.{name} per "
-            "step is not supported by the TensorFlow optimizers (it would be ignored); give "
-            "weights through the topology (bf.set_topology(..., is_weighted=True)) or a "
-            "schedule= iterator, or call bf.neighbor_allreduce(..., self_weight=, src_weights=,"
-            " dst_weights=) on the variables in your own training loop")
+        value = optimizer_knobs.check(self._bluefog_what, self._bluefog_communication,
+                                      self._bluefog_schedule, name, value)
+        self._bluefog_knob_values[name] = value
+        self._bluefog_sync_knob_flags()
 
-    return property(get, set_, doc=f"Bluefog's per-step ``{name}``: only {neutral!r} is "
-                                   "accepted here (anything else raises ValueError).")
+    return property(get, set_, doc=f"Bluefog's per-step ``{name}`` (default "
+                                   f"{optimizer_knobs.KNOBS[name]!r}); see docs/bluefog.md.")
 
 
 def _next_graph_index(prefix: str) -> int:
@@ -198,27 +192,8 @@ def _scheduled_peers(schedule: Iterator, communication_type: str, what: str) -> 
     return send, recv, w, ws
 
 
-def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str,
-             schedule: Optional[Iterator] = None, what: str = "") -> List[tf.Tensor]:
-    """The combination over ranks of every tensor in `tensors` (same structure back)."""
-    if communication_type == "empty" or not tensors:
-        return list(tensors)
-    k = _next_graph_index(prefix)
-    if communication_type == "allreduce":
-        return mpi_ops.grouped_allreduce(tensors, average=True, name=f"{prefix}.{k}")
-    if schedule is None:
-        op = (neighbor_ops.neighbor_allreduce if communication_type == "neighbor_allreduce"
-              else neighbor_ops.hierarchical_neighbor_allreduce)
-    else:
-        # One step of the schedule for every dtype's exchange of this communication.
-        send, recv, w, ws = _scheduled_peers(schedule, communication_type, what)
-        if communication_type == "neighbor_allreduce":
-            def op(t, name):
-                return neighbor_ops.neighbor_allreduce_op(t, name, send, recv, w, ws, [])
-        else:
-            def op(t, name):
-                return neighbor_ops.hierarchical_exchange(
-                    t, name, basics.local_size(), basics.local_rank(), send, recv, w, ws)
+def _per_dtype(tensors: List[tf.Tensor], op, prefix: str, k: int) -> List[tf.Tensor]:
+    """``op`` over each dtype's tensors flattened into one buffer (same structure back)."""
     out: List[Optional[tf.Tensor]] = list(tensors)
     by_dtype: Dict[tf.DType, List[int]] = {}
     for i, t in enumerate(tensors):
@@ -234,6 +209,70 @@ def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str,
         for i, piece in zip(idx, tf.split(mixed, sizes, axis=0)):
             out[i] = tf.reshape(piece, tf.shape(tensors[i]))
     return out
+
+
+def _peer_op(communication_type: str, send, recv, w, ws, send_ws):
+    """The exchange with these neighbours (ranks, or machines for the hierarchical one)."""
+    if communication_type == "neighbor_allreduce":
+        def op(t, name):
+            return neighbor_ops.neighbor_allreduce_op(t, name, send, recv, w, ws, send_ws)
+    else:
+        def op(t, name):
+            return neighbor_ops.hierarchical_exchange(
+                t, name, basics.local_size(), basics.local_rank(), send, recv, w, ws)
+    return op
+
+
+_PEER_DTYPES = [tf.int32, tf.int32, tf.float64, tf.float64, tf.float64]
+_PEER_SHAPES = [[None], [None], [], [None], [None]]
+
+
+def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str,
+             schedule: Optional[Iterator] = None, what: str = "",
+             knobs=None) -> List[tf.Tensor]:
+    """The combination over ranks of every tensor in `tensors` (same structure back).
+
+    ``knobs``: the optimizer whose per-step knobs choose the neighbours and weights (None: the
+    topology or the schedule)."""
+    if not tensors or (communication_type == "empty" and knobs is None):
+        return list(tensors)
+    k = _next_graph_index(prefix)
+    static = (neighbor_ops.neighbor_allreduce if communication_type == "neighbor_allreduce"
+              else neighbor_ops.hierarchical_neighbor_allreduce)
+
+    def body(ts: List[tf.Tensor], use_knobs: bool) -> List[tf.Tensor]:
+        if communication_type == "empty":
+            return [tf.identity(t) for t in ts]
+        if communication_type == "allreduce":
+            return mpi_ops.grouped_allreduce(ts, average=True, name=f"{prefix}.{k}")
+        if schedule is not None:
+            # One step of the schedule for every dtype's exchange of this communication.
+            send, recv, w, ws = _scheduled_peers(schedule, communication_type, what)
+            return _per_dtype(ts, _peer_op(communication_type, send, recv, w, ws, []),
+                              prefix, k)
+        if not use_knobs:
+            return _per_dtype(ts, static, prefix, k)
+        resolve = (optimizer_knobs.neighbor_peers if communication_type == "neighbor_allreduce"
+                   else optimizer_knobs.machine_peers)
+        # Read when the exchange runs: at every execution of a traced step.
+        peers = optimizer_knobs.runtime_values(
+            lambda: resolve(what, knobs._bluefog_knob_values), _PEER_DTYPES, _PEER_SHAPES)
+        return _per_dtype(ts, _peer_op(communication_type, *peers), prefix, k)
+
+    if knobs is None:
+        return body(list(tensors), False)
+    if tf.executing_eagerly():
+        return body(knobs._bluefog_barrier(list(tensors), f"{prefix}.{k}"),
+                    knobs._bluefog_knobs_on())
+    # Traced: while no knob is set, the topology's weights as they were at tracing (one cond
+    # on the flags); else an optional barrier and the knobs' values of each execution.
+    flags = knobs._bluefog_knob_flags
+
+    def with_flags():
+        ts = knobs._bluefog_barrier(list(tensors), f"{prefix}.{k}")
+        return tf.cond(flags[0], lambda: body(ts, True), lambda: body(ts, False))
+
+    return tf.cond(tf.reduce_any(flags), with_flags, lambda: body(list(tensors), False))
 
 
 def read(variable) -> tf.Tensor:
@@ -255,17 +294,75 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     _bluefog_schedule = None
     _bluefog_what: str = ""
 
-    self_weight = _knob("self_weight", None)
-    src_weights = _knob("src_weights", None)
-    dst_weights = _knob("dst_weights", None)
-    src_machine_weights = _knob("src_machine_weights", None)
-    dst_machine_weights = _knob("dst_machine_weights", None)
-    enable_topo_check = _knob("enable_topo_check", True)
-    force_barrier = _knob("force_barrier", False)
+    self_weight = _knob("self_weight")
+    src_weights = _knob("src_weights")
+    dst_weights = _knob("dst_weights")
+    src_machine_weights = _knob("src_machine_weights")
+    dst_machine_weights = _knob("dst_machine_weights")
+    enable_topo_check = _knob("enable_topo_check")
+    force_barrier = _knob("force_barrier")
+
+    def _bluefog_knobs_on(self) -> bool:
+        """True while some weight knob is set (the next communication reads them)."""
+        return any(self._bluefog_knob_values[k] is not None
+                   for k in optimizer_knobs.WEIGHT_KNOBS)
+
+    def _bluefog_sync_knob_flags(self):
+        """Mirrors (weights set, force_barrier) into the flags a traced step reads."""
+        if not tf.executing_eagerly():
+            raise ValueError(
+                f"rank {op_rules.rank_str()}: bluefog {self._bluefog_what}: the per-step "
+                "knobs are assigned while a tf.function is being traced, so the assignment "
+                "would run once at tracing only; assign them outside the traced step (between "
+                "calls, or in a Keras callback's on_train_batch_begin)")
+        flags = (self._bluefog_knobs_on(), self._bluefog_knob_values["force_barrier"])
+        if flags != self._bluefog_knob_mirror:
+            self._bluefog_knob_flags.assign(list(flags))
+            object.__setattr__(self, "_bluefog_knob_mirror", flags)
+
+    def _bluefog_barrier(self, tensors: List[tf.Tensor], name: str) -> List[tf.Tensor]:
+        """``tensors``, after a barrier over all ranks when ``force_barrier`` is set."""
+        def barrier():
+            return mpi_ops.allreduce(tf.zeros([1], tf.float32), average=False,
+                                     name=f"{name}.barrier")
+
+        if tf.executing_eagerly():
+            if self._bluefog_knob_values["force_barrier"]:
+                barrier()
+            return tensors
+        done = tf.cond(self._bluefog_knob_flags[1], barrier, lambda: tf.zeros([1], tf.float32))
+        with tf.control_dependencies([done]):
+            return [tf.identity(t) for t in tensors]
 
     @property
     def communication_type(self) -> str:
+        """The combination of the next communication; assignable between eager steps (Bluefog's
+        examples switch to ``CommunicationType.allreduce`` for a step now and then)."""
         return self._bluefog_communication
+
+    @communication_type.setter
+    def communication_type(self, value):
+        what = f"rank {op_rules.rank_str()}: bluefog {self._bluefog_what}"
+        if self._bluefog_mode not in ("atc", "awc"):
+            raise ValueError(f"{what}: communication_type cannot be changed on this optimizer")
+        value = _communication_type(value)
+        if not isinstance(value, str) or value not in COMMUNICATION_TYPES:
+            raise ValueError(f"{what}: communication_type must be one of "
+                             f"{', '.join(repr(c) for c in COMMUNICATION_TYPES)} or a "
+                             f"bf.CommunicationType, got {value!r}")
+        if value == self._bluefog_communication:
+            return
+        if getattr(self, "_bluefog_traced", False):
+            raise ValueError(
+                f"{what}: setting opt.communication_type after a step was traced (tf.function, "
+                "model.fit) would be ignored by that traced step, whose exchange is fixed; "
+                "change it only in eager loops (model.compile(run_eagerly=True) for fit), or "
+                "wrap one optimizer per communication type")
+        if self._bluefog_schedule is not None and value not in (
+                "neighbor_allreduce", "hierarchical_neighbor_allreduce"):
+            raise ValueError(f"{what}: a schedule= needs 'neighbor_allreduce' or "
+                             f"'hierarchical_neighbor_allreduce', got {value!r}")
+        self._bluefog_communication = value
 
     @property
     def num_steps_per_communication(self) -> int:
@@ -297,7 +394,7 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         """combine(values) when `communicate`, else `values`; `communicate` may be a tensor."""
         def combine():
             return _combine(values, self._bluefog_communication, self._bluefog_prefix,
-                            self._bluefog_schedule, self._bluefog_what)
+                            self._bluefog_schedule, self._bluefog_what, knobs=self)
 
         if communicate is True:
             return combine()
@@ -311,6 +408,8 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         variables = self._bluefog_variables(grads, trainable_variables)
         if not grads or variables is None:
             return super().apply(grads, trainable_variables)
+        if not tf.executing_eagerly():
+            object.__setattr__(self, "_bluefog_traced", True)
         if self._bluefog_mode == "atc":
             result = super().apply(grads, trainable_variables)
             communicate = self._bluefog_should_communicate()
@@ -381,8 +480,15 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     with tf.init_scope():
         counter = tf.Variable(0, dtype=tf.int64, trainable=False,
                               name=f"{new.name}_bluefog_steps")
-    # Not tracked: the counter only sets the phase of the schedule, it is no optimizer state.
+        # (any weight knob set, force_barrier): what a traced step reads of the knobs.
+        flags = tf.Variable([False, False], trainable=False,
+                            name=f"{new.name}_bluefog_knob_flags")
+    # Not tracked: the counter only sets the phase of the schedule, it is no optimizer state;
+    # the knobs are set per step by the training loop.
     object.__setattr__(new, "_bluefog_counter", counter)
+    object.__setattr__(new, "_bluefog_knob_flags", flags)
+    object.__setattr__(new, "_bluefog_knob_values", dict(optimizer_knobs.KNOBS))
+    object.__setattr__(new, "_bluefog_knob_mirror", (False, False))
     return new
 
 

@@ -72,18 +72,43 @@ def neighbor_allreduce(tensor: Union[tf.Tensor, tf.Variable], self_weight: Optio
     the uniform mean over this rank and its in-neighbours. With ``src_weights`` (and
     ``self_weight``) and ``dst_weights`` given, this call uses those neighbours instead
     (dynamic topology): ``dst_weights`` lists the ranks to send to (a dict scales what is sent
-    to each). Every rank must call it with the same name, shape and dtype; the ranks' send and
-    receive lists must mirror each other, which is always checked (the check rides on the
-    negotiation that happens anyway, so ``enable_topo_check`` cannot make it cheaper).
+    to each). With ``self_weight`` and ``src_weights`` but no ``dst_weights`` (Bluefog's static
+    weighting), the topology's neighbours are used with these weights: ``src_weights`` may name
+    in-neighbours only, and an in-neighbour it leaves out gets weight 0. Every rank must call it
+    with the same name, shape and dtype; the ranks' send and receive lists must mirror each
+    other, which is always checked (the check rides on the negotiation that happens anyway, so
+    ``enable_topo_check`` cannot make it cheaper).
     """
     name = request_name("neighbor_allreduce", name)
     tensor = to_tensor(tensor, "neighbor_allreduce", name)
     check_dtype(tensor, "neighbor_allreduce", name)
-    if (src_weights is None) != (dst_weights is None):
+    if src_weights is None and dst_weights is not None:
         raise ValueError(f"{op_error_prefix('neighbor_allreduce', name)}: "
-                         "src_weights and dst_weights must be given together (a dynamic "
-                         "topology needs both the sources and the destinations of this call)")
-    if src_weights is None:
+                         "dst_weights needs src_weights and self_weight (a dynamic topology "
+                         "needs both the sources and the destinations of this call)")
+    if dst_weights is None and src_weights is not None:
+        # Bluefog's meaning: the topology's neighbours, with this call's weights.
+        if self_weight is None:
+            raise ValueError(f"{op_error_prefix('neighbor_allreduce', name)}: self_weight must "
+                             "be given with src_weights")
+        if not isinstance(src_weights, dict):
+            raise TypeError(f"{op_error_prefix('neighbor_allreduce', name)}: src_weights must "
+                            f"be a dict {{rank: weight}}, got {type(src_weights).__name__}")
+        given = _weights(src_weights, "src_weights", name)
+        in_ranks = topology.in_neighbor_ranks()
+        extra = sorted(set(given) - set(in_ranks))
+        if extra:
+            raise ValueError(
+                f"{op_error_prefix('neighbor_allreduce', name)}: src_weights names ranks "
+                f"{extra} that are not in-neighbours in the topology (in-neighbours: "
+                f"{in_ranks}); without dst_weights the topology's neighbours are used. For a "
+                "dynamic topology give dst_weights too: the ranks this rank sends to, e.g. "
+                "dst_weights=bf.out_neighbor_ranks() for the topology's out-neighbours")
+        send = {r: None for r in topology.out_neighbor_ranks()}
+        recv = {r: given.get(r, 0.0) for r in in_ranks}
+        self_weight = _weight(self_weight, "self_weight", name)
+        send_weights = []
+    elif src_weights is None:
         default_self, recv = topology.recv_weights()
         send = {r: None for r in topology.out_neighbor_ranks()}
         self_weight = (default_self if self_weight is None

@@ -41,5 +41,28 @@ if bf.size() == 2:
     assert np.allclose(gathered[0], gathered[1], atol=1e-6), gathered
 loss = model.evaluate(xs, ys, verbose=0)
 assert loss < 0.5, f"loss {loss}"
+
+# --8<-- [start:knobs]
+gen = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())
+v = tf.Variable([float(bf.rank())])
+opt = bf.DistributedAdaptThenCombineOptimizer(keras.optimizers.SGD(0.0), name="knobs")
+
+
+@tf.function
+def train_step():
+    opt.apply([tf.zeros([1])], [v])
+
+
+for _ in range(3):
+    send, recv = next(gen)
+    opt.dst_weights = send                                   # ranks to send to
+    opt.src_weights = {r: 1 / (len(recv) + 1) for r in recv}
+    opt.self_weight = 1 / (len(recv) + 1)
+    train_step()                                             # the step reads the knobs
+# --8<-- [end:knobs]
+
+# At 2 ranks each step averages the two ranks' values: both hold the mean, 0.5.
+if bf.size() == 2:
+    assert abs(float(v[0]) - 0.5) < 1e-6, float(v[0])
 bf.set_topology()                                           # back to the default topology
 print(f"decentralized ok rank {bf.rank()} loss {loss:.4f}")

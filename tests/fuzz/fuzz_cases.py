@@ -396,8 +396,9 @@ def make_case(rng, index: int, size: int, family: str = "api") -> Case:
             if variant == 1:  # self in the lists
                 return bf.neighbor_allreduce(x, self_weight=0.5, src_weights={rank: 0.5},
                                              dst_weights=[rank], name=tag)
-            if variant == 2:  # only one of the pair
-                return bf.neighbor_allreduce(x, self_weight=0.5, src_weights={}, name=tag)
+            if variant == 2:  # destinations without sources (sources alone are Bluefog's
+                # static weighting, valid)
+                return bf.neighbor_allreduce(x, self_weight=0.5, dst_weights=[], name=tag)
             if variant == 3:  # src_weights without self_weight
                 return bf.neighbor_allreduce(x, src_weights={}, dst_weights=[], name=tag)
             if variant == 4:  # integer dtype cannot be averaged with weights

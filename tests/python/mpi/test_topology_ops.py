@@ -263,8 +263,8 @@ def test_topology_mismatch_fails_everywhere_then_recovers(rank, size):
 
 def test_dynamic_argument_errors(rank, size):
     x = tf.constant([1.0])
-    with pytest.raises(ValueError, match="together"):
-        bf.neighbor_allreduce(x, self_weight=1.0, src_weights={}, name="topo.err1")
+    with pytest.raises(ValueError, match="dst_weights needs src_weights"):
+        bf.neighbor_allreduce(x, dst_weights=[], name="topo.err1")
     with pytest.raises(ValueError, match="self_weight"):
         bf.neighbor_allreduce(x, src_weights={}, dst_weights=[], name="topo.err2")
     with pytest.raises(ValueError):
@@ -504,3 +504,21 @@ def test_set_topology_checks_every_rank_set_the_same(rank, size):
     error = TypeError if rank == 0 else ValueError
     with pytest.raises(error, match=rf"rank {rank}: set_topology"):
         bf.set_topology(bad)
+
+
+def test_src_weights_without_dst_weights_use_the_topology(rank, size):
+    """Bluefog's static weighting (its exact-diffusion example): self_weight and src_weights
+    without dst_weights mix over the topology's neighbours with those weights."""
+    x = tf.constant(rank_values(SHAPE, rank))
+    x_all = all_values(size)
+    in_ranks = bf.in_neighbor_ranks()
+    src = {r: 0.5 / (i + 2) for i, r in enumerate(in_ranks[1:])}  # the first one left out: 0
+    got = bf.neighbor_allreduce(x, self_weight=0.25, src_weights=src, name="topo.static.w")
+    expected = 0.25 * x_all[rank] + sum(w * x_all[r] for r, w in src.items())
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+    if size > 2 and len(in_ranks) < size - 1:
+        outsider = sorted(set(range(size)) - set(in_ranks) - {rank})[0]
+        with pytest.raises(ValueError, match=r"not in-neighbours in the topology.*"
+                                             r"dst_weights=bf.out_neighbor_ranks\(\)"):
+            bf.neighbor_allreduce(x, self_weight=0.5, src_weights={outsider: 0.5},
+                                  name="topo.static.bad")
