@@ -51,70 +51,34 @@ must therefore build their optimizers in the same order (or pass the same explic
 
 from __future__ import annotations
 
-import enum
 import warnings
 from collections.abc import Iterator
 from typing import Dict, List, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from bluefog.common import basics, topology
-from bluefog.tensorflow import averaging, mpi_ops, neighbor_ops, op_rules, optimizer_knobs, wrapping
+from bluefog.common import basics
+from bluefog.tensorflow import (
+    averaging,
+    mpi_ops,
+    neighbor_ops,
+    op_rules,
+    optimizer_knobs,
+    schedules,
+    wrapping,
+)
+from bluefog.tensorflow.communication_types import (
+    COMMUNICATION_TYPES,
+    DEFAULT,
+    CommunicationType,
+    normalize,
+    split_model,
+)
 
 __all__ = ["CommunicationType", "DistributedAdaptThenCombineOptimizer",
            "DistributedAdaptWithCombineOptimizer",
            "DistributedNeighborAllreduceOptimizer", "COMMUNICATION_TYPES", "wrap", "read",
            "DecentralizedKerasOptimizer"]
-
-COMMUNICATION_TYPES = ("neighbor_allreduce", "hierarchical_neighbor_allreduce", "allreduce",
-                       "empty")
-
-
-class CommunicationType(enum.Enum):
-    """Bluefog's names for the combinations of the decentralized optimizers; a member (or its
-    value string) may be passed as ``communication_type`` wherever a string of
-    ``COMMUNICATION_TYPES`` is accepted."""
-
-    neighbor_allreduce = "neighbor.allreduce"
-    hierarchical_neighbor_allreduce = "hierarchical.neighbor.allreduce"
-    allreduce = "allreduce"
-    empty = "empty"
-
-
-_BY_VALUE = {member.value: member.name for member in CommunicationType}
-
-class _Default:
-    """The default ``communication_type`` ("neighbor_allreduce"), told apart from a given one."""
-
-    def __repr__(self) -> str:
-        return "'neighbor_allreduce'"
-
-
-_DEFAULT = _Default()
-
-
-def _communication_type(value):
-    """``value`` as one of COMMUNICATION_TYPES when it names one (a CommunicationType member or
-    its value string), else unchanged (for ``wrap``'s check)."""
-    if isinstance(value, CommunicationType):
-        return value.name
-    if isinstance(value, str) and value in _BY_VALUE:
-        return _BY_VALUE[value]
-    return value
-
-
-def _split_model(model, communication_type, default):
-    """Bluefog's ``(optimizer, model, communication_type)`` positional order and this module's
-    ``(optimizer, communication_type)`` both: returns the communication type. ``model`` is
-    accepted for Bluefog's signature only (the variables combined are those ``apply`` gets)."""
-    if model is not None and (isinstance(model, (str, CommunicationType))):
-        if communication_type is not _DEFAULT:
-            raise ValueError("bluefog: communication_type given twice (positionally and by "
-                             "keyword)")
-        return model
-    return default if communication_type is _DEFAULT else communication_type
-
 
 def _knob(name: str):
     """A property for Bluefog's per-step knob ``name``: the value assigned last (checked when
@@ -138,58 +102,6 @@ def _next_graph_index(prefix: str) -> int:
     if tf.executing_eagerly():
         return 0
     return averaging.next_graph_index(prefix)
-
-
-def _schedule_step(schedule: Iterator, communication_type: str, what: str) -> tuple:
-    """The next ``(send, recv, self_weight, recv_weights)`` of ``schedule``, checked; uniform
-    weights over this rank (machine) and its receive list."""
-    machines = communication_type == "hierarchical_neighbor_allreduce"
-    unit = "machine" if machines else "rank"
-    me, count = ((topology.machine_rank(), topology.machine_size()) if machines
-                 else (basics.rank(), basics.size()))
-    try:
-        step = next(schedule)
-    except StopIteration:
-        raise ValueError(f"rank {basics.rank()}: bluefog {what}: the schedule is exhausted; pass "
-                         "an endless iterator (topology_util's Get*SendRecv* generators are)") \
-            from None
-    try:
-        send, recv = (list(x) for x in step)
-    except (TypeError, ValueError):
-        raise ValueError(f"rank {basics.rank()}: bluefog {what}: the schedule must yield "
-                         f"(send_{unit}s, recv_{unit}s) pairs of lists, got {step!r}") from None
-    for label, values in (("send", send), ("recv", recv)):
-        for x in values:
-            if (isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
-                    or not 0 <= x < count or x == me):
-                raise ValueError(
-                    f"rank {basics.rank()}: bluefog {what}: the schedule's {label} list holds "
-                    f"{x!r}, which is not another {unit} in [0, {count}) (this {unit} is {me}); "
-                    + ("machine-level schedules such as GetExp2DynamicSendRecvMachineRanks "
-                       "yield machines" if machines else "it must yield ranks"))
-        if len(set(values)) != len(values):
-            raise ValueError(f"rank {basics.rank()}: bluefog {what}: the schedule's {label} "
-                             f"list names a {unit} twice: {values}")
-    w = 1.0 / (len(recv) + 1)
-    return sorted(int(x) for x in send), sorted(int(x) for x in recv), w, [w] * len(recv)
-
-
-def _scheduled_peers(schedule: Iterator, communication_type: str, what: str) -> tuple:
-    """This communication's peers and weights: Python values in eager mode, tensors fed by a
-    py_function (advanced once per run of the traced step) in a graph."""
-    if tf.executing_eagerly():
-        return _schedule_step(schedule, communication_type, what)
-
-    def fetch():
-        send, recv, w, ws = _schedule_step(schedule, communication_type, what)
-        return (np.array(send, np.int32), np.array(recv, np.int32), np.float64(w),
-                np.array(ws, np.float64))
-
-    send, recv, w, ws = tf.py_function(fetch, [], [tf.int32, tf.int32, tf.float64, tf.float64])
-    for t in (send, recv, ws):
-        t.set_shape([None])
-    w.set_shape([])
-    return send, recv, w, ws
 
 
 def _per_dtype(tensors: List[tf.Tensor], op, prefix: str, k: int) -> List[tf.Tensor]:
@@ -247,7 +159,7 @@ def _combine(tensors: List[tf.Tensor], communication_type: str, prefix: str,
             return mpi_ops.grouped_allreduce(ts, average=True, name=f"{prefix}.{k}")
         if schedule is not None:
             # One step of the schedule for every dtype's exchange of this communication.
-            send, recv, w, ws = _scheduled_peers(schedule, communication_type, what)
+            send, recv, w, ws = schedules.scheduled_peers(schedule, communication_type, what)
             return _per_dtype(ts, _peer_op(communication_type, send, recv, w, ws, []),
                               prefix, k)
         if not use_knobs:
@@ -345,7 +257,7 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
         what = f"rank {op_rules.rank_str()}: bluefog {self._bluefog_what}"
         if self._bluefog_mode not in ("atc", "awc"):
             raise ValueError(f"{what}: communication_type cannot be changed on this optimizer")
-        value = _communication_type(value)
+        value = normalize(value)
         if not isinstance(value, str) or value not in COMMUNICATION_TYPES:
             raise ValueError(f"{what}: communication_type must be one of "
                              f"{', '.join(repr(c) for c in COMMUNICATION_TYPES)} or a "
@@ -436,7 +348,7 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     """The wrapped copy of ``optimizer``: a subclass with ``mixin`` (default: the neighbour
     combination of this module) in front, after checking every argument."""
     keras = wrapping.import_keras()
-    communication_type = _communication_type(communication_type)
+    communication_type = normalize(communication_type)
     if mixin is None and (not isinstance(communication_type, str)
                           or communication_type not in COMMUNICATION_TYPES):
         raise ValueError(f"bluefog {what}: communication_type must be one of "
@@ -492,7 +404,7 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     return new
 
 
-def DistributedAdaptThenCombineOptimizer(optimizer, model=None, communication_type=_DEFAULT,
+def DistributedAdaptThenCombineOptimizer(optimizer, model=None, communication_type=DEFAULT,
                                          num_steps_per_communication: int = 1,
                                          name: Optional[str] = None, schedule=None):
     """Local step, then replace the variables by their combination over neighbours.
@@ -521,12 +433,12 @@ def DistributedAdaptThenCombineOptimizer(optimizer, model=None, communication_ty
             optimizer instance, an optimizer already wrapped by bluefog, or a schedule that is
             not an iterator or goes with another communication type.
     """
-    communication_type = _split_model(model, communication_type, "neighbor_allreduce")
+    communication_type = split_model(model, communication_type, "neighbor_allreduce")
     return wrap(optimizer, "atc", communication_type, num_steps_per_communication, name,
                 "DistributedAdaptThenCombineOptimizer", schedule=schedule)
 
 
-def DistributedAdaptWithCombineOptimizer(optimizer, model=None, communication_type=_DEFAULT,
+def DistributedAdaptWithCombineOptimizer(optimizer, model=None, communication_type=DEFAULT,
                                          num_steps_per_communication: int = 1,
                                          name: Optional[str] = None, schedule=None):
     """Combination of the pre-step variables plus the local update.
@@ -535,7 +447,7 @@ def DistributedAdaptWithCombineOptimizer(optimizer, model=None, communication_ty
     so it does not wait for the local update. Arguments and errors as for
     ``DistributedAdaptThenCombineOptimizer``.
     """
-    communication_type = _split_model(model, communication_type, "neighbor_allreduce")
+    communication_type = split_model(model, communication_type, "neighbor_allreduce")
     return wrap(optimizer, "awc", communication_type, num_steps_per_communication, name,
                 "DistributedAdaptWithCombineOptimizer", schedule=schedule)
 
