@@ -275,7 +275,7 @@ bool Channel::RunRound(bool* anyone_spoke) {
     mine.shutdown = stop_requested_;
     fresh_data.resize(fresh.size());
     for (size_t k = 0; k < fresh.size(); ++k) {
-      if (!MayRideInRound(fresh[k])) continue;
+      if (!MayRideInRound(fresh[k], info_.rank, inline_threshold_.load())) continue;
       const char* input = static_cast<const char*>(in_flight_.at(fresh[k].name).input);
       fresh_data[k].assign(input, fresh[k].NumBytes());
     }

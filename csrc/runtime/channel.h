@@ -23,6 +23,7 @@
 #include "core/timeline.h"
 #include "core/wire.h"
 #include "runtime/executor.h"
+#include "runtime/round_data.h"
 #include "transport/communicator.h"
 
 namespace bluefog {
@@ -85,10 +86,6 @@ class Channel : private RequestTable {
  private:
   // One negotiation round and the collectives it made ready; false once every rank stops.
   bool RunRound(bool* anyone_spoke);
-  // Whether this rank sends `meta`'s bytes with its announcement (see RunRound).
-  bool MayRideInRound(const TensorMeta& meta) const;
-  // Clears the data entries that would make `message` longer than one exchange slot.
-  static void KeepDataThatFits(RoundMessage* message);
   // RunRound for whichever thread holds round_mutex_: an error abandons the channel. False
   // once the channel has ended (every rank stopped, or this rank abandoned it).
   bool DriveRound(bool* anyone_spoke);

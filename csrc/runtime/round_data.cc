@@ -1,28 +1,20 @@
-// The data that rides in a negotiation round: small requests send their bytes with their
-// announcement, as far as this rank's slot of the round has room (the rest of Channel is in
-// channel.cc).
-#include <cstdint>
+#include "runtime/round_data.h"
+
 #include <string>
 #include <vector>
 
-#include "core/wire.h"
-#include "runtime/channel.h"
+#include "transport/communicator.h"
 
 namespace bluefog {
 
-// Small allreduces and allgathers, and small broadcasts from this rank, send their bytes with
-// their announcement: when every rank's (the root's) arrive, the request completes from them
-// without a collective (Executor::CompleteInline).
-bool Channel::MayRideInRound(const TensorMeta& meta) const {
+bool MayRideInRound(const TensorMeta& meta, int my_rank, int64_t threshold_bytes) {
   const bool op_ok = meta.op == OpType::kAllreduce || meta.op == OpType::kAllgather ||
-                     (meta.op == OpType::kBroadcast && meta.root_rank == info_.rank);
+                     (meta.op == OpType::kBroadcast && meta.root_rank == my_rank);
   const size_t bytes = meta.NumBytes();
-  return op_ok && bytes > 0 && static_cast<int64_t>(bytes) <= inline_threshold_.load();
+  return op_ok && bytes > 0 && static_cast<int64_t>(bytes) <= threshold_bytes;
 }
 
-// Drops the data that would push this rank's message past its slot of the round: a longer
-// message costs every rank a second collective, more than the data saves.
-void Channel::KeepDataThatFits(RoundMessage* message) {
+void KeepDataThatFits(RoundMessage* message) {
   std::vector<std::string*> data;
   size_t data_cost = 0;
   for (auto* list : {&message->announcement_data, &message->cached_data})
