@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from bluefog.common import elastic_rounds, horovod_env, tf_config
+from bluefog.common import elastic_rounds, horovod_env, mpi4py_interop, tf_config
 
 _LIB_NAME = "libbluefog_core.so"
 _lock = threading.Lock()
@@ -103,33 +103,16 @@ def _tune(knob: str, value: int) -> int:
     return before.value
 
 
-def _mpi4py_comm(obj):
-    """``obj`` when it is an mpi4py communicator (mpi4py imported by the application), else
-    None. bluefog never imports mpi4py itself: importing it initializes MPI."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    return obj if mpi is not None and isinstance(obj, mpi.Comm) else None
-
-
 def _check_init_arguments(process_sets, comm) -> list:
     """The process sets to register, checked before anything starts, so that a mistake leaves
     bluefog uninitialized."""
-    if comm is not None:
-        mpi_comm = _mpi4py_comm(comm)
-        if mpi_comm is not None:
-            from mpi4py import MPI
-
-            if MPI.Comm.Compare(mpi_comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
-                return _check_init_arguments(process_sets, None)
-            what = (f"an mpi4py communicator of {mpi_comm.Get_size()} of the job's "
-                    f"{MPI.COMM_WORLD.Get_size()} processes")
-        else:
-            what = "a list of ranks" if isinstance(comm, (list, tuple)) else repr(comm)
+    if comm is not None and not mpi4py_interop.is_whole_job(comm):
         raise ValueError(
-            f"bluefog init: comm= {what} is not supported: bluefog always starts on every "
-            "rank of the job (MPI_COMM_WORLD; an mpi4py communicator of all of them is "
-            "accepted). Launch only the ranks you want, or pass the ranks as a process set "
-            "instead: bf.init(process_sets=[bf.ProcessSet(ranks or mpi4py_comm)]) and "
-            "process_set= on each collective")
+            f"bluefog init: comm= {mpi4py_interop.describe(comm)} is not supported: bluefog "
+            "always starts on every rank of the job (MPI_COMM_WORLD; an mpi4py communicator of "
+            "all of them is accepted). Launch only the ranks you want, or pass the ranks as a "
+            "process set instead: bf.init(process_sets=[bf.ProcessSet(ranks or mpi4py_comm)]) "
+            "and process_set= on each collective")
     if process_sets is None or process_sets == "dynamic":
         return []  # "dynamic" (Horovod's): sets are always added with add_process_set here
     if isinstance(process_sets, str) or not isinstance(process_sets, (list, tuple)):
@@ -164,7 +147,7 @@ def init(process_sets=None, comm=None) -> None:
     that lists the workers), it runs on Gloo instead (docs/design.md, "Without mpirun").
     """
     global _atexit_registered
-    if comm is None and _mpi4py_comm(process_sets) is not None:
+    if comm is None and mpi4py_interop.communicator(process_sets) is not None:
         comm, process_sets = process_sets, None  # Horovod's init(comm, ...)
     process_sets = _check_init_arguments(process_sets, comm)
     if comm is not None:
@@ -369,25 +352,6 @@ def _integer_ranks(ranks) -> List[int]:
     return values
 
 
-def _world_ranks(comm) -> List[int]:
-    """The ranks (in MPI_COMM_WORLD, which are bluefog's ranks under MPI) of the processes of
-    the mpi4py communicator ``comm``."""
-    from mpi4py import MPI
-
-    if comm == MPI.COMM_NULL:
-        raise ValueError("bluefog ProcessSet: the communicator is MPI.COMM_NULL (this process "
-                         "is not in it); pass a communicator this process belongs to")
-    if comm.Is_inter():
-        raise ValueError("bluefog ProcessSet: an intercommunicator has no single set of ranks; "
-                         "pass an intracommunicator")
-    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
-    try:
-        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
-    finally:
-        group.Free()
-        world.Free()
-
-
 class ProcessSet:
     """A set of ranks, given as a list of ranks or as an mpi4py communicator (Horovod's
     ``ProcessSet(comm)``; its processes' ranks, which may differ from rank to rank, as after
@@ -395,9 +359,9 @@ class ProcessSet:
     ``mpi_comm`` is the communicator it was made from, else None."""
 
     def __init__(self, ranks: Union[Sequence[int], Any]):
-        self.mpi_comm = _mpi4py_comm(ranks)
+        self.mpi_comm = mpi4py_interop.communicator(ranks)
         if self.mpi_comm is not None:
-            ranks = _world_ranks(self.mpi_comm)
+            ranks = mpi4py_interop.world_ranks(self.mpi_comm)
         self.ranks: List[int] = sorted(set(_integer_ranks(ranks)))
         self.process_set_id: Optional[int] = None
 
