@@ -347,13 +347,15 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, average: bool, name: str
             allgather(sent, name=name + ".values", process_set=process_set), context)
         indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
     if average:
-        if not values.dtype.is_floating:
-            # Integer division truncates, so dividing each gathered row before the rows of one
-            # index are added (as converting to dense does) is wrong: 5/2 + 5/2 = 4, not 5.
-            # Add the rows of each index first; the result then has each index once.
+        if values.dtype.is_floating:
+            values = _divide(values, set_size(process_set))
+        else:
+            # As Horovod (values / size): true division, so integer rows become floating point
+            # (float32 up to 16 bits, float64 above). The rows of each index are added first,
+            # so that the result has each index once and equals the dense sum over size.
             indices, position = tf.unique(indices)
             values = tf.math.unsorted_segment_sum(values, position, tf.shape(indices)[0])
-        values = _divide(values, set_size(process_set))
+            values = tf.math.truediv(values, tf.cast(set_size(process_set), values.dtype))
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)

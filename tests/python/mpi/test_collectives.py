@@ -249,10 +249,10 @@ def test_allreduce_indexed_slices(mode, average, rank, size, op_name):
 @pytest.mark.parametrize("average", [False, True], ids=["sum", "avg"])
 def test_allreduce_indexed_slices_with_duplicate_indices_matches_dense(mode, dtype, average, rank,
                                                                        size, op_name):
-    """Rows repeat across ranks and within a rank; the result must equal the dense allreduce.
+    """Rows repeat across ranks and within a rank; the sum must equal the dense allreduce,
+    the average the dense sum over size (for integers: as floats, Horovod's values / size).
 
-    Rank r sends rows r and r + 1 (so ranks overlap), plus row r a second time. With values 5
-    an integer mean of the rows one at a time would truncate 5 / 2 twice (4 instead of 5).
+    Rank r sends rows r and r + 1 (so ranks overlap), plus row r a second time.
     """
     dense_shape = [size + 2, 2]
     indices = np.array([rank, rank + 1, rank], np.int64)
@@ -275,9 +275,15 @@ def test_allreduce_indexed_slices_with_duplicate_indices_matches_dense(mode, dty
     for r in range(size):
         np.add.at(total, [r, r + 1, r], np.array([[5, 5 + r], [5, 7], [3 * r + 1, 2]]))
     if average:
+        # Dense integer averages truncate; sparse ones divide exactly into floats (Horovod's
+        # values / size), after adding the rows of each index.
+        sparse_total = total / size
         total = np.trunc(total / size) if dtype.is_integer else total / size
+        assert sparse.dtype == (tf.float64 if dtype.is_integer else dtype), sparse.dtype
+        np.testing.assert_allclose(sparse.numpy(), sparse_total, rtol=1e-6)
+    else:
+        _assert_matches(sparse.numpy(), dense.numpy(), dtype)
     _assert_matches(dense.numpy(), total, dtype)
-    _assert_matches(sparse.numpy(), dense.numpy(), dtype)
 
 
 # ----------------------------------------------------------------------------------- allgather
