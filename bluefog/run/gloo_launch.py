@@ -315,29 +315,34 @@ def main(args: argparse.Namespace,
             return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        job = launch(args.command, args.np, args.hosts, env, extra, args.rsh_agent,
-                     args.gloo_port, forwarded_env=forwarded_env, tag=args.tag_output)
-    except LaunchError as e:
-        print(f"bfrun: {e}", file=sys.stderr)
-        return 127
     stopped: List[int] = []
 
     def on_signal(signum, _frame):
         stopped.append(signum)
         raise KeyboardInterrupt
 
-    # SIGINT too: a shell starts a background job with SIGINT ignored, which Python keeps.
+    # Installed before the ranks start, so that a signal that comes as soon as they run (their
+    # first output) ends them too. SIGINT as well: a shell starts a background job with SIGINT
+    # ignored, which Python keeps.
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, on_signal) for s in handled}
-    merged = timeline_to_merge(args, env)
+    job = None
+    merged = None
     try:
+        try:
+            job = launch(args.command, args.np, args.hosts, env, extra, args.rsh_agent,
+                         args.gloo_port, forwarded_env=forwarded_env, tag=args.tag_output)
+        except LaunchError as e:
+            print(f"bfrun: {e}", file=sys.stderr)
+            return 127
+        merged = timeline_to_merge(args, env)
         code, _, msg = job.wait()
     except KeyboardInterrupt:
         sig = stopped[0] if stopped else signal.SIGINT
         print(f"bfrun: {signal.Signals(sig).name}: ending all {len(ranks)} ranks",
               file=sys.stderr, flush=True)
-        job.terminate()
+        if job is not None:  # else the ranks started so far die with bfrun (PDEATHSIG)
+            job.terminate()
         if merged:
             merge_timeline(merged, args.np)
         return 128 + sig
