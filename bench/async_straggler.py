@@ -14,7 +14,10 @@ before the clock starts. Methods:
 * ``allreduce``: ``bf.DistributedOptimizer`` (gradients averaged over all ranks, synchronous);
 * ``neighbor``: ``bf.DistributedNeighborAllreduceOptimizer`` (synchronous neighbour mixing);
 * ``winput``: ``bf.DistributedWinPutOptimizer`` (asynchronous: puts over windows);
-* ``pushsum``: ``bf.DistributedPushSumOptimizer`` (asynchronous push-sum).
+* ``pushsum``: ``bf.DistributedPushSumOptimizer`` (asynchronous push-sum);
+* ``hierarchical``: ``bf.DistributedAdaptThenCombineOptimizer`` with
+  ``hierarchical_neighbor_allreduce`` and the inner/outer machine schedule (the setup
+  docs/decentralized.md recommends across hosts; ``bench/tta_hosts.py`` times it there).
 
 First a reference run: ``allreduce`` with no straggler. Its median step time (per batch,
 epochs after the first, on the rank that will straggle) is the normal step time ``s``; in the
@@ -51,7 +54,7 @@ import sys
 import time
 
 HERE = os.path.abspath(__file__)
-METHODS = ("allreduce", "neighbor", "winput", "pushsum")
+METHODS = ("allreduce", "neighbor", "winput", "pushsum", "hierarchical")
 
 
 def parse_args(argv=None):
@@ -126,6 +129,10 @@ def worker(args) -> None:
         "neighbor": lambda: bf.DistributedNeighborAllreduceOptimizer(adam),
         "winput": lambda: bf.DistributedWinPutOptimizer(adam),
         "pushsum": lambda: bf.DistributedPushSumOptimizer(adam),
+        "hierarchical": lambda: bf.DistributedAdaptThenCombineOptimizer(
+            adam, communication_type="hierarchical_neighbor_allreduce",
+            schedule=topology_util.GetInnerOuterExp2DynamicSendRecvMachineRanks(
+                size, bf.local_size(), rank, bf.local_rank())),
     }[args.method]()
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -223,8 +230,10 @@ def worker(args) -> None:
 def run_one(args, method: str, straggler_ms: float) -> dict:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(getattr(args, "extra_env", {}))  # bench/tta_hosts.py: the pretend hosts
     cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-           "-np", str(args.ranks), args.python, HERE, "--worker", "--method", method,
+           "-np", str(args.ranks), *getattr(args, "mpirun_extra", []), args.python, HERE,
+           "--worker", "--method", method,
            "--straggler-ms", f"{straggler_ms:.3f}", "--epochs", str(args.epochs),
            "--batch-size", str(args.batch_size), "--lr", str(args.lr),
            "--hidden", str(args.hidden)]
