@@ -43,6 +43,7 @@ class ElasticRaySettings:
     timeout_s: int = 30
     elastic_timeout: int = 600
     discovery_interval: float = 1.0
+    reset_limit: Optional[int] = None
 
 
 class _ElasticWorker:
@@ -99,7 +100,8 @@ class _RayDriver(GlooElasticDriver):
 
         args = SimpleNamespace(hosts=None, max_np=settings.max_num_proc, np=None,
                                min_np=settings.min_num_proc, host_discovery_script="ray",
-                               discovery_interval=settings.discovery_interval)
+                               discovery_interval=settings.discovery_interval,
+                               reset_limit=settings.reset_limit)
         super().__init__(args, {}, [], None)
         self.fn = fn
         self.settings = settings
@@ -170,6 +172,9 @@ class _RayDriver(GlooElasticDriver):
             self.end_all()
             self.store.close()
 
+    def _blacklist(self, host: str, now: float) -> None:
+        """Ray's nodes are not blacklisted: the lost worker's slot alone goes (_note_lost)."""
+
     def _note_lost(self) -> None:
         """A lost worker's slot is not used again."""
         for w in self.workers.values():
@@ -231,12 +236,13 @@ class ElasticRayExecutor:
         ``elastic_timeout`` (seconds to wait for ``min_num_proc`` slots at the start),
         ``timeout_s`` (seconds the workers wait for each other at a rendezvous); ``min_np``
         and ``max_np`` are the older names. ``ssh_identity_file`` and ``nics`` are accepted
-        and unused (the workers connect over Gloo, without SSH). ``reset_limit`` is refused:
-        the job has no relaunches to count."""
+        and unused (the workers connect over Gloo, without SSH). ``reset_limit``: the most
+        times the job may re-form (a worker lost, workers joining); the next time ``run``
+        raises."""
         del ssh_identity_file, nics, kwargs
-        if reset_limit is not None:
-            raise ValueError("ElasticRayExecutor: reset_limit is not supported: the workers "
-                             "re-form the job in place, nothing is relaunched")
+        if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
+            raise ValueError(f"ElasticRayExecutor: reset_limit={reset_limit!r} must be an int "
+                             ">= 0")
         min_num_proc = min_np if min_np is not None else min_num_proc
         max_num_proc = max_np if max_np is not None else max_num_proc
         if not isinstance(min_num_proc, int) or min_num_proc < 1:
@@ -246,7 +252,8 @@ class ElasticRayExecutor:
             raise ValueError(f"ElasticRayExecutor: max_num_proc={max_num_proc} is below "
                              f"min_num_proc={min_num_proc}")
         return ElasticRaySettings(min_num_proc=min_num_proc, max_num_proc=max_num_proc,
-                                  timeout_s=timeout_s, elastic_timeout=elastic_timeout)
+                                  timeout_s=timeout_s, elastic_timeout=elastic_timeout,
+                                  reset_limit=reset_limit)
 
     def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False,
                  cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = None,

@@ -89,12 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--discovery-timeout", dest="discovery_timeout", type=float, default=30.0,
                    help=argparse.SUPPRESS)
     e.add_argument("--reset-limit", dest="reset_limit", type=int,
-                   help="give up after this many relaunches (failures and resizes; default: "
-                        "no limit)")
+                   help="give up after the job re-formed (relaunched over mpirun) this many "
+                        "times, for failures and resizes alike (default: no limit)")
     e.add_argument("--blacklist-cooldown-range", dest="blacklist_cooldown_range", type=float,
                    nargs=2, metavar=("MIN", "MAX"),
-                   help="a failed host may come back after a random MIN..MAX seconds (doubled "
-                        "at each further failure); default: never")
+                   help="a blacklisted host (one where a worker failed) may come back after a "
+                        "random MIN..MAX seconds, doubled at each further failure; default: "
+                        "never")
     e.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0,
                    help="seconds to wait for --min-np slots before giving up (default 600)")
     e.add_argument("--state-dir", dest="state_dir",
@@ -256,14 +257,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.gloo = True
     if args.gloo:
         if elastic:
-            relaunch_only = [flag for flag, v in (("--reset-limit", args.reset_limit),
-                                                  ("--blacklist-cooldown-range",
-                                                   args.blacklist_cooldown_range),
-                                                  ("--state-dir", args.state_dir)) if v]
-            if relaunch_only:
-                print(f"bfrun: {', '.join(relaunch_only)}: options of the relaunching elastic "
-                      "mode (over mpirun); --gloo keeps the workers running and the commits "
-                      "in memory", file=sys.stderr)
+            if args.state_dir:
+                print("bfrun: --state-dir: an option of the relaunching elastic mode (over "
+                      "mpirun); --gloo keeps the workers running and the commits in memory",
+                      file=sys.stderr)
                 return 2
             return gloo_elastic.main(args, forwarded_env)
         return gloo_launch.main(args, forwarded_env)

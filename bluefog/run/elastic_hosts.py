@@ -108,6 +108,10 @@ class Blacklist:
             wait = self._rng.uniform(low, high) * 2 ** (self._failures[host] - 1)
             self._until[host] = now + wait
 
+    def until(self, host: str) -> float:
+        """When ``host`` may be used again (inf: never; 0: not blacklisted)."""
+        return self._until.get(host, 0.0)
+
     def allows(self, host: str, now: float) -> bool:
         return now >= self._until.get(host, 0.0)
 

@@ -17,6 +17,12 @@ lists the workers in rank order and has a key prefix of its own in the store.
   running workers notice at their next ``commit()`` (``HostsUpdatedInterrupt``); the new
   workers receive the state by broadcast before their first step.
 * Every worker exited 0: the job is done.
+* A host where a worker failed is blacklisted: no new worker starts there, for good or, with
+  ``--blacklist-cooldown-range MIN MAX``, for a random MIN..MAX seconds doubled at each further
+  failure there. The host's other workers go on (a lost process is not a lost host; if the host
+  is gone, they are lost too).
+* ``--reset-limit K``: the job re-forms (a worker lost, workers joining) at most K times; the
+  next time it ends with status 1 instead.
 
 Each line a worker prints comes out prefixed with ``[id]`` (the worker ids 0..N-1 of the
 first round are its ranks; later workers get the next ids).
@@ -49,12 +55,17 @@ def log(msg: str) -> None:
     print(f"bfrun: elastic: {msg}", file=sys.stderr, flush=True)
 
 
+class _GiveUp(Exception):
+    """The job cannot go on (--reset-limit reached): the driver ends every worker."""
+
+
 class Worker:
     def __init__(self, wid: str, host: str, proc: subprocess.Popen):
         self.wid = wid
         self.host = host
         self.proc = proc
         self.ended = False
+        self.stopped = False  # stopped by the driver (its slot went away): not a failure
 
 
 class GlooElasticDriver:
@@ -75,6 +86,10 @@ class GlooElasticDriver:
         self.max_np = args.max_np
         self.last_discovery = 0.0
         self.failure_seen: Dict[str, float] = {}
+        cooldown = getattr(args, "blacklist_cooldown_range", None)
+        self.blacklist = eh.Blacklist(tuple(cooldown) if cooldown else None)
+        self.reset_limit: Optional[int] = getattr(args, "reset_limit", None)
+        self.resets = 0
         # on_line(worker id, is_stderr, line) -> True to take the line out of the output
         # (bluefog.run takes its result lines).
         self.on_line = None
@@ -175,6 +190,11 @@ class GlooElasticDriver:
 
     def publish(self, members: List[str], why: str) -> None:
         old = self.round
+        if old >= 0:
+            if self.reset_limit is not None and self.resets >= self.reset_limit:
+                raise _GiveUp(f"--reset-limit {self.reset_limit} reached: the job re-formed "
+                              f"{self.resets} time(s) and would again ({why})")
+            self.resets += 1
         self.round += 1
         self.members = list(members)
         hosts = [self.workers[w].host for w in members]
@@ -238,6 +258,16 @@ class GlooElasticDriver:
         return "127.0.0.1" if everyone_local else ""
 
     def loop(self) -> int:
+        """Watches the workers until the job ends; returns bfrun's exit status."""
+        try:
+            return self._loop()
+        except _GiveUp as e:
+            lost = f" Lost: {'; '.join(self.lost)}" if self.lost else ""
+            log(f"giving up: {e}.{lost}")
+            self.end_all()
+            return 1
+
+    def _loop(self) -> int:
         while True:
             now = time.monotonic()
             dead = []
@@ -248,6 +278,8 @@ class GlooElasticDriver:
                 code = w.proc.returncode
                 if code == 0:
                     continue
+                if not w.stopped:
+                    self._blacklist(w.host, now)
                 how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
                        else f"exited with status {code}")
                 where = (f"rank {self.members.index(w.wid)} of round {self.round}"
@@ -286,6 +318,14 @@ class GlooElasticDriver:
             self._check_failures(running, now)
             self._grow(running, now)
             time.sleep(_POLL_S)
+
+    def _blacklist(self, host: str, now: float) -> None:
+        """A worker failed on ``host``: no new worker starts there (for a while, with
+        --blacklist-cooldown-range); its other workers go on."""
+        self.blacklist.add(host, now)
+        until = self.blacklist.until(host)
+        when = "for good" if until == float("inf") else f"for {until - now:.0f} s"
+        log(f"host {host} blacklisted {when}: no new worker starts there")
 
     def _ready_joiners(self, count: int) -> List[str]:
         room = (self.max_np or 1 << 30) - count
@@ -327,9 +367,12 @@ class GlooElasticDriver:
                             else []:
                         log(f"stopping worker {w.wid} on {host}: the discovery script lists "
                             f"{listed.get(host, 0)} slot(s) there")
+                        w.stopped = True
                         self.stop(w.proc)
                         per_host[host] -= 1
                 for host, slots in hosts:
+                    if not self.blacklist.allows(host, now):
+                        continue
                     while slots > per_host.get(host, 0) and room > 0:
                         wid = self.start_worker(host)
                         self.joining.append(wid)

@@ -93,7 +93,8 @@ def _same(name: str, value: Optional[int], horovod_name: str,
 def _run_elastic(command: List[str], np: Optional[int], min_np: Optional[int],
                  max_np: Optional[int], hosts: Optional[str], discovery: Optional[str],
                  env: Dict[str, str], rsh_agent: Optional[str], on_line,
-                 results: Dict[Any, tuple]) -> List[Any]:
+                 results: Dict[Any, tuple], reset_limit: Optional[int] = None,
+                 cooldown_range: Any = None) -> List[Any]:
     """Runs the job under bfrun's in-place elastic driver (bluefog/run/gloo_elastic.py) and
     returns the results of the workers of its last round, in rank order."""
     from bluefog.run import bfrun, elastic_driver, gloo_elastic
@@ -101,9 +102,13 @@ def _run_elastic(command: List[str], np: Optional[int], min_np: Optional[int],
     argv = ["--gloo"]
     for flag, value in (("-np", np), ("--min-np", min_np if min_np is not None else 1),
                         ("--max-np", max_np), ("-H", hosts),
-                        ("--host-discovery-script", discovery), ("--rsh-agent", rsh_agent)):
+                        ("--host-discovery-script", discovery), ("--rsh-agent", rsh_agent),
+                        ("--reset-limit", reset_limit)):
         if value is not None:
             argv += [flag, str(value)]
+    if cooldown_range is not None:
+        low, high = cooldown_range
+        argv += ["--blacklist-cooldown-range", str(low), str(high)]
     if hosts is None and discovery is None:
         argv += ["-H", f"localhost:{max_np or np or min_np or 1}"]
     args = bfrun._parser().parse_args(argv + command)
@@ -171,8 +176,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     or the hosts the script prints (``host:slots`` lines); a lost worker leaves and the others
     go on in place (`fn` uses ``bf.elastic.run``), down to `min_num_proc` (default 1); new
     slots join. It returns the results of the workers of the last round, in rank order.
-    `slots`, `reset_limit` and `cooldown_range` are refused (options of the relaunching mode,
-    ``bfrun --min-np`` over mpirun).
+    `reset_limit` (the most times the job may re-form) and `cooldown_range` (``(min, max)``
+    seconds a host where a worker failed gets no new worker; default: for good) are bfrun's
+    ``--reset-limit`` and ``--blacklist-cooldown-range``. `slots` is refused (the hosts give
+    each host's slots as ``host:slots``).
     `verbose`, `output_filename` and `network_interface(s)` are accepted and have no effect
     (a warning says so).
 
@@ -185,16 +192,13 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
         raise ValueError("bluefog.run always starts a Gloo job (no mpirun); use_mpi=True, "
                          "use_gloo=False and mpi_args have no meaning here: launch an MPI job "
                          "with `bfrun -np N python train.py` instead")
-    unsupported = {"slots": slots, "reset_limit": reset_limit, "cooldown_range": cooldown_range}
-    given = [k for k, v in unsupported.items() if v is not None]
-    if given:
-        raise ValueError(f"bluefog.run: {', '.join(given)}: not supported by its in-place "
-                         f"elastic mode (the discovery script gives each host's slots as "
-                         f"host:slots; the relaunching mode's options are bfrun's, over mpirun: "
-                         f"`bfrun --min-np M --reset-limit K ... python train.py`)")
+    if slots is not None:
+        raise ValueError("bluefog.run: slots: not supported: give each host's slots in hosts "
+                         "(\"host1:4,host2:4\") or as the discovery script's host:slots lines")
     min_np = _same("min_np", min_np, "min_num_proc", min_num_proc)
     max_np = _same("max_np", max_np, "max_num_proc", max_num_proc)
-    elastic = min_np is not None or max_np is not None or host_discovery_script is not None
+    elastic = any(v is not None for v in (min_np, max_np, host_discovery_script, reset_limit,
+                                          cooldown_range))
     if hostfile is not None:
         if hosts is not None:
             raise ValueError("bluefog.run: give hosts or hostfile, not both")
@@ -235,7 +239,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     command = [executable or sys.executable, "-m", "bluefog.run.task"]
     if elastic:
         return _run_elastic(command, np if np_given else None, min_np, max_np, hosts,
-                            host_discovery_script, base, rsh_agent, on_line, results)
+                            host_discovery_script, base, rsh_agent, on_line, results,
+                            reset_limit, cooldown_range)
     job = gloo_launch.launch(command, np, hosts, base, (PAYLOAD_VAR, MARKER_VAR), rsh_agent,
                              forwarded_env=forwarded_env, on_line=on_line,
                              out=_Stream(sys.stdout), err=_Stream(sys.stderr))

@@ -8,6 +8,9 @@ commit, or a rank left out of a sync, would show as a wrong value).
 --die W:S:WHERE (repeatable): worker W (BLUEFOG_ELASTIC_WORKER) kills itself with SIGKILL at
 step S, WHERE being "step" (after the step's allreduce, while the others go on to the next
 one) or "commit" (just before the commit of step S, which the others are then inside).
+--die W:N:sync: worker W kills itself inside the first state sync of a round of N ranks in
+which it sends the state (the root), after the variables went out and before the attributes
+(the step) do: the others, a joining worker among them, are then inside the sync's broadcasts.
 """
 
 import argparse
@@ -41,14 +44,33 @@ def main():
             deaths[(int(s), where)] = True
     print(f"START worker {me} pid {os.getpid()}", flush=True)
     counter = tf.Variable(0.0)
-    state = bf.elastic.TensorFlowState([counter], step=0)
+
+    class State(bf.elastic.TensorFlowState):
+        in_sync = False
+
+        def sync(self):
+            self.in_sync = True
+            try:
+                super().sync()
+            finally:
+                self.in_sync = False
+
+        def _attrs(self):
+            # Inside a sync, the root calls this between broadcasting the variables and the
+            # attributes; every rank calls it again when saving the synced state at the end.
+            if self.in_sync:
+                die(bf.size(), "sync")
+            return super()._attrs()
+
+    state = State([counter], step=0)
     state.register_reset_callbacks([lambda: print(
         f"RESET size {bf.size()} step {state.step} t={time.time():.3f}", flush=True)
         if bf.rank() == 0 else None])
 
     def die(step, where):
         if deaths.get((step, where)):
-            print(f"DYING worker {me} at step {step} ({where}) t={time.time():.3f}", flush=True)
+            at = f"in a sync at size {step}" if where == "sync" else f"at step {step} ({where})"
+            print(f"DYING worker {me} {at} t={time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
     @bf.elastic.run

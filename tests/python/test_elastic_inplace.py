@@ -10,9 +10,15 @@ Each test runs examples/elastic_digits.py (digits, a KerasState committed every 
 * below --min-np: the job ends with status 1 and a line naming the lost worker;
 * two failures in a row, the first while the others are inside a commit
   (tests/elastic/inplace_worker.py, a committed counter): the job finishes on the 2 left, with
-  the counter equal to the number of steps on both.
+  the counter equal to the number of steps on both;
+* a failure while the state goes to a joining worker: the root of the sync dies between
+  broadcasting the variables and the step; the survivor and the newcomer re-form and finish
+  with the counter equal to the number of steps;
+* --reset-limit 1: the first failure re-forms the job, the second ends it with a clear line;
+* the blacklist: the host of a failed worker gets no new worker until its
+  --blacklist-cooldown-range has passed, then the discovery script's free slot is filled again.
 
-The last three run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 40, 20 and 25 s here).
+The last six run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 40, 20 and 25 s here).
 """
 
 import os
@@ -184,3 +190,91 @@ def test_failure_in_a_commit_then_another():
     assert sorted(d[0] for d in done) == ["0", "2"], out[-6000:]
     for w, size, step, counter, pid in done:
         assert (size, step, counter, pid) == ("2", "30", "30", pids[w]), (w, done)
+
+
+@slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_failure_while_the_state_goes_to_a_joining_worker(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    steps = "600"  # 40 ms each: long enough for the newcomer to import TensorFlow and join
+    job = BackgroundJob(bfrun("--min-np", "2", "--host-discovery-script", str(script), PYTHON,
+                              "tests/elastic/inplace_worker.py", "--steps", steps,
+                              "--step-ms", "40", "--die", "0:3:sync"))
+    try:
+        job.wait_for(r"^\[0\] STEP 5 size 2", TIMEOUT_S)
+        hosts.write_text("localhost:3\n")
+        out = finish(job)
+    finally:
+        job.kill()
+    assert job.proc.returncode == 0, out[-6000:]
+    assert "started worker 2 on localhost (new slot)" in out, out[-6000:]
+    assert re.search(r"round 1: 3 worker\(s\) \['0', '1', '2'\] \(worker\(s\) \['2'\] joining\)",
+                     out), out[-6000:]
+    assert "DYING worker 0 in a sync at size 3" in out, out[-6000:]
+    # It died inside the broadcasts that give the newcomer the state.
+    assert re.search(r"^\[2\] bluefog elastic: worker 2 \(rank 2\): a rank was lost: .*"
+                     r"bluefog\.elastic\.sync\.", out, re.M), out[-6000:]
+    assert re.search(r"round 2: \d worker\(s\) \['1', '2'", out), out[-6000:]
+    pids = dict(re.findall(r"^\[(\d+)\] START worker \d+ pid (\d+)", out, re.M))
+    done = re.findall(r"^\[(\d+)\] DONE worker \d+ rank \d size (\d) step (\d+) counter (\d+) "
+                      r"pid (\d+)", out, re.M)
+    assert {"1", "2"} <= {d[0] for d in done}, out[-6000:]
+    sizes = {d[1] for d in done}
+    assert len(sizes) == 1 and int(sizes.pop()) == len(done), done
+    for w, _, step, counter, pid in done:
+        assert (step, counter, pid) == (steps, steps, pids[w]), (w, done)
+
+
+def inplace_job(*options, steps="30", step_ms="30", die=()):
+    dies = [a for d in die for a in ("--die", d)]
+    return BackgroundJob(bfrun(*options, PYTHON, "tests/elastic/inplace_worker.py", "--steps",
+                               steps, "--step-ms", step_ms, *dies))
+
+
+@slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_reset_limit_ends_the_job_at_the_next_reset():
+    job = inplace_job("-np", "4", "--min-np", "2", "-H", "localhost:4", "--reset-limit", "1",
+                      die=("3:10:step", "1:17:step"))
+    try:
+        out = finish(job)
+    finally:
+        job.kill()
+    assert job.proc.returncode == 1, out[-6000:]
+    assert re.search(r"round 1: 3 worker\(s\) \['0', '1', '2'\]", out), out[-6000:]
+    assert re.search(r"giving up: --reset-limit 1 reached: the job re-formed 1 time\(s\) and "
+                     r"would again \(lost worker\(s\) \['1'\]\)\. Lost: worker 3 on localhost "
+                     r"\(killed by signal SIGKILL\); worker 1 on localhost", out), out[-6000:]
+    assert "round 2" not in out and "DONE" not in out, out[-6000:]
+
+
+@slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_blacklisted_host_gets_workers_again_after_its_cooldown(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:3\n")
+    script.chmod(0o755)
+    job = inplace_job("--min-np", "2", "--host-discovery-script", str(script),
+                      "--blacklist-cooldown-range", "4", "4", steps="500", step_ms="40",
+                      die=("2:20:step",))
+    try:
+        job.wait_for(r"started worker 3 on localhost \(new slot\)", TIMEOUT_S)
+        started = time.time()
+        out = finish(job)
+    finally:
+        job.kill()
+    assert job.proc.returncode == 0, out[-6000:]
+    assert "host localhost blacklisted for 4 s: no new worker starts there" in out, out[-6000:]
+    # The lost slot is filled again only once the cooldown is over.
+    lost = re.search(r"DYING worker 2 at step 20 \(step\) t=([\d.]+)", out)
+    assert lost and started - float(lost.group(1)) >= 3.9, (started, out[-6000:])
+    assert re.search(r"round 2: 3 worker\(s\) \['0', '1', '3'\] \(worker\(s\) \['3'\] joining\)",
+                     out), out[-6000:]
+    done = re.findall(r"^\[(\d+)\] DONE worker \d+ rank \d size (\d) step (\d+) counter (\d+)",
+                      out, re.M)
+    assert sorted(d[0] for d in done) == ["0", "1", "3"], out[-6000:]
+    assert all(d[1:] == ("3", "500", "500") for d in done), done

@@ -356,8 +356,12 @@ def test_run_takes_horovods_arguments(run_env, tmp_path):
     assert out == [("0", "45.0", "0"), ("1", "45.0", "0")]
     with pytest.raises(ValueError, match="always starts a Gloo job"):
         bluefog.run(abs, args=(1,), num_proc=2, use_mpi=True)
-    with pytest.raises(ValueError, match=r"reset_limit: not supported by its in-place"):
-        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, reset_limit=3)
+    with pytest.raises(ValueError, match=r"slots: not supported: give each host's slots"):
+        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, slots=3)
+    with pytest.raises(ValueError, match=r"--reset-limit must be >= 0, got -1"):
+        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, reset_limit=-1)
+    with pytest.raises(ValueError, match=r"--blacklist-cooldown-range needs 0 <= MIN <= MAX"):
+        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, cooldown_range=(5, 1))
     with pytest.raises(ValueError, match="min_np=1 and min_num_proc=2 disagree"):
         bluefog.run(abs, args=(1,), min_np=1, min_num_proc=2)
     with pytest.raises(ValueError, match="--max-np 1 is below --min-np 2"):
