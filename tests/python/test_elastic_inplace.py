@@ -18,7 +18,7 @@ Each test runs examples/elastic_digits.py (digits, a KerasState committed every 
 * the blacklist: the host of a failed worker gets no new worker until its
   --blacklist-cooldown-range has passed, then the discovery script's free slot is filled again.
 
-The last six run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 40, 20 and 25 s here).
+The last six run under `make test-gloo` (BLUEFOG_TEST_GLOO_ELASTIC=1: 20-40 s each here).
 """
 
 import os
