@@ -112,8 +112,11 @@ def main() -> None:
             "mpi_inplace": raw(nbytes, False),
             "mpi_oop": raw(nbytes, True),
         }
-        # Past any warm-up or path choice of this size before timing.
-        batches["eager"](50 if nbytes < (1 << 20) else 20)
+        # Past any warm-up or path choice of this size before timing: bluefog times two paths
+        # per size class and kind of call for its first 48 calls (csrc/core/path_chooser.h),
+        # and a training loop makes thousands; each framework's calls get the same warm-up.
+        for name in ("eager", "function", "function_temp"):
+            batches[name](64)
         for impl, seconds in timed(batches).items():
             if me == 0:
                 print(json.dumps({"framework": args.framework, "impl": impl, "bytes": nbytes,

@@ -62,17 +62,20 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["resnet50", "mlp"])
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=5, help="timed blocks of each kind")
+    p.add_argument("--warmup", type=int, default=60,
+                   help="untimed steps of each kind first: bluefog times two allreduce paths "
+                        "for the first 48 calls of each size class (csrc/core/path_chooser.h)")
     args = p.parse_args()
     hvd = load(args.framework)
     import keras
 
     for name in args.models:
-        row = bench_model(hvd, keras, name, args.steps, args.blocks)
+        row = bench_model(hvd, keras, name, args.steps, args.blocks, args.warmup)
         if hvd.rank() == 0:
             print(json.dumps({"framework": args.framework, **row}), flush=True)
 
 
-def bench_model(hvd, keras, name: str, steps: int, blocks: int) -> dict:
+def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> dict:
     me = hvd.rank()
     keras.utils.set_random_seed(me)
     model, shape = model_and_batch(name)
@@ -97,7 +100,7 @@ def bench_model(hvd, keras, name: str, steps: int, blocks: int) -> dict:
     dist, compute = make_step(True), make_step(False)
     dist()  # builds the optimizer's slots, so the broadcast covers them
     hvd.broadcast_variables(model.variables, root_rank=0)
-    for _ in range(3):
+    for _ in range(warmup):
         dist()
         compute()
     times = {"dist": [], "compute": []}
