@@ -81,6 +81,16 @@ def accuracy(out):
     return float(re.search(r"test accuracy=([\d.]+)", out).group(1))
 
 
+def discovery(tmp_path, first):
+    """A discovery script printing the lines of a hosts file (``first`` at the start)."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(first + "\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    return hosts, script
+
+
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_killed_worker_survivors_continue_in_place():
     reference = BackgroundJob(bfrun("-np", "3", *example()))
@@ -125,11 +135,7 @@ def test_killed_worker_survivors_continue_in_place():
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_discovered_slot_joins_at_the_next_commit(tmp_path):
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    hosts, script = discovery(tmp_path, "localhost:2")
     # Long enough for the new worker to start (TensorFlow's import) while the others train.
     job = BackgroundJob(bfrun("--min-np", "2", "--host-discovery-script", str(script),
                               *example("--step-sleep", "0.03", epochs=8)))
@@ -195,11 +201,7 @@ def test_failure_in_a_commit_then_another():
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_failure_while_the_state_goes_to_a_joining_worker(tmp_path):
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    hosts, script = discovery(tmp_path, "localhost:2")
     steps = "600"  # 40 ms each: long enough for the newcomer to import TensorFlow and join
     job = BackgroundJob(bfrun("--min-np", "2", "--host-discovery-script", str(script), PYTHON,
                               "tests/elastic/inplace_worker.py", "--steps", steps,
@@ -255,9 +257,7 @@ def test_reset_limit_ends_the_job_at_the_next_reset():
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_blacklisted_host_gets_workers_again_after_its_cooldown(tmp_path):
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\necho localhost:3\n")
-    script.chmod(0o755)
+    _, script = discovery(tmp_path, "localhost:3")
     job = inplace_job("--min-np", "2", "--host-discovery-script", str(script),
                       "--blacklist-cooldown-range", "4", "4", steps="500", step_ms="40",
                       die=("2:20:step",))
