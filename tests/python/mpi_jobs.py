@@ -187,6 +187,18 @@ class BackgroundJob:
             time.sleep(0.05)
         raise AssertionError(f"never saw {pattern!r}:\n{self.output[-6000:]}")
 
+    def finish(self, timeout: float) -> str:
+        """Waits for the launcher to end; returns the whole output. A hang fails the test
+        with the output, after killing the job."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the job did not finish in {timeout} s:\n"
+                                 f"{self.output[-6000:]}") from None
+        self.reader.join(timeout=10)
+        return self.output
+
     def wait_gone(self, pids: Sequence[int], timeout: float) -> List[int]:
         """Waits until none of pids is alive; returns those still alive after timeout."""
         deadline = time.time() + timeout
@@ -206,3 +218,15 @@ class BackgroundJob:
         except subprocess.TimeoutExpired:
             pass
         self.reader.join(timeout=10)
+
+
+def discovery_script(tmp_path, first: str):
+    """A host discovery script printing a hosts file's lines (``first`` at the start); returns
+    (the hosts file, the script): write the file to change the hosts."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(first + "\n")
+    script = tmp_path / "discover.sh"
+    # Shell builtins only: some tests run bfrun with a PATH cut down to a few tools.
+    script.write_text(f"#!/bin/sh\nwhile IFS= read -r line; do echo \"$line\"; done < {hosts}\n")
+    script.chmod(0o755)
+    return hosts, script

@@ -32,7 +32,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_jobs import gloo_built  # noqa: E402
-from mpi_jobs import PYTHON, BackgroundJob  # noqa: E402
+from mpi_jobs import PYTHON, BackgroundJob, discovery_script  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gloo_built(), reason="bluefog was built without Gloo")
 
@@ -57,14 +57,7 @@ def example(*extra, epochs=EPOCHS):
 
 
 def finish(job, timeout=TIMEOUT_S):
-    try:
-        job.proc.wait(timeout=timeout)
-    except Exception:  # noqa: BLE001 - a hang: fail with the output
-        job.kill()
-        raise AssertionError(f"the job did not finish in {timeout} s:\n{job.output[-6000:]}") \
-            from None
-    job.reader.join(timeout=10)
-    return job.output
+    return job.finish(timeout)
 
 
 def starts(out):
@@ -79,16 +72,6 @@ def dones(out):
 
 def accuracy(out):
     return float(re.search(r"test accuracy=([\d.]+)", out).group(1))
-
-
-def discovery(tmp_path, first):
-    """A discovery script printing the lines of a hosts file (``first`` at the start)."""
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text(first + "\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
-    return hosts, script
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
@@ -135,7 +118,7 @@ def test_killed_worker_survivors_continue_in_place():
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_discovered_slot_joins_at_the_next_commit(tmp_path):
-    hosts, script = discovery(tmp_path, "localhost:2")
+    hosts, script = discovery_script(tmp_path, "localhost:2")
     # Long enough for the new worker to start (TensorFlow's import) while the others train.
     job = BackgroundJob(bfrun("--min-np", "2", "--host-discovery-script", str(script),
                               *example("--step-sleep", "0.03", epochs=8)))
@@ -201,7 +184,7 @@ def test_failure_in_a_commit_then_another():
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_failure_while_the_state_goes_to_a_joining_worker(tmp_path):
-    hosts, script = discovery(tmp_path, "localhost:2")
+    hosts, script = discovery_script(tmp_path, "localhost:2")
     steps = "600"  # 40 ms each: long enough for the newcomer to import TensorFlow and join
     job = BackgroundJob(bfrun("--min-np", "2", "--host-discovery-script", str(script), PYTHON,
                               "tests/elastic/inplace_worker.py", "--steps", steps,
@@ -257,7 +240,7 @@ def test_reset_limit_ends_the_job_at_the_next_reset():
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_blacklisted_host_gets_workers_again_after_its_cooldown(tmp_path):
-    _, script = discovery(tmp_path, "localhost:3")
+    _, script = discovery_script(tmp_path, "localhost:3")
     job = inplace_job("--min-np", "2", "--host-discovery-script", str(script),
                       "--blacklist-cooldown-range", "4", "4", steps="500", step_ms="40",
                       die=("2:20:step",))

@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_jobs import gloo_built  # noqa: E402
-from mpi_jobs import PYTHON, REPO, BackgroundJob, descendants, run_job  # noqa: E402
+from mpi_jobs import PYTHON, REPO, BackgroundJob, descendants, discovery_script, run_job  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gloo_built(), reason="bluefog was built without Gloo")
 
@@ -35,13 +35,6 @@ TIMEOUT_S = 240
 EXAMPLES = os.path.join(REPO, "examples", "horovod")
 THREADS = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2",
            "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
-def discovery_script(tmp_path, hosts):
-    script = tmp_path / "discover_hosts.sh"
-    script.write_text(f"#!/bin/sh\necho {hosts}\n")
-    script.chmod(0o755)
-    return str(script)
 
 
 def path_without_mpirun(tmp_path):
@@ -68,14 +61,7 @@ def worker_pid(job, wid):
 
 
 def finish(job, timeout=TIMEOUT_S):
-    try:
-        job.proc.wait(timeout=timeout)
-    except Exception:  # noqa: BLE001 - a hang: fail with the output
-        job.kill()
-        raise AssertionError(f"the job did not finish in {timeout} s:\n{job.output[-6000:]}") \
-            from None
-    job.reader.join(timeout=10)
-    return job.output
+    return job.finish(timeout)
 
 
 def losses(out):
@@ -84,10 +70,10 @@ def losses(out):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_mnist_elastic_horovod_command_line_survives_a_sigkill(tmp_path):
-    script = discovery_script(tmp_path, "localhost:2")
+    _, script = discovery_script(tmp_path, "localhost:2")
     env = {**THREADS, "HVD_EXAMPLE_STEPS": "60", "PATH": path_without_mpirun(tmp_path)}
     job = BackgroundJob([PYTHON, "-m", "bluefog.run", "-np", "2", "--min-np", "1",
-                         "--max-np", "3", "--host-discovery-script", script, "python",
+                         "--max-np", "3", "--host-discovery-script", str(script), "python",
                          os.path.join(EXAMPLES, "tensorflow2_mnist_elastic.py")],
                         env=env, cwd=str(tmp_path))
     try:
