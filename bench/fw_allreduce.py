@@ -10,8 +10,12 @@ prints JSON lines {"framework", "impl", "bytes", "median_s", "ranks"}.
 impl: eager (an eager call on a kept input), function (the call inside a tf.function, kept
 input), function_temp (inside a tf.function on a temporary, t * 2: a gradient is one),
 scale (that tf.function's multiplication alone: function_temp - scale is the allreduce's
-share), mpi_inplace / mpi_oop (raw MPI_Allreduce on buffers allocated once, in place / out of
-place).
+share), call (a tf.function of the same argument that communicates nothing: TensorFlow's own
+cost of a call, ~0.2-0.3 ms here whatever it holds), chain_temp (one tf.function of 8 chained
+allreduces, each of a temporary t * 0.5, as a training step's graph holds many) and
+chain_scale (its 8 multiplications alone: (chain_temp - chain_scale) / 8 is one allreduce's
+time inside a graph, with no function call in it), mpi_inplace / mpi_oop (raw MPI_Allreduce on
+buffers allocated once, in place / out of place).
 """
 
 import argparse
@@ -27,6 +31,9 @@ import tensorflow as tf
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+CHAIN = 8  # allreduces in chain_temp's function
 
 
 def load(framework: str):
@@ -103,12 +110,26 @@ def main() -> None:
         fn_temp = tf.function(
             lambda t, nb=nbytes: hvd.allreduce(t * 2.0, op=hvd.Sum, name=f"t.{nb}"))
         fn_scale = tf.function(lambda t: t * 2.0)
+        fn_call = tf.function(lambda t: tf.shape(t))
+
+        def chain(t, nb=nbytes, reduce=True):
+            for i in range(CHAIN):
+                t = t * 0.5
+                if reduce:
+                    t = hvd.allreduce(t, op=hvd.Sum, name=f"c{i}.{nb}")
+            return t
+
+        fn_chain = tf.function(chain)
+        fn_chain_scale = tf.function(lambda t: chain(t, reduce=False))
         batches = {
             "eager": per_call(lambda x=x, nb=nbytes: hvd.allreduce(x, op=hvd.Sum,
                                                                     name=f"e.{nb}")),
             "function": per_call(lambda x=x, f=fn: f(x)),
             "function_temp": per_call(lambda x=x, f=fn_temp: f(x)),
             "scale": per_call(lambda x=x, f=fn_scale: f(x)),
+            "call": per_call(lambda x=x, f=fn_call: f(x)),
+            "chain_temp": per_call(lambda x=x, f=fn_chain: f(x)),
+            "chain_scale": per_call(lambda x=x, f=fn_chain_scale: f(x)),
             "mpi_inplace": raw(nbytes, False),
             "mpi_oop": raw(nbytes, True),
         }
@@ -117,6 +138,7 @@ def main() -> None:
         # and a training loop makes thousands; each framework's calls get the same warm-up.
         for name in ("eager", "function", "function_temp"):
             batches[name](64)
+        batches["chain_temp"](64 // CHAIN)
         for impl, seconds in timed(batches).items():
             if me == 0:
                 print(json.dumps({"framework": args.framework, "impl": impl, "bytes": nbytes,

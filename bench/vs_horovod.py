@@ -17,6 +17,11 @@ over the launches, the median and the worst of:
   own time subtracted, over raw in-place MPI (a temporary may be reduced in place);
 - "bluefog faster by": Horovod's ratio over bluefog's (above 1: bluefog faster). Worst =
   the launch pair least favourable to bluefog.
+- in a graph (a second table): TensorFlow's own cost of calling a tf.function (one that
+  communicates nothing), the one-allreduce function's time less that cost over out-of-place
+  MPI, and one allreduce of a temporary inside a function of 8 chained ones (their
+  multiplications subtracted) over in-place MPI: what each allreduce of a training step's
+  graph costs, without the function call that a step pays once;
 - "absolute": Horovod's time per call over bluefog's, launch pair by launch pair. Raw MPI in
   Horovod's process is itself slower (its background thread polls every millisecond on the
   same cores), so the normalized ratios above flatter Horovod; the absolute ones do not.
@@ -122,14 +127,22 @@ def steps(args, hvd_py: str) -> None:
                   f"{statistics.median(eff):.2f} ({min(eff):.2f}) |")
 
 
+CHAIN = 8  # allreduces in fw_allreduce.py's chain_temp
+
+
 def ratios(run: dict, size: int) -> dict:
     t = run["times"]
     temp = max(t[("function_temp", size)] - t[("scale", size)], 1e-9)
+    share = max(t[("function", size)] - t[("call", size)], 1e-9)
+    chain = max(t[("chain_temp", size)] - t[("chain_scale", size)], 1e-9) / CHAIN
     return {"eager": t[("eager", size)] / t[("mpi_oop", size)],
             "function": t[("function", size)] / t[("mpi_oop", size)],
             "temp": temp / t[("mpi_inplace", size)],
+            "share": share / t[("mpi_oop", size)],
+            "chain": chain / t[("mpi_inplace", size)],
             "time_eager": t[("eager", size)], "time_function": t[("function", size)],
-            "time_temp": temp}
+            "time_temp": temp, "time_call": t[("call", size)], "time_share": share,
+            "time_chain": chain}
 
 
 def fmt_us(s: float) -> str:
@@ -197,6 +210,33 @@ def allreduces(args, hvd_py: str) -> None:
               f"{pair(hv, 'temp')} | {faster('eager')} | {faster('function')} | "
               f"{faster('temp')} | {faster('time_eager')} | {faster('time_function')} | "
               f"{faster('time_temp')} |")
+    print("\nIn a graph: TensorFlow's cost of a tf.function call alone (median over launches), "
+          "the one-allreduce function less that cost over out-of-place MPI, and one allreduce "
+          f"of a temporary among {CHAIN} chained in a function over in-place MPI (median / "
+          "worst launch; lower is better), then bluefog faster by (median / worst launch pair, "
+          "per call)")
+    print("| size | call, bluefog's TF / Horovod's | bluefog function less call | Horovod | "
+          "bluefog in a chain | Horovod | per op in a chain, bluefog / Horovod | bluefog faster "
+          "by, function less call | in a chain |")
+    print("|---" * 9 + "|")
+    for size in sizes:
+        bf = [ratios(r, size) for r in runs["bluefog"]]
+        hv = [ratios(r, size) for r in runs["horovod"]]
+
+        def pair(rows, key):
+            v = [r[key] for r in rows]
+            return f"{statistics.median(v):.2f} / {max(v):.2f}"
+
+        def faster(key, bf=bf, hv=hv):
+            v = [h[key] / b[key] for b, h in zip(bf, hv)]
+            return f"{statistics.median(v):.2f}x / {min(v):.2f}x"
+
+        call = [fmt_us(statistics.median(r["time_call"] for r in rows)) for rows in (bf, hv)]
+        op = [fmt_us(statistics.median(r["time_chain"] for r in rows)) for rows in (bf, hv)]
+        print(f"| {fmt_size(size)} | {call[0]} / {call[1]} | {pair(bf, 'share')} | "
+              f"{pair(hv, 'share')} | {pair(bf, 'chain')} | {pair(hv, 'chain')} | "
+              f"{op[0]} / {op[1]} | {faster('time_share')} | {faster('time_chain')} |")
+
     def eager_time(fw, size):
         return fmt_us(statistics.median(ratios(r, size)["time_eager"] for r in runs[fw]))
 
