@@ -160,7 +160,13 @@ def main() -> None:
                    help="training-step models (none: skip the steps)")
     p.add_argument("--step-launches", type=int, default=3)
     p.add_argument("--no-allreduce", action="store_true", help="only the training steps")
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="only print the allreduce tables of saved sweeps (copies of "
+                        "build/bench/vs_horovod_allreduce.json), their launches joined")
     args = p.parse_args()
+    if args.report:
+        report(load_runs(args.report), args.ranks)
+        return
     hvd_py = horovod_python(args.horovod_venv)
     if not args.no_allreduce:
         allreduces(args, hvd_py)
@@ -181,13 +187,36 @@ def allreduces(args, hvd_py: str) -> None:
             mib = r["times"].get(("mpi_oop", 1 << 20))
             print(f"launch {i + 1} {fw}: load {r['load']:.2f}, raw MPI 1 MiB out of place "
                   f"{fmt_us(mib) if mib else '-'}", flush=True)
-    with open(save, "w") as f:  # every launch's times, for a second look
+    with open(save, "w") as f:  # every launch's times, for a second look (--report)
         json.dump({fw: [{"load": r["load"], "times": [[k[0], k[1], v] for k, v in
                                                         r["times"].items()]} for r in rs]
                    for fw, rs in runs.items()}, f)
     print(f"(raw times in {os.path.relpath(save, ROOT)})")
+    report(runs, args.ranks)
+
+
+def load_runs(paths: list) -> dict:
+    """The launches saved by earlier sweeps (build/bench/vs_horovod_allreduce.json copies),
+    joined in order: launch k of each framework stays paired with launch k of the other."""
+    runs = {"bluefog": [], "horovod": []}
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        for fw in runs:
+            runs[fw] += [{"load": r["load"], "times": {(k, b): v for k, b, v in r["times"]}}
+                         for r in saved[fw]]
+    return runs
+
+
+def report(runs: dict, ranks: int) -> None:
+    """The allreduce tables over `runs` (per framework, launch by launch)."""
+    launches = min(len(runs["bluefog"]), len(runs["horovod"]))
+    for fw, rs in runs.items():  # the machine state of each launch
+        print(f"{fw}: load / raw MPI 1 MiB out of place per launch: " + ", ".join(
+            f"{r['load']:.1f} / {fmt_us(r['times'].get(('mpi_oop', 1 << 20), 0.0))}"
+            for r in rs))
     sizes = sorted({b for (_, b) in runs["bluefog"][0]["times"]})
-    print(f"\n{args.ranks} ranks, {args.launches} launches per framework; time over raw MPI "
+    print(f"\n{ranks} ranks, {launches} launches per framework; time over raw MPI "
           f"in the same process (median / worst launch); lower is better")
     print("| size | bluefog eager | Horovod eager | bluefog function | Horovod function | "
           "bluefog temp (vs in-place) | Horovod temp | bluefog faster by, eager (median / "

@@ -1,0 +1,147 @@
+"""Where a training step's communication time goes: the allreduce of one model's gradients alone,
+against what the memory of the machine allows.
+
+Run under mpirun on every rank (bluefog's .venv); rank 0 prints one JSON line of milliseconds,
+each the median over repetitions of the slowest rank's time, all kinds interleaved:
+
+    mpirun -np 2 .venv/bin/python bench/gradient_allreduce.py --model resnet50 [--groups 4 8]
+
+(the raw MPI library, build/bench/libmpi_allreduce.so, is built by `make bench` or
+`make bench-horovod`, or by bench/run.py's build_mpi_baseline()).
+
+- grouped: one grouped_allreduce (average) of tensors shaped like the model's gradients, each a
+  temporary (g * 1.0, as a tape's gradients are) in a tf.function, the multiplications' own
+  time subtracted: what DistributedGradientTape sends per step;
+- one_buffer: the same bytes as one temporary tensor (the multiplication subtracted);
+- mpi_inplace: raw in-place MPI_Allreduce of the same bytes (bench/mpi_allreduce.cc);
+- copy / add: one thread of numpy copying the bytes, and adding two such arrays into a third:
+  the memory traffic an allreduce cannot avoid (a rank reads its peers' part and writes every
+  output) costs about that much here;
+- with --groups: the training step (bench/fw_step.py's model and batch) with
+  DistributedGradientTape(groups=G) for each G, G=0 (one grouped request) and the compute-only
+  step: whether splitting the request, so that the first gradients travel while the rest are
+  still computed, shortens the step.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from fw_step import model_and_batch  # noqa: E402
+
+import bluefog.tensorflow as bf  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet50", choices=["resnet50", "mlp", "cnn"])
+    p.add_argument("--mpi-lib", default=os.path.join(ROOT, "build", "bench",
+                                                     "libmpi_allreduce.so"),
+                   help="bench/mpi_allreduce.cc as a library")
+    p.add_argument("--groups", type=int, nargs="*", default=[],
+                   help="also time training steps with DistributedGradientTape(groups=G)")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--calls", type=int, default=8, help="calls per timed batch")
+    args = p.parse_args()
+    bf.init()
+    cores = os.cpu_count() or 1
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // bf.local_size()))
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    import keras
+
+    me = bf.rank()
+    if not os.path.exists(args.mpi_lib):
+        raise SystemExit(f"{args.mpi_lib} is missing: build it first (make bench-horovod, or "
+                         "python -c 'import run; run.build_mpi_baseline()' in bench/)")
+    lib = ctypes.CDLL(args.mpi_lib)
+    lib.bench_mpi_allreduce.restype = ctypes.c_double
+    lib.bench_mpi_allreduce.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int]
+    keras.utils.set_random_seed(me)
+    model, shape = model_and_batch(args.model)
+    grads = [tf.ones(v.shape) for v in model.trainable_variables]
+    nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    flat = tf.ones([nbytes // 4])
+    a, b, c = (np.ones(nbytes // 4, np.float32) for _ in range(3))
+
+    grouped = tf.function(lambda gs: bf.grouped_allreduce([g * 1.0 for g in gs], op=bf.Average,
+                                                          name="bench.grouped"))
+    grouped_scale = tf.function(lambda gs: [g * 1.0 for g in gs])
+    one = tf.function(lambda t: bf.allreduce(t * 1.0, op=bf.Average, name="bench.one"))
+    one_scale = tf.function(lambda t: t * 1.0)
+
+    def raw() -> None:
+        if lib.bench_mpi_allreduce(nbytes, 1, 1, 0) < 0:
+            raise SystemExit("raw MPI_Allreduce failed")
+
+    kinds = {"grouped": lambda: grouped(grads)[0].numpy(),
+             "grouped_scale": lambda: grouped_scale(grads)[0].numpy(),
+             "one_buffer": lambda: one(flat).numpy(), "one_scale": lambda: one_scale(flat).numpy(),
+             "mpi_inplace": raw, "copy": lambda: np.copyto(b, a),
+             "add": lambda: np.add(a, b, out=c)}
+    if args.groups:
+        kinds.update(steps(model, shape, me, [0] + args.groups))
+    # Past bluefog's path trials (48 calls per size class and kind) and the first page faults.
+    for _ in range(60):
+        for run in kinds.values():
+            run()
+    samples = {k: [] for k in kinds}
+    for _ in range(args.reps):
+        for k, run in kinds.items():
+            bf.allreduce(tf.constant(0.0), name="bench.barrier")
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                run()
+            seconds = (time.perf_counter() - t0) / args.calls
+            samples[k].append(float(tf.reduce_max(bf.allgather(tf.constant([seconds]),
+                                                               name="bench.max"))))
+    ms = {k: float(np.median(v)) * 1e3 for k, v in samples.items()}
+    row = {"model": args.model, "ranks": bf.size(), "tensors": len(grads), "bytes": nbytes,
+           "grouped_ms": ms.pop("grouped") - ms.pop("grouped_scale"),
+           "one_buffer_ms": ms.pop("one_buffer") - ms.pop("one_scale")}
+    row.update({f"{k}_ms": v for k, v in ms.items()})
+    if me == 0:
+        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                          for k, v in row.items()}), flush=True)
+
+
+def steps(model, shape, me: int, groups: list) -> dict:
+    """Training steps (as bench/fw_step.py's) with DistributedGradientTape(groups=G) for each G,
+    and the compute-only step, each a callable that makes one step and waits for it."""
+    import keras
+
+    opt = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rs = np.random.RandomState(me)
+    x = tf.constant(rs.uniform(size=shape).astype(np.float32))
+    y = tf.constant(rs.randint(0, 10, size=(shape[0],)).astype(np.int64))
+
+    def make(g):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            if g is not None:
+                tape = bf.DistributedGradientTape(tape, groups=g)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return lambda: float(step())
+
+    out = {f"step_groups_{g}": make(g) for g in groups}
+    out["step_compute_only"] = make(None)
+    return out
+
+
+if __name__ == "__main__":
+    main()
