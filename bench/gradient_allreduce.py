@@ -13,6 +13,8 @@ each the median over repetitions of the slowest rank's time, all kinds interleav
   temporary (g * 1.0, as a tape's gradients are) in a tf.function, the multiplications' own
   time subtracted: what DistributedGradientTape sends per step;
 - one_buffer: the same bytes as one temporary tensor (the multiplication subtracted);
+- grouped_large / one_large, grouped_small / one_small: the same two for the gradients of at
+  least 1 MiB (each its own collective) and for the smaller ones (packed into one);
 - mpi_inplace: raw in-place MPI_Allreduce of the same bytes (bench/mpi_allreduce.cc);
 - copy / add: one thread of numpy copying the bytes, and adding two such arrays into a third:
   the memory traffic an allreduce cannot avoid (a rank reads its peers' part and writes every
@@ -71,24 +73,34 @@ def main() -> None:
     model, shape = model_and_batch(args.model)
     grads = [tf.ones(v.shape) for v in model.trainable_variables]
     nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
-    flat = tf.ones([nbytes // 4])
     a, b, c = (np.ones(nbytes // 4, np.float32) for _ in range(3))
 
-    grouped = tf.function(lambda gs: bf.grouped_allreduce([g * 1.0 for g in gs], op=bf.Average,
-                                                          name="bench.grouped"))
     grouped_scale = tf.function(lambda gs: [g * 1.0 for g in gs])
-    one = tf.function(lambda t: bf.allreduce(t * 1.0, op=bf.Average, name="bench.one"))
     one_scale = tf.function(lambda t: t * 1.0)
+
+    def pair(tensors: list, what: str) -> dict:
+        """Callables timing `tensors` grouped and as one tensor, each with its scale alone."""
+        grouped = tf.function(lambda gs: bf.grouped_allreduce(
+            [g * 1.0 for g in gs], op=bf.Average, name=f"bench.grouped{what}"))
+        one = tf.function(lambda t: bf.allreduce(t * 1.0, op=bf.Average, name=f"bench.one{what}"))
+        flat = tf.ones([sum(int(np.prod(t.shape)) for t in tensors)])
+        return {f"grouped{what}": lambda: grouped(tensors)[0].numpy(),
+                f"grouped{what}_scale": lambda: grouped_scale(tensors)[0].numpy(),
+                f"one{what}": lambda: one(flat).numpy(),
+                f"one{what}_scale": lambda: one_scale(flat).numpy()}
 
     def raw() -> None:
         if lib.bench_mpi_allreduce(nbytes, 1, 1, 0) < 0:
             raise SystemExit("raw MPI_Allreduce failed")
 
-    kinds = {"grouped": lambda: grouped(grads)[0].numpy(),
-             "grouped_scale": lambda: grouped_scale(grads)[0].numpy(),
-             "one_buffer": lambda: one(flat).numpy(), "one_scale": lambda: one_scale(flat).numpy(),
-             "mpi_inplace": raw, "copy": lambda: np.copyto(b, a),
-             "add": lambda: np.add(a, b, out=c)}
+    large = [g for g in grads if g.dtype.size * int(np.prod(g.shape)) >= 1 << 20]
+    small = [g for g in grads if g.dtype.size * int(np.prod(g.shape)) < 1 << 20]
+    kinds = pair(grads, "")
+    for tensors, what in ((large, "_large"), (small, "_small")):
+        if tensors and len(tensors) < len(grads):
+            kinds.update(pair(tensors, what))
+    kinds.update({"mpi_inplace": raw, "copy": lambda: np.copyto(b, a),
+                  "add": lambda: np.add(a, b, out=c)})
     if args.groups:
         kinds.update(steps(model, shape, me, [0] + args.groups))
     # Past bluefog's path trials (48 calls per size class and kind) and the first page faults.
@@ -107,8 +119,11 @@ def main() -> None:
                                                                name="bench.max"))))
     ms = {k: float(np.median(v)) * 1e3 for k, v in samples.items()}
     row = {"model": args.model, "ranks": bf.size(), "tensors": len(grads), "bytes": nbytes,
-           "grouped_ms": ms.pop("grouped") - ms.pop("grouped_scale"),
-           "one_buffer_ms": ms.pop("one_buffer") - ms.pop("one_scale")}
+           "large_tensors": len(large)}
+    for what in ("", "_large", "_small"):
+        if f"grouped{what}" in ms:
+            row[f"grouped{what}_ms"] = ms.pop(f"grouped{what}") - ms.pop(f"grouped{what}_scale")
+            row[f"one{what}_ms"] = ms.pop(f"one{what}") - ms.pop(f"one{what}_scale")
     row.update({f"{k}_ms": v for k, v in ms.items()})
     if me == 0:
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
