@@ -20,9 +20,11 @@ each the median over repetitions of the slowest rank's time, all kinds interleav
   the memory traffic an allreduce cannot avoid (a rank reads its peers' part and writes every
   output) costs about that much here;
 - with --groups: the training step (bench/fw_step.py's model and batch) with
-  DistributedGradientTape(groups=G) for each G, G=0 (one grouped request) and the compute-only
-  step: whether splitting the request, so that the first gradients travel while the rest are
-  still computed, shortens the step.
+  DistributedGradientTape(groups=G) for each G, G=0 (one grouped request), the compute-only
+  step, and the compute-only step whose ranks meet once (a scalar allreduce after the
+  gradients): whether splitting the request, so that the first gradients travel while the rest
+  are still computed, shortens the step, and how much of a step's overhead is the ranks
+  waiting for each other rather than moving gradients.
 """
 
 import argparse
@@ -75,19 +77,27 @@ def main() -> None:
     nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     a, b, c = (np.ones(nbytes // 4, np.float32) for _ in range(3))
 
-    grouped_scale = tf.function(lambda gs: [g * 1.0 for g in gs])
-    one_scale = tf.function(lambda t: t * 1.0)
-
     def pair(tensors: list, what: str) -> dict:
-        """Callables timing `tensors` grouped and as one tensor, each with its scale alone."""
-        grouped = tf.function(lambda gs: bf.grouped_allreduce(
-            [g * 1.0 for g in gs], op=bf.Average, name=f"bench.grouped{what}"))
-        one = tf.function(lambda t: bf.allreduce(t * 1.0, op=bf.Average, name=f"bench.one{what}"))
+        """Callables timing `tensors` grouped and as one tensor, each with its multiplications
+        alone. The tensors are captured and the results only waited for (control dependencies),
+        as in a step whose gradients stay in the graph: a function taking and returning the
+        214 tensors adds TensorFlow's own per-argument and per-output costs to both sides."""
         flat = tf.ones([sum(int(np.prod(t.shape)) for t in tensors)])
-        return {f"grouped{what}": lambda: grouped(tensors)[0].numpy(),
-                f"grouped{what}_scale": lambda: grouped_scale(tensors)[0].numpy(),
-                f"one{what}": lambda: one(flat).numpy(),
-                f"one{what}_scale": lambda: one_scale(flat).numpy()}
+
+        def finished(outputs):
+            with tf.control_dependencies(outputs):
+                return tf.constant(0.0)
+
+        grouped = tf.function(lambda: finished(bf.grouped_allreduce(
+            [g * 1.0 for g in tensors], op=bf.Average, name=f"bench.grouped{what}")))
+        grouped_scale = tf.function(lambda: finished([g * 1.0 for g in tensors]))
+        one = tf.function(lambda: finished(
+            [bf.allreduce(flat * 1.0, op=bf.Average, name=f"bench.one{what}")]))
+        one_scale = tf.function(lambda: finished([flat * 1.0]))
+        return {f"grouped{what}": lambda: grouped().numpy(),
+                f"grouped{what}_scale": lambda: grouped_scale().numpy(),
+                f"one{what}": lambda: one().numpy(),
+                f"one{what}_scale": lambda: one_scale().numpy()}
 
     def raw() -> None:
         if lib.bench_mpi_allreduce(nbytes, 1, 1, 0) < 0:
@@ -132,7 +142,8 @@ def main() -> None:
 
 def steps(model, shape, me: int, groups: list) -> dict:
     """Training steps (as bench/fw_step.py's) with DistributedGradientTape(groups=G) for each G,
-    and the compute-only step, each a callable that makes one step and waits for it."""
+    the compute-only step and the compute-only step with one scalar allreduce, each a callable
+    that makes one step and waits for it."""
     import keras
 
     opt = keras.optimizers.SGD(0.01)
@@ -146,15 +157,19 @@ def steps(model, shape, me: int, groups: list) -> dict:
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
-            if g is not None:
+            if isinstance(g, int):
                 tape = bf.DistributedGradientTape(tape, groups=g)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
+            if g == "synced":  # the ranks meet once per step, with no gradient bytes
+                with tf.control_dependencies(grads):
+                    loss += bf.allreduce(tf.constant(0.0), op=bf.Sum, name="bench.meet")
             return loss
         return lambda: float(step())
 
     out = {f"step_groups_{g}": make(g) for g in groups}
     out["step_compute_only"] = make(None)
+    out["step_compute_synced"] = make("synced")
     return out
 
 
