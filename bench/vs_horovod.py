@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -208,6 +209,18 @@ def load_runs(paths: list) -> dict:
     return runs
 
 
+def pair(rows: list, key: str) -> str:
+    """Median / worst (largest) over launches of one ratio."""
+    v = [r[key] for r in rows]
+    return f"{statistics.median(v):.2f} / {max(v):.2f}"
+
+
+def faster_by(bf: list, hv: list, key: str) -> str:
+    """Horovod's value over bluefog's, launch pair by launch pair: median / worst (smallest)."""
+    v = [h[key] / b[key] for b, h in zip(bf, hv)]
+    return f"{statistics.median(v):.2f}x / {min(v):.2f}x"
+
+
 def report(runs: dict, ranks: int) -> None:
     """The allreduce tables over `runs` (per framework, launch by launch)."""
     launches = min(len(runs["bluefog"]), len(runs["horovod"]))
@@ -225,14 +238,7 @@ def report(runs: dict, ranks: int) -> None:
     for size in sizes:
         bf = [ratios(r, size) for r in runs["bluefog"]]
         hv = [ratios(r, size) for r in runs["horovod"]]
-
-        def pair(rows, key):
-            v = [r[key] for r in rows]
-            return f"{statistics.median(v):.2f} / {max(v):.2f}"
-
-        def faster(key, bf=bf, hv=hv):
-            v = [h[key] / b[key] for b, h in zip(bf, hv)]
-            return f"{statistics.median(v):.2f}x / {min(v):.2f}x"
+        faster = partial(faster_by, bf, hv)
 
         print(f"| {fmt_size(size)} | {pair(bf, 'eager')} | {pair(hv, 'eager')} | "
               f"{pair(bf, 'function')} | {pair(hv, 'function')} | {pair(bf, 'temp')} | "
@@ -251,14 +257,7 @@ def report(runs: dict, ranks: int) -> None:
     for size in sizes:
         bf = [ratios(r, size) for r in runs["bluefog"]]
         hv = [ratios(r, size) for r in runs["horovod"]]
-
-        def pair(rows, key):
-            v = [r[key] for r in rows]
-            return f"{statistics.median(v):.2f} / {max(v):.2f}"
-
-        def faster(key, bf=bf, hv=hv):
-            v = [h[key] / b[key] for b, h in zip(bf, hv)]
-            return f"{statistics.median(v):.2f}x / {min(v):.2f}x"
+        faster = partial(faster_by, bf, hv)
 
         call = [fmt_us(statistics.median(r["time_call"] for r in rows)) for rows in (bf, hv)]
         op = [fmt_us(statistics.median(r["time_chain"] for r in rows)) for rows in (bf, hv)]
