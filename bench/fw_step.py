@@ -75,29 +75,42 @@ def main() -> None:
             print(json.dumps({"framework": args.framework, **row}), flush=True)
 
 
-def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> dict:
-    me = hvd.rank()
-    keras.utils.set_random_seed(me)
-    model, shape = model_and_batch(name)
+def step_maker(model, shape, me: int):
+    """Makes tf.function training steps of `model` that share one synthetic batch of `shape`
+    (seeded by rank `me`) and one SGD optimizer: ``make(wrap=None, after=None)``, where
+    ``wrap(tape)`` returns the tape to take the gradients from (None: the plain tape) and
+    ``after(grads)``, if given, returns a value added to the loss once the update is made."""
+    import keras
+
     opt = keras.optimizers.SGD(0.01)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rs = np.random.RandomState(me)
     x = tf.constant(rs.uniform(size=shape).astype(np.float32))
     y = tf.constant(rs.randint(0, 10, size=(shape[0],)).astype(np.int64))
 
-    def make_step(distributed: bool):
+    def make(wrap=None, after=None):
         @tf.function
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
-            if distributed:
-                tape = hvd.DistributedGradientTape(tape)
+            if wrap is not None:
+                tape = wrap(tape)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
+            if after is not None:
+                loss += after(grads)
             return loss
         return step
 
-    dist, compute = make_step(True), make_step(False)
+    return make
+
+
+def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> dict:
+    me = hvd.rank()
+    keras.utils.set_random_seed(me)
+    model, shape = model_and_batch(name)
+    make_step = step_maker(model, shape, me)
+    dist, compute = make_step(hvd.DistributedGradientTape), make_step()
     dist()  # builds the optimizer's slots, so the broadcast covers them
     hvd.broadcast_variables(model.variables, root_rank=0)
     for _ in range(warmup):

@@ -12,7 +12,7 @@ each the median over repetitions of the slowest rank's time, all kinds interleav
 - grouped: one grouped_allreduce (average) of tensors shaped like the model's gradients, each a
   temporary (g * 1.0, as a tape's gradients are) in a tf.function, the multiplications' own
   time subtracted: what DistributedGradientTape sends per step;
-- one_buffer: the same bytes as one temporary tensor (the multiplication subtracted);
+- one: the same bytes as one temporary tensor (the multiplication subtracted);
 - grouped_large / one_large, grouped_small / one_small: the same two for the gradients of at
   least 1 MiB (each its own collective) and for the smaller ones (packed into one);
 - mpi_inplace: raw in-place MPI_Allreduce of the same bytes (bench/mpi_allreduce.cc);
@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from fw_step import model_and_batch  # noqa: E402
+from fw_step import model_and_batch, step_maker  # noqa: E402
 
 import bluefog.tensorflow as bf  # noqa: E402
 
@@ -141,35 +141,22 @@ def main() -> None:
 
 
 def steps(model, shape, me: int, groups: list) -> dict:
-    """Training steps (as bench/fw_step.py's) with DistributedGradientTape(groups=G) for each G,
+    """Training steps (bench/fw_step.py's) with DistributedGradientTape(groups=G) for each G,
     the compute-only step and the compute-only step with one scalar allreduce, each a callable
     that makes one step and waits for it."""
-    import keras
+    make = step_maker(model, shape, me)
 
-    opt = keras.optimizers.SGD(0.01)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    rs = np.random.RandomState(me)
-    x = tf.constant(rs.uniform(size=shape).astype(np.float32))
-    y = tf.constant(rs.randint(0, 10, size=(shape[0],)).astype(np.int64))
+    def meet(grads):  # the ranks meet once per step, with no gradient bytes
+        with tf.control_dependencies(grads):
+            return bf.allreduce(tf.constant(0.0), op=bf.Sum, name="bench.meet")
 
-    def make(g):
-        @tf.function
-        def step():
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            if isinstance(g, int):
-                tape = bf.DistributedGradientTape(tape, groups=g)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            if g == "synced":  # the ranks meet once per step, with no gradient bytes
-                with tf.control_dependencies(grads):
-                    loss += bf.allreduce(tf.constant(0.0), op=bf.Sum, name="bench.meet")
-            return loss
+    def waited(step):
         return lambda: float(step())
 
-    out = {f"step_groups_{g}": make(g) for g in groups}
-    out["step_compute_only"] = make(None)
-    out["step_compute_synced"] = make("synced")
+    out = {f"step_groups_{g}": waited(make(lambda t, g=g: bf.DistributedGradientTape(t, groups=g)))
+           for g in groups}
+    out["step_compute_only"] = waited(make())
+    out["step_compute_synced"] = waited(make(after=meet))
     return out
 
 
