@@ -12,9 +12,7 @@ import argparse
 import ctypes
 import json
 import os
-import random
 import resource
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
@@ -26,6 +24,8 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import bluefog.tensorflow as bf  # noqa: E402
 from bluefog.common import basics  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
+
+from timing import per_call, slowest, timed  # noqa: E402
 
 CHAIN = 8
 # Calls of a size class until its path choice is past the first two decisions: 16 untimed,
@@ -52,44 +52,6 @@ def sizes_up_to(max_bytes):
     if 1024 not in out:
         out.append(1024)
     return sorted(out)
-
-
-def slowest(seconds: float) -> float:
-    return float(tf.reduce_max(bf.allgather(tf.constant([seconds]), name="bench.max")).numpy())
-
-
-def per_call(step):
-    """A batch runner for a Python callable: (iterations) -> this rank's seconds."""
-    def run(iters: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step()
-        return time.perf_counter() - t0
-    return run
-
-
-def timed(batches: dict, budget: float, reps: int) -> dict:
-    """Median seconds per call of each batch runner, their batches interleaved rep by rep.
-
-    Every rank derives the same iteration counts (from the slowest rank's estimate), so the
-    collectives inside stay matched.
-    """
-    iters = {}
-    for name, run in batches.items():
-        run(3)
-        iters[name] = max(1, min(10000, int(budget / reps / max(slowest(run(2) / 2), 1e-7))))
-    samples = {name: [] for name in batches}
-    for rep in range(reps):
-        # A fresh order each repetition (the same on every rank): a batch runs slower after
-        # some others (their buffers in cache instead of its own), so none always follows the
-        # same one.
-        order = list(batches)
-        random.Random(rep).shuffle(order)
-        for name in order:
-            run = batches[name]
-            bf.allreduce(tf.constant(0.0), name="bench.barrier")
-            samples[name].append(slowest(run(iters[name]) / iters[name]))
-    return {name: float(np.median(v)) for name, v in samples.items()}
 
 
 def through_op(x, name: str, inline: bool = True):
@@ -227,7 +189,7 @@ def main() -> None:
             # the rest, so that no timed batch holds the trials' calls on the slower path.
             per_call(eager)(STEADY_CALLS)
             unshared(per_call(eager))(STEADY_CALLS)
-        for impl, t in timed(batches, args.budget, args.reps).items():
+        for impl, t in timed(bf, batches, args.budget, args.reps, max_iters=10000).items():
             emit(impl=impl, bytes=nbytes, median_s=t / CHAIN if "chain" in impl else t)
         # Page faults per call in steady state (fresh memory would fault on every page).
         for impl, step in (("bf_eager", eager), ("bf_function_temp", lambda x=x, f=fn_temp: f(x))):
@@ -236,12 +198,13 @@ def main() -> None:
                 step()
             faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
             emit(impl="faults_" + impl, bytes=nbytes,
-                 faults_per_call=float(slowest(faults)))
+                 faults_per_call=float(slowest(bf, faults)))
 
     # Eager dispatch floor: what any TF op costs from Python, for the latency comparison.
     tiny = tf.constant([1.0])
+    identity = {"id": per_call(lambda: tf.identity(tiny))}
     emit(impl="tf_identity", bytes=4,
-         median_s=timed({"id": per_call(lambda: tf.identity(tiny))}, args.budget, args.reps)["id"])
+         median_s=timed(bf, identity, args.budget, args.reps, max_iters=10000)["id"])
 
     # Many small tensors: 100 x 1 KiB in one tf.function step vs 100 separate eager calls. The
     # tensors are captured variables, as gradients are computed inside a real training step
@@ -274,7 +237,7 @@ def main() -> None:
                "bf_eager_100x1KiB": per_call(eager_step)}
     if lib:
         batches["mpi_inproc_100x1KiB"] = raw_mpi(lib, 1024, calls=100)
-    for impl, t in timed(batches, args.budget, args.reps).items():
+    for impl, t in timed(bf, batches, args.budget, args.reps, max_iters=10000).items():
         emit(impl=impl, median_s=t)
     bf.shutdown()
 

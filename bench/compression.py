@@ -15,7 +15,6 @@ ratios to no compression (below 1: compression is faster).
 import argparse
 import json
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
@@ -25,6 +24,8 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import bluefog.tensorflow as bf  # noqa: E402
+
+from timing import interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -53,18 +54,8 @@ def main() -> None:
         for k, t in enumerate(out):
             assert t.dtype == tf.float32
             assert np.allclose(t.numpy()[:4], 0.25 * (n + 1) / 2 + k, rtol=1e-2), kind
-    samples = {kind: [] for kind in kinds}
-    for _ in range(args.reps):
-        for kind, step in steps.items():
-            bf.allreduce(tf.constant(0.0), name="bench.barrier")
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                step()
-            elapsed = (time.perf_counter() - t0) / args.iters
-            samples[kind].append(
-                float(tf.reduce_max(bf.allgather(tf.constant([elapsed]), name="bench.max"))))
+    median = interleaved(bf, steps, args.reps, args.iters)
     if me == 0:
-        median = {kind: float(np.median(s)) for kind, s in samples.items()}
         print(json.dumps({"ranks": n, "mib": args.mib, "tensors": args.tensors,
                           "median_ms": {k: round(v * 1e3, 3) for k, v in median.items()},
                           "vs_none": {k: round(v / median["none"], 3) for k, v in median.items()

@@ -22,12 +22,12 @@ import argparse
 import ctypes
 import json
 import os
-import random
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
+
+from timing import per_call, timed
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -59,17 +59,6 @@ def main() -> None:
     lib.bench_mpi_allreduce.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int]
     n, me = hvd.size(), hvd.rank()
 
-    def slowest(seconds: float) -> float:
-        return float(tf.reduce_max(hvd.allgather(tf.constant([seconds]), name="bench.max")))
-
-    def per_call(step):
-        def run(iters: int) -> float:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                step()
-            return time.perf_counter() - t0
-        return run
-
     def raw(nbytes: int, out_of_place: bool):
         def run(iters: int) -> float:
             seconds = lib.bench_mpi_allreduce(nbytes, 1, iters, int(out_of_place))
@@ -77,23 +66,6 @@ def main() -> None:
                 raise SystemExit("raw MPI_Allreduce failed")
             return seconds
         return run
-
-    def timed(batches: dict) -> dict:
-        """Median seconds per call of each batch, batches interleaved rep by rep in a fresh
-        order each rep (the same on every rank: the collectives stay matched)."""
-        iters = {}
-        for name, run in batches.items():
-            run(3)
-            one = slowest(run(2) / 2)
-            iters[name] = max(1, min(20000, int(args.budget / args.reps / max(one, 1e-7))))
-        samples = {name: [] for name in batches}
-        for rep in range(args.reps):
-            order = list(batches)
-            random.Random(rep).shuffle(order)
-            for name in order:
-                hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="bench.barrier")
-                samples[name].append(slowest(batches[name](iters[name]) / iters[name]))
-        return {name: float(np.median(v)) for name, v in samples.items()}
 
     warm = tf.constant([1.0])
     for _ in range(200):
@@ -139,7 +111,7 @@ def main() -> None:
         for name in ("eager", "function", "function_temp"):
             batches[name](64)
         batches["chain_temp"](64 // CHAIN)
-        for impl, seconds in timed(batches).items():
+        for impl, seconds in timed(hvd, batches, args.budget, args.reps).items():
             if me == 0:
                 print(json.dumps({"framework": args.framework, "impl": impl, "bytes": nbytes,
                                   "median_s": seconds, "ranks": n}), flush=True)

@@ -32,7 +32,6 @@ import ctypes
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
@@ -42,9 +41,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from fw_step import model_and_batch, step_maker  # noqa: E402
-
 import bluefog.tensorflow as bf  # noqa: E402
+
+from fw_step import model_and_batch, step_maker  # noqa: E402
+from timing import interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -117,17 +117,7 @@ def main() -> None:
     for _ in range(60):
         for run in kinds.values():
             run()
-    samples = {k: [] for k in kinds}
-    for _ in range(args.reps):
-        for k, run in kinds.items():
-            bf.allreduce(tf.constant(0.0), name="bench.barrier")
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                run()
-            seconds = (time.perf_counter() - t0) / args.calls
-            samples[k].append(float(tf.reduce_max(bf.allgather(tf.constant([seconds]),
-                                                               name="bench.max"))))
-    ms = {k: float(np.median(v)) * 1e3 for k, v in samples.items()}
+    ms = {k: v * 1e3 for k, v in interleaved(bf, kinds, args.reps, args.calls).items()}
     row = {"model": args.model, "ranks": bf.size(), "tensors": len(grads), "bytes": nbytes,
            "large_tensors": len(large)}
     for what in ("", "_large", "_small"):
