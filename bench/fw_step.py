@@ -2,7 +2,9 @@
 loop with ``DistributedGradientTape`` on synthetic data, and, in the same processes with their
 batches interleaved, the same step with a plain tape (compute only, no communication). Run on
 every rank under mpirun by bench/vs_horovod.py; rank 0 prints one JSON line per model:
-{"framework", "model", "ranks", "step_s", "compute_s", "images_per_s_per_rank"}.
+{"framework", "model", "ranks", "step_s", "compute_s", "overhead", "images_per_s_per_rank"}:
+the medians of short blocks of each kind, alternating, and the median over neighbouring blocks
+of the step over the compute-only step, minus 1.
 
     mpirun -np 2 python bench/fw_step.py --framework bluefog --models resnet50 mlp
 
@@ -60,8 +62,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--framework", choices=["bluefog", "horovod"], required=True)
     p.add_argument("--models", nargs="+", default=["resnet50", "mlp"])
-    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
-    p.add_argument("--blocks", type=int, default=5, help="timed blocks of each kind")
+    p.add_argument("--steps", type=int, default=3, help="steps per timed block")
+    p.add_argument("--blocks", type=int, default=16, help="timed blocks of each kind")
     p.add_argument("--warmup", type=int, default=60,
                    help="untimed steps of each kind first: bluefog times two allreduce paths "
                         "for the first 48 calls of each size class (csrc/core/path_chooser.h)")
@@ -129,7 +131,11 @@ def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> 
             times[kind].append(float(tf.reduce_max(
                 hvd.allgather(tf.constant([seconds]), name="step.max"))))
     step_s, compute_s = float(np.median(times["dist"])), float(np.median(times["compute"]))
+    # Each block's step over the compute-only block next to it (they ran seconds apart): the
+    # machine's drift during a launch, which moves both medians, cancels in these ratios.
+    paired = [d / c for d, c in zip(times["dist"], times["compute"])]
     return {"model": name, "ranks": hvd.size(), "step_s": step_s, "compute_s": compute_s,
+            "overhead": float(np.median(paired)) - 1,
             "images_per_s_per_rank": shape[0] / step_s}
 
 if __name__ == "__main__":

@@ -100,17 +100,22 @@ def step_launch(python: str, framework: str, ranks: int, models: list) -> dict:
 def steps(args, hvd_py: str) -> None:
     """Training steps: per model, framework and rank count, the median over launches of the
     step time, the compute-only step time in the same processes, the communication overhead
-    (step over compute-only, minus 1) and the scaling efficiency (images/s per rank at N ranks
+    (a block's step over the neighbouring compute-only block's, minus 1, median over the
+    blocks; fw_step.py) and the scaling efficiency (images/s per rank at N ranks
     over 1 rank)."""
     results = {}  # (framework, ranks) -> [per-launch {model: row}]
     for i in range(args.step_launches):
         for fw in (["bluefog", "horovod"] if i % 2 == 0 else ["horovod", "bluefog"]):
             for ranks in (1, args.ranks):
                 py = sys.executable if fw == "bluefog" else hvd_py
-                results.setdefault((fw, ranks), []).append(
-                    step_launch(py, fw, ranks, args.models))
+                rows = step_launch(py, fw, ranks, args.models)
+                results.setdefault((fw, ranks), []).append(rows)
+                print(f"launch {i + 1}, {fw}, {ranks} rank(s): " + "; ".join(
+                    f"{m} {r['step_s']:.4f} s/step, compute only {r['compute_s']:.4f}, "
+                    f"overhead {r['overhead']:+.1%}" for m, r in rows.items()), flush=True)
     print(f"\nTraining step, median over {args.step_launches} launches (worst launch in "
-          f"brackets); overhead = step / compute-only step - 1, same processes")
+          f"brackets); overhead = step / compute-only step - 1, same processes, median over "
+          f"neighbouring blocks")
     print(f"| model | framework | s/step at {args.ranks} ranks | compute only | overhead | "
           f"scaling efficiency ({args.ranks} vs 1 rank, per rank) |")
     print("|---" * 6 + "|")
@@ -119,7 +124,7 @@ def steps(args, hvd_py: str) -> None:
             runs = [r[model] for r in results[(fw, args.ranks)]]
             ones = [r[model] for r in results[(fw, 1)]]
             step = [r["step_s"] for r in runs]
-            over = [r["step_s"] / r["compute_s"] - 1 for r in runs]
+            over = [r["overhead"] for r in runs]
             eff = [r["images_per_s_per_rank"] / o["images_per_s_per_rank"]
                    for r, o in zip(runs, ones)]
             print(f"| {model} | {fw} | {statistics.median(step):.4f} ({max(step):.4f}) | "
