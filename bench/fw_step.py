@@ -15,11 +15,12 @@ batch 64), cnn (examples/synthetic_benchmark.py's small CNN, 32x32, batch 32).
 import argparse
 import json
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
+
+from timing import barrier, per_call, slowest
 
 
 def load(framework: str):
@@ -118,18 +119,13 @@ def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> 
     for _ in range(warmup):
         dist()
         compute()
+    batches = {"dist": per_call(lambda: float(dist())),
+               "compute": per_call(lambda: float(compute()))}
     times = {"dist": [], "compute": []}
     for block in range(blocks):
         for kind in (("dist", "compute") if block % 2 == 0 else ("compute", "dist")):
-            fn = dist if kind == "dist" else compute
-            hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="step.barrier")
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                loss = fn()
-            float(loss)
-            seconds = (time.perf_counter() - t0) / steps
-            times[kind].append(float(tf.reduce_max(
-                hvd.allgather(tf.constant([seconds]), name="step.max"))))
+            barrier(hvd)
+            times[kind].append(slowest(hvd, batches[kind](steps) / steps))
     step_s, compute_s = float(np.median(times["dist"])), float(np.median(times["compute"]))
     # Each block's step over the compute-only block next to it (they ran seconds apart): the
     # machine's drift during a launch, which moves both medians, cancels in these ratios.
