@@ -27,11 +27,12 @@ int bluefog_stop_timeline(void);
 // 1 when a timeline is recording, 0 when not, -1 when bluefog is not running.
 int bluefog_timeline_enabled(void);
 // The run-time switches of benches and tests, by name (transport/options.h's Tuning:
-// ring_threshold, hierarchical, two_host_split, phased_exchange, direct, staged, shared,
-// streaming_stores, recheck_calls, worse_percent, direct_fault_rank, and the count shared_calls,
-// read-only; and inline_threshold, BLUEFOG_INLINE_THRESHOLD of every channel). get: the value into
-// *value; set: from now on on this rank, the value before into *before (may be NULL). 0, or -1 when
-// not initialized or for an unknown knob (bluefog_last_error names those that exist).
+// ring_threshold, one_host_threshold, hierarchical, two_host_split, phased_exchange, direct,
+// staged, shared, streaming_stores, recheck_calls, worse_percent, direct_fault_rank, and the
+// counts shared_calls and one_host_calls, read-only; and inline_threshold,
+// BLUEFOG_INLINE_THRESHOLD of every channel). get: the value into *value; set: from now on on
+// this rank, the value before into *before (may be NULL). 0, or -1 when not initialized or for
+// an unknown knob (bluefog_last_error names those that exist).
 int bluefog_tuning_get(const char* knob, long long* value);
 int bluefog_tuning_set(const char* knob, long long value, long long* before);
 // Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns

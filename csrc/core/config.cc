@@ -59,6 +59,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_RING_THRESHOLD"))
     config.ring_threshold_bytes = ParseBytes("BLUEFOG_RING_THRESHOLD", v);
+  if (const char* v = lookup("BLUEFOG_ONE_HOST_THRESHOLD"))
+    config.one_host_threshold_bytes = ParseBytes("BLUEFOG_ONE_HOST_THRESHOLD", v);
   if (const char* v = lookup("BLUEFOG_HIERARCHICAL_ALLREDUCE"))
     config.hierarchical_allreduce = ParseBool("BLUEFOG_HIERARCHICAL_ALLREDUCE", v);
   if (const char* v = lookup("BLUEFOG_DIRECT_ALLREDUCE"))

@@ -14,6 +14,10 @@ struct Config {
   int64_t fusion_threshold_bytes = 64 * 1024 * 1024;
   // Allreduces of at least this many bytes use bluefog's ring algorithm (0: always MPI_Allreduce).
   int64_t ring_threshold_bytes = 1024 * 1024;
+  // On one host with the rounds' data areas, allreduces from this many bytes (when below the
+  // ring threshold) already take the one-host paths: through shared memory they beat
+  // MPI_Allreduce from a few KiB (0: only from the ring threshold).
+  int64_t one_host_threshold_bytes = 16 * 1024;
   // Large allreduces across hosts go hierarchically (within hosts, then across) when possible.
   bool hierarchical_allreduce = true;
   // Large allreduces among ranks of one host read the peers' buffers directly (cross-memory

@@ -14,6 +14,8 @@ int64_t Load(const std::atomic<T>& a) {
 bool Tuning::Get(const std::string& knob, int64_t* value) const {
   if (knob == "ring_threshold")
     *value = Load(ring_threshold_bytes);
+  else if (knob == "one_host_threshold")
+    *value = Load(one_host_threshold_bytes);
   else if (knob == "hierarchical")
     *value = Load(hierarchical);
   else if (knob == "two_host_split")
@@ -36,16 +38,20 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
     *value = Load(direct_fault_rank);
   else if (knob == "shared_calls")
     *value = Load(shared_calls);
+  else if (knob == "one_host_calls")
+    *value = Load(one_host_calls);
   else
     return false;
   return true;
 }
 
 bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
-  if (knob == "shared_calls" || !Get(knob, before)) return false;
+  if (knob == "shared_calls" || knob == "one_host_calls" || !Get(knob, before)) return false;
   const bool on = value != 0;
   if (knob == "ring_threshold")
     ring_threshold_bytes = value;
+  else if (knob == "one_host_threshold")
+    one_host_threshold_bytes = value;
   else if (knob == "hierarchical")
     hierarchical = on;
   else if (knob == "two_host_split")

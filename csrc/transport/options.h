@@ -13,6 +13,7 @@ namespace bluefog {
 
 struct TransportOptions {
   int64_t ring_threshold_bytes = Config().ring_threshold_bytes;
+  int64_t one_host_threshold_bytes = Config().one_host_threshold_bytes;
   bool hierarchical = Config().hierarchical_allreduce;
   bool direct = Config().direct_allreduce;
   bool local_rounds = Config().local_rounds;
@@ -23,6 +24,7 @@ struct TransportOptions {
   static TransportOptions FromConfig(const Config& config) {
     TransportOptions o;
     o.ring_threshold_bytes = config.ring_threshold_bytes;
+    o.one_host_threshold_bytes = config.one_host_threshold_bytes;
     o.hierarchical = config.hierarchical_allreduce;
     o.direct = config.direct_allreduce;
     o.local_rounds = config.local_rounds;
@@ -40,12 +42,16 @@ struct TransportOptions {
 struct Tuning {
   explicit Tuning(const TransportOptions& o = TransportOptions())
       : ring_threshold_bytes(o.ring_threshold_bytes),
+        one_host_threshold_bytes(o.one_host_threshold_bytes),
         hierarchical(o.hierarchical),
         direct(o.direct),
         streaming_store_bytes(o.streaming_store_bytes) {}
 
   // Allreduces of at least this many bytes take the large-buffer algorithms (0: never).
   std::atomic<int64_t> ring_threshold_bytes;
+  // One host with data areas: allreduces of at least this many bytes take the one-host paths
+  // even below ring_threshold_bytes (0: only from it; ring_threshold_bytes 0: never).
+  std::atomic<int64_t> one_host_threshold_bytes;
   std::atomic<bool> hierarchical;
   // Two hosts: each slice reduced on alternate hosts (false: the ring across).
   std::atomic<bool> two_host_split{true};
@@ -65,15 +71,17 @@ struct Tuning {
   // Tests only: the direct path's reads from this rank fail (a bad address), as a kernel
   // refusing them would (-1: none).
   std::atomic<int64_t> direct_fault_rank{-1};
-  // Counts (read-only by name): allreduces that took the shared path.
+  // Counts (read-only by name): allreduces that took the shared path, and those that took one
+  // of the one-host paths (the timed choice).
   std::atomic<uint64_t> shared_calls{0};
+  std::atomic<uint64_t> one_host_calls{0};
 
   // By name, for the C API: the value before, or false when `knob` is not one of
-  // kKnobNames (and for the read-only counter).
+  // kKnobNames (and for the read-only counters).
   static constexpr const char* kKnobNames =
-      "ring_threshold, hierarchical, two_host_split, phased_exchange, direct, staged, shared, "
-      "streaming_stores, "
-      "recheck_calls, worse_percent, direct_fault_rank, shared_calls (read-only)";
+      "ring_threshold, one_host_threshold, hierarchical, two_host_split, phased_exchange, "
+      "direct, staged, shared, streaming_stores, recheck_calls, worse_percent, "
+      "direct_fault_rank, shared_calls and one_host_calls (read-only)";
   bool Get(const std::string& knob, int64_t* value) const;
   bool Set(const std::string& knob, int64_t value, int64_t* before);
 };

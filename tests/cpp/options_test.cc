@@ -13,7 +13,8 @@ TEST(TransportOptions, FromConfig) {
   const std::map<std::string, std::string> env = {{"BLUEFOG_RING_THRESHOLD", "4096"},
                                                   {"BLUEFOG_DIRECT_ALLREDUCE", "0"},
                                                   {"BLUEFOG_STAGED_ALLREDUCE", "8192"},
-                                                  {"BLUEFOG_STREAMING_STORES", "0"}};
+                                                  {"BLUEFOG_STREAMING_STORES", "0"},
+                                                  {"BLUEFOG_ONE_HOST_THRESHOLD", "32768"}};
   const Config config = Config::FromLookup([&env](const char* name) -> const char* {
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
@@ -24,7 +25,9 @@ TEST(TransportOptions, FromConfig) {
   EXPECT_TRUE(o.hierarchical);
   EXPECT_EQ(o.staged_bytes, 8192);
   EXPECT_EQ(o.streaming_store_bytes, 0);
+  EXPECT_EQ(o.one_host_threshold_bytes, 32 << 10);
   const Tuning t(o);
+  EXPECT_EQ(t.one_host_threshold_bytes.load(), 32 << 10);
   EXPECT_EQ(t.ring_threshold_bytes.load(), 4096);
   EXPECT_FALSE(t.direct.load());
   EXPECT_EQ(t.streaming_store_bytes.load(), 0);
@@ -49,6 +52,11 @@ TEST(Tuning, ByName) {
   EXPECT_FALSE(t.Set("shared_calls", 5, &before));
   ASSERT_TRUE(t.Get("shared_calls", &value));
   EXPECT_EQ(value, 0);
+  EXPECT_FALSE(t.Set("one_host_calls", 5, &before));
+  ASSERT_TRUE(t.Get("one_host_calls", &value));
+  EXPECT_EQ(value, 0);
+  ASSERT_TRUE(t.Set("one_host_threshold", 0, &before));
+  EXPECT_EQ(before, Config().one_host_threshold_bytes);
 }
 
 }  // namespace

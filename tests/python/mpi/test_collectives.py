@@ -169,6 +169,41 @@ def test_allreduce_large(dtype, average, rank, size, op_name):
     _assert_matches(result, expected, dtype)
 
 
+# From BLUEFOG_ONE_HOST_THRESHOLD (16 KiB) up to the ring threshold, allreduces on one host
+# with the rounds' data areas take the one-host paths (MPI backend) instead of MPI_Allreduce;
+# under it, and with the threshold at 0, they do not. Exact either way, in place or not.
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.int32, tf.float64],
+                         ids=lambda d: d.name)
+def test_allreduce_mid_size_paths(mode, dtype, rank, size, op_name):
+    from bluefog.common import basics
+
+    one_host = (size > 1 and bf.local_size() == size and bf.backend() == "mpi" and
+                basics._tuning("one_host_threshold") > 0)
+
+    def check(n, name, expect_one_host):
+        mine = _values([n], rank, dtype)
+        expected = sum(_values([n], r, dtype).astype(np.float64) for r in range(size))
+        fn = lambda t: bf.allreduce(t * 1, average=False, name=name)  # noqa: E731
+        before = basics._tuning("one_host_calls")
+        result = (fn(tf.constant(mine)) if mode == "eager" else
+                  tf.function(fn)(tf.constant(mine))).numpy()
+        taken = basics._tuning("one_host_calls") - before
+        _assert_matches(result, expected, dtype)
+        assert taken == (1 if expect_one_host else 0), (
+            f"rank {rank}: {n} elements of {dtype.name}: {taken} one-host calls")
+
+    threshold = basics._tuning("one_host_threshold")
+    big = (64 << 10) // dtype.size + 7  # 64 KiB and a few elements: uneven segments
+    check(big, op_name + ".big", one_host)
+    check(max(1, threshold // dtype.size - 1), op_name + ".under", False)
+    before = basics._tune("one_host_threshold", 0)
+    try:
+        check(big, op_name + ".off", False)
+    finally:
+        basics._tune("one_host_threshold", before)
+
+
 @pytest.mark.parametrize("mode", ["function", "graph"])
 def test_allreduce_large_fused(mode, rank, size, op_name):
     """Several allreduces that fit one fusion buffer and together exceed the ring threshold."""

@@ -17,6 +17,9 @@ class MpiCommunicator;
 
 // Whether `call` is large enough for bluefog's own algorithms (BLUEFOG_RING_THRESHOLD).
 bool LargeCall(MpiCommunicator* comm, const AllreduceCall& call);
+// Whether `call` is large enough for the one-host paths: large, or at least
+// BLUEFOG_ONE_HOST_THRESHOLD bytes with an element per rank (BLUEFOG_RING_THRESHOLD 0: never).
+bool OneHostCall(MpiCommunicator* comm, const AllreduceCall& call);
 
 // Several hosts, the same number of ranks on each: reduce-scatter within each host, allreduce
 // of each slice across the hosts (on two hosts each slice reduced on alternate hosts), then

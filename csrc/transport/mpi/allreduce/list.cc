@@ -10,6 +10,14 @@ bool LargeCall(MpiCommunicator* comm, const AllreduceCall& call) {
   return threshold > 0 && call.bytes >= threshold;
 }
 
+bool OneHostCall(MpiCommunicator* comm, const AllreduceCall& call) {
+  if (LargeCall(comm, call)) return true;
+  const Tuning& tuning = comm->tuning();
+  const int64_t threshold = tuning.one_host_threshold_bytes.load(std::memory_order_relaxed);
+  return threshold > 0 && call.bytes >= threshold && call.count >= comm->size() &&
+         tuning.ring_threshold_bytes.load(std::memory_order_relaxed) > 0;
+}
+
 std::vector<std::unique_ptr<AllreduceAlgorithm>> MakeAllreduceList(MpiCommunicator* comm) {
   std::vector<std::unique_ptr<AllreduceAlgorithm>> list;
   auto direct = std::make_unique<DirectAllreduce>(comm);

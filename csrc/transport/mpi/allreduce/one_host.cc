@@ -30,7 +30,7 @@ OneHostAllreduce::OneHostAllreduce(MpiCommunicator* comm, DirectAllreduce* direc
                }) {}
 
 bool OneHostAllreduce::AppliesTo(const AllreduceCall& call) const {
-  return LargeCall(comm_, call) && comm_->size() > 1 && areas_.enabled();
+  return OneHostCall(comm_, call) && comm_->size() > 1 && areas_.enabled();
 }
 
 void OneHostAllreduce::Run(const AllreduceCall& call) {
@@ -80,6 +80,7 @@ void OneHostAllreduce::Run(const AllreduceCall& call) {
     StagedAllreduce(&areas_, call, true);
   }
   if (timed) chooser_.Record(kind, call.bytes, path, MPI_Wtime() - start);
+  tuning.one_host_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace bluefog
