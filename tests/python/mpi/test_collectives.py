@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
+from bluefog.common import basics
 
 from conftest import needs_ranks, rank_values
 
@@ -176,8 +177,6 @@ def test_allreduce_large(dtype, average, rank, size, op_name):
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.int32, tf.float64],
                          ids=lambda d: d.name)
 def test_allreduce_mid_size_paths(mode, dtype, rank, size, op_name):
-    from bluefog.common import basics
-
     one_host = (size > 1 and bf.local_size() == size and bf.backend() == "mpi" and
                 basics._tuning("one_host_threshold") > 0)
 
