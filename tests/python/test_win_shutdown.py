@@ -34,7 +34,10 @@ def test_shutdown_refuses_puts_and_returns(np_):
     assert float(took.group(1)) < SHUTDOWN_BOUND_S, (
         f"rank 0's shutdown took {took.group(1)} s while the others put into it "
         f"(bound {SHUTDOWN_BOUND_S} s):\n{result.tail()}")
-    putters = dict(re.findall(r"PUTTER rank (\d+): \d+ puts, then: (.*)", result.output))
+    # Ranks print concurrently to one pipe, so two reports can share a line: each report runs
+    # until the next one starts or the line ends.
+    putters = dict(re.findall(r"PUTTER rank (\d+): \d+ puts, then: (.*?)(?=PUTTER rank \d+:|$)",
+                              result.output, re.M))
     assert sorted(putters) == [str(r) for r in range(1, np_)], result.tail()
     for r, message in putters.items():
         for part in (f"rank {r}: bluefog win_put of window 'w': rank 0 refused: window 'w' on "
