@@ -1,15 +1,15 @@
 """Eager allreduces without TensorFlow's op dispatch.
 
-An eager ``bf.allreduce`` of a CPU tensor with every argument but ``name`` and ``average`` at
-its default, checked by ``mpi_ops.allreduce`` (its lean path for a name seen before, its full
-path otherwise), runs the same request in one call into C++ instead of the
-``BluefogAllreduce`` kernel: ``_eager.allreduce`` (``csrc/tensorflow/eager_calls.cc``, a
-CPython extension module beside the core) reads the input where it lies
-(``EagerTensor._numpy()`` shares it), takes the output memory itself (an output block of the
-core from 1 MiB, the shared heap's when it has room, so that peers push their parts straight
-into it), runs the request with the GIL released and returns an object that lends that memory
-and gives it back when the last array over it is gone. The result is an eager tensor over that
-memory. TensorFlow's dispatch of one op cost 12-66 us on the development VM, as much as the
+An eager ``bf.allreduce`` of a CPU tensor with every argument but ``name`` and ``average`` (or
+``op`` as ``bf.Sum`` or ``bf.Average``) at its default, checked by ``mpi_ops.allreduce`` (its
+lean path for a name seen before, its full path otherwise), runs the same request in one call
+into C++ instead of the ``BluefogAllreduce`` kernel: ``_eager.allreduce``
+(``csrc/tensorflow/eager_calls.cc``, a CPython extension module beside the core) reads the input
+where it lies (``EagerTensor._numpy()`` shares it), takes the output memory itself (an output
+block of the core from 1 MiB, the shared heap's when it has room, so that peers push their parts
+straight into it), runs the request with the GIL released and returns an object that lends that
+memory and gives it back when the last array over it is gone. The result is an eager tensor over
+that memory. TensorFlow's dispatch of one op cost 12-66 us on the development VM, as much as the
 collective of 1 MiB in some launches (docs/design.md, "Eager calls run their own rounds";
 docs/benchmarks.md).
 

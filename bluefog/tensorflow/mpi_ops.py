@@ -159,13 +159,15 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     ``ignore_name_scope`` is accepted for its signature: request names never include the
     TensorFlow name scope here.
     """
-    if (op is None and compression is Compression.none and not device and not device_dense
+    if ((op is None or (type(op) is str and (op == Sum or op == Average)))
+            and compression is Compression.none and not device and not device_dense
             and not device_sparse and process_set is None and prescale_factor == 1.0
             and postscale_factor == 1.0 and ignore_name_scope is False
             and (average is True or average is False)):
         name_tensor = eager_name(tensor, name, "allreduce")
         if name_tensor is not None:  # the common eager call (op_library.eager_name)
-            return _plain_allreduce(tensor, average, name, name_tensor, True)
+            return _plain_allreduce(tensor, average if op is None else op == Average, name,
+                                    name_tensor, True)
     name = request_name("allreduce", name)
     device = _horovod_device(device, device_dense, device_sparse, ignore_name_scope, "allreduce",
                              name)
@@ -204,8 +206,8 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     if not isinstance(tensor, tf.Tensor):
         tensor = to_tensor(tensor, "allreduce", name)
     check_dtype(tensor, "allreduce", name)
-    if compression is Compression.none and not device and op is None and not scaled and \
-            not set_attrs:
+    if compression is Compression.none and not device and reduce_op == "sum" and not scaled \
+            and not set_attrs:  # op None, bf.Sum or bf.Average (Adasum returned above)
         return _plain_allreduce(tensor, average, name, None, tf.executing_eagerly())
     if scaled and _integer_scaled(tensor, reduce_op, prescale_factor, postscale_factor,
                                   op_error_prefix("allreduce", name)):
@@ -228,9 +230,10 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
 
 
 def _plain_allreduce(tensor: tf.Tensor, average: bool, name: str, name_tensor, eager: bool):
-    """A checked allreduce with every argument but ``name`` and ``average`` at its default: the
-    one place where an eager call may skip the op (eager_calls), else the op. ``name_tensor``:
-    the name's cached input when the lean path found one (op_library.eager_name), else None."""
+    """A checked allreduce with every argument but ``name`` and ``average`` (``op`` Sum or
+    Average becomes ``average``) at its default: the one place where an eager call may skip the
+    op (eager_calls), else the op. ``name_tensor``: the name's cached input when the lean path
+    found one (op_library.eager_name), else None."""
     if eager and type(tensor) is eager_calls.EagerTensor:
         out = eager_calls.allreduce(tensor, name, average)
         if out is not None:

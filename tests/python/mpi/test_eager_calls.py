@@ -162,6 +162,29 @@ def test_direct_eager_allreduce_matches_the_op(dtype, rank, size, op_name):
                 np.testing.assert_array_equal(direct.numpy().astype(np.float64), want)
 
 
+def test_direct_eager_allreduce_with_horovods_op_argument(rank, size, op_name):
+    """Horovod's way of asking for a sum or a mean, ``op=bf.Sum`` / ``op=bf.Average`` (the
+    constants or their strings), takes the C API path as ``average=`` does, on a name's first
+    call and later ones, with the same results; ``op`` decides over ``average``. Other ops
+    keep the TensorFlow op."""
+    from bluefog.tensorflow import eager_calls
+
+    x = tf.constant([rank + 1.0, 2.0 * rank])
+    total = np.array([size * (size + 1) / 2, size * (size - 1)])
+    for op, average, want in ((bf.Sum, True, total), (bf.Average, False, total / size),
+                              ("sum", True, total), ("average", True, total / size)):
+        name = f"{op_name}.{op}.{average}"
+        for call in range(2):
+            before = eager_calls.calls()
+            got = bf.allreduce(x, average=average, op=op, name=name).numpy()
+            assert eager_calls.calls() == before + 1, f"op={op!r}, call {call}: not the C API"
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    before = eager_calls.calls()
+    got = bf.allreduce(x, op=bf.Max, name=f"{op_name}.max").numpy()
+    assert eager_calls.calls() == before, "op=bf.Max went through the C API"
+    np.testing.assert_array_equal(got, [size, 2.0 * (size - 1)])
+
+
 def test_direct_eager_outputs_are_reused_blocks(rank, size, op_name):
     """An output of 1 MiB or more is an output block of the core, shared with the tensor (not
     copied): each result held keeps its own block, and a dropped result's block is handed out
