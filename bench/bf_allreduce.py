@@ -25,7 +25,7 @@ import bluefog.tensorflow as bf  # noqa: E402
 from bluefog.common import basics  # noqa: E402
 from bluefog.tensorflow.op_library import name_input, ops  # noqa: E402
 
-from timing import per_call, slowest, timed  # noqa: E402
+from timing import core_switched, per_call, slowest, timed  # noqa: E402
 
 CHAIN = 8
 # Calls of a size class until its path choice is past the first two decisions: 16 untimed,
@@ -62,18 +62,6 @@ def through_op(x, name: str, inline: bool = True):
     if inline:
         attrs["eager_inline"] = True
     return lambda: ops.bluefog_allreduce(x, tensor_name=name_input(name), average=False, **attrs)
-
-
-def core_switched(run, off, on):
-    """A batch runner with one of the core's switches off for the batch (`off()` before it,
-    `on()` after): the same process, so the two ways are interleaved."""
-    def batch(iters: int) -> float:
-        off()
-        try:
-            return run(iters)
-        finally:
-            on()
-    return batch
 
 
 def unshared(run):

@@ -7,7 +7,7 @@ For each size, an eager allreduce of a kept input and an allreduce of a temporar
 tf.function, each with the tuning knob one_host_threshold at 0 (every size under
 BLUEFOG_RING_THRESHOLD takes MPI_Allreduce) and at its default (BLUEFOG_ONE_HOST_THRESHOLD:
 from there, the one-host paths). The knob is switched on every rank before each batch, the
-batches alternate within every repetition (bench/timing.py's barrier and slowest rank). Rank 0
+batches alternate within every repetition (bench/timing.py's interleaved_batches). Rank 0
 prints one JSON line per size with the medians and MPI's time over the one-host paths' time
 (above 1: the one-host paths are faster). Sizes under the default threshold take the same path
 both ways: their ratio shows the noise.
@@ -18,7 +18,6 @@ import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np
 import tensorflow as tf
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -27,7 +26,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import bluefog.tensorflow as bf  # noqa: E402
 from bluefog.common import basics  # noqa: E402
 
-from timing import barrier, per_call, slowest  # noqa: E402
+from timing import core_switched, interleaved_batches, per_call  # noqa: E402
 
 
 def calls(nbytes: int) -> dict:
@@ -51,21 +50,19 @@ def main() -> None:
     bf.init()
     default = basics._tuning("one_host_threshold")
     settings = {"mpi": 0, "one_host": default}
+
+    def at(threshold, run):
+        """`run` with the knob at `threshold` for its batch, back at the default after."""
+        return core_switched(run, lambda: basics._tune("one_host_threshold", threshold),
+                             lambda: basics._tune("one_host_threshold", default))
+
     for nbytes in args.sizes:
         kinds = calls(nbytes)
-        samples = {(s, k): [] for s in settings for k in kinds}
-        for threshold in settings.values():
-            basics._tune("one_host_threshold", threshold)
-            for run in kinds.values():
-                run(args.warmup)
-        for _ in range(args.reps):
-            for s, threshold in settings.items():
-                basics._tune("one_host_threshold", threshold)
-                for k, run in kinds.items():
-                    barrier(bf)
-                    samples[(s, k)].append(slowest(bf, run(args.calls) / args.calls))
-        basics._tune("one_host_threshold", default)
-        med = {key: float(np.median(v)) for key, v in samples.items()}
+        batches = {(s, k): at(threshold, run)
+                   for s, threshold in settings.items() for k, run in kinds.items()}
+        for run in batches.values():
+            run(args.warmup)
+        med = interleaved_batches(bf, batches, args.reps, args.calls)
         if bf.rank() == 0:
             print(json.dumps({"ranks": bf.size(), "bytes": nbytes,
                               **{f"{k}_{s}_s": med[(s, k)] for s, k in med},

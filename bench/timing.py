@@ -58,9 +58,27 @@ def timed(hvd, batches: dict, budget: float, reps: int, max_iters: int = 20000) 
 def interleaved(hvd, steps: dict, reps: int, calls: int) -> dict:
     """Median seconds per call of each step (a callable), `reps` batches of `calls` calls each,
     the steps in turn within every repetition."""
-    samples = {name: [] for name in steps}
+    return interleaved_batches(hvd, {name: per_call(step) for name, step in steps.items()}, reps,
+                               calls)
+
+
+def interleaved_batches(hvd, batches: dict, reps: int, calls: int) -> dict:
+    """interleaved() for batch runners ((iterations) -> seconds, e.g. core_switched's)."""
+    samples = {name: [] for name in batches}
     for _ in range(reps):
-        for name, step in steps.items():
+        for name, run in batches.items():
             barrier(hvd)
-            samples[name].append(slowest(hvd, per_call(step)(calls) / calls))
+            samples[name].append(slowest(hvd, run(calls) / calls))
     return {name: float(np.median(v)) for name, v in samples.items()}
+
+
+def core_switched(run, off, on):
+    """A batch runner with one of the core's switches off for the batch (`off()` before it,
+    `on()` after): the same process, so the two ways are interleaved."""
+    def batch(iters: int) -> float:
+        off()
+        try:
+            return run(iters)
+        finally:
+            on()
+    return batch
