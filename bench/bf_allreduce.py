@@ -79,6 +79,14 @@ def plain_stores(run):
                          lambda: basics._tune("streaming_stores", before))
 
 
+def handed_over(run):
+    """`run` with graph kernels handing every request to the background thread (tuning knob
+    graph_join_us 0), as before they joined rounds themselves (2026-12-05)."""
+    before = basics._tuning("graph_join_us")
+    return core_switched(run, lambda: basics._tune("graph_join_us", 0),
+                         lambda: basics._tune("graph_join_us", before))
+
+
 def raw_mpi(lib, nbytes: int, calls: int = 1, out_of_place: bool = False):
     """A batch runner for `calls` raw MPI_Allreduce of `nbytes` each, looped in C++."""
     def run(iters: int) -> float:
@@ -163,7 +171,9 @@ def main() -> None:
             "bf_function": per_call(lambda x=x, fn=fn: fn(x)),
             "bf_function_temp": per_call(lambda x=x, fn=fn_temp: fn(x)),
             "tf_function_scale": per_call(lambda x=x, fn=fn_scale: fn(x)),
+            "bf_function_temp_handoff": handed_over(per_call(lambda x=x, fn=fn_temp: fn(x))),
             "bf_chain_temp": per_call(lambda x=x, fn=fn_chain: fn(x, factor)),
+            "bf_chain_temp_handoff": handed_over(per_call(lambda x=x, fn=fn_chain: fn(x, factor))),
             "tf_chain_scale": per_call(lambda x=x, fn=fn_chain_scale: fn(x, factor)),
         }
         if lib:

@@ -55,7 +55,8 @@ void BluefogAllreduce(const float* in, float* out, long long count, bool drive, 
     w->done = true;
     w->cv.notify_one();
   };
-  Status q = Runtime::Get().Enqueue(std::move(r), drive);
+  Status q = Runtime::Get().Enqueue(std::move(r),
+                                    drive ? bluefog::Drive::kUntilDone : bluefog::Drive::kNo);
   if (!q.ok()) {
     std::fprintf(stderr, "enqueue failed: %s\n", q.message().c_str());
     std::exit(1);

@@ -75,6 +75,8 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.streaming_store_bytes = ParseBytes("BLUEFOG_STREAMING_STORES", v);
   if (const char* v = lookup("BLUEFOG_EAGER_INLINE"))
     config.eager_inline = ParseBool("BLUEFOG_EAGER_INLINE", v);
+  if (const char* v = lookup("BLUEFOG_GRAPH_JOIN_WAIT"))
+    config.graph_join_us = ParseBytes("BLUEFOG_GRAPH_JOIN_WAIT", v);
   if (const char* v = lookup("BLUEFOG_EAGER_C_API"))
     config.eager_c_api = ParseBool("BLUEFOG_EAGER_C_API", v);
   if (const char* v = lookup("BLUEFOG_INLINE_THRESHOLD"))

@@ -42,6 +42,11 @@ struct Config {
   // Eager collectives (which wait for their result anyway) run their rounds on the calling
   // thread when nothing else is pending, instead of handing off to the background thread.
   bool eager_inline = true;
+  // A graph kernel submitting the only pending request joins its negotiation round itself and
+  // waits this many microseconds for the other ranks to join, running the round and its
+  // collective when they do, handing the round to the background thread when they do not (0:
+  // graph kernels always hand off).
+  int64_t graph_join_us = 200;
   // Eager allreduces of the Python layer are one call into the core's extension module instead
   // of the TensorFlow op (csrc/tensorflow/eager_calls.cc); off: through the op.
   bool eager_c_api = true;

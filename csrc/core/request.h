@@ -30,8 +30,16 @@ struct Request {
   // Set by the runtime: when the request was queued and when this rank announced it.
   double enqueued_at = 0;
   double announced_at = 0;
-  // Called exactly once, on the background thread, when the request finished or failed.
+  // Called exactly once, on the thread running the rounds (Drive), when the request finished or
+  // failed.
   std::function<void(const Status&)> done;
 };
+
+// Who runs the negotiation rounds and the collective of a request (Channel::Enqueue): the
+// channel's background thread (kNo); the submitting thread until the request is done (eager
+// calls, which wait for it anyway); or the submitting thread for one round it joins, as long as
+// the other ranks join it within a short wait, the rest handed to the background thread (graph
+// kernels, whose executor thread must not wait for ranks still computing).
+enum class Drive { kNo, kUntilDone, kJoinRound };
 
 }  // namespace bluefog

@@ -8,12 +8,16 @@
 #include "core/op_rules.h"
 #include "core/validation.h"
 #include "core/wire.h"
+#include "transport/options.h"
 
 namespace bluefog {
 namespace {
 
 constexpr auto kMinIdlePause = std::chrono::microseconds(50);
 constexpr auto kMaxIdlePause = std::chrono::microseconds(2000);
+// Set while this thread runs rounds: a request that one of their callbacks submits is queued,
+// never driven (the rounds are held already).
+thread_local bool t_running_rounds = false;
 
 double NowSeconds() {
   using namespace std::chrono;
@@ -113,7 +117,7 @@ Status Channel::EnqueueGroup(std::vector<Request> requests) {
   return Status::Ok();
 }
 
-Status Channel::Enqueue(Request request, bool drive) {
+Status Channel::Enqueue(Request request, Drive how) {
   const TensorMeta& meta = request.meta;
   std::unique_lock<std::mutex> lock(mutex_);
   Status refused = CheckEnqueueLocked(request);
@@ -121,47 +125,68 @@ Status Channel::Enqueue(Request request, bool drive) {
   request.enqueued_at = NowSeconds();
   // Driven by the caller only when this is the one request of the rank: with others pending,
   // the channel's thread is at work (and may fuse this one with them).
-  drive = drive && config_.eager_inline && info_.threads_multiple && config_.cycle_time_ms <= 0 &&
-          in_flight_.empty() && unannounced_.empty();
-  std::shared_ptr<std::atomic<bool>> finished;
+  const bool drive =
+      how != Drive::kNo && !t_running_rounds && !driver_active_ && info_.threads_multiple &&
+      config_.cycle_time_ms <= 0 && in_flight_.empty() && unannounced_.empty() &&
+      (how == Drive::kUntilDone
+           ? config_.eager_inline
+           : transport_->splits_exchange() &&
+                 transport_->tuning().graph_join_us.load(std::memory_order_relaxed) > 0);
+  std::shared_ptr<Driven> driven;
   if (drive) {
     driver_active_ = true;  // the channel's thread stays out of the rounds until it is done
-    finished = std::make_shared<std::atomic<bool>>(false);
-    request.done = [finished, done = std::move(request.done)](const Status& s) {
-      finished->store(true);
-      done(s);
+    driven = std::make_shared<Driven>();
+    driven->done = std::move(request.done);
+    request.done = [driven](const Status& s) {
+      driven->status = s;
+      if (driven->state.exchange(Driven::kFinished) == Driven::kLeft) driven->done(s);
     };
   }
   unannounced_.push_back(meta);
   in_flight_.emplace(meta.name, std::move(request));
   lock.unlock();
-  if (drive) {
-    DriveUntil(*finished);
-  } else {
+  if (!drive) {
     wake_.notify_one();
+    return Status::Ok();
   }
+  DriveUntil(driven->state, how);
+  // The caller's own request completes once this thread has let go of the rounds: what its
+  // callback starts (a graph's next kernel) may then submit the next request and find the
+  // channel free to drive. Handed over unfinished, the channel's thread completes it.
+  if (driven->state.exchange(Driven::kLeft) == Driven::kFinished) driven->done(driven->status);
   return Status::Ok();
 }
 
-void Channel::DriveUntil(const std::atomic<bool>& finished) {
+void Channel::DriveUntil(const std::atomic<int>& state, Drive how) {
+  auto finished = [&state] { return state.load() == Driven::kFinished; };
   // The channel's thread had nothing to do and starts no round while a driver is active; it
   // may still hold the rounds for a moment, checking that.
   std::unique_lock<std::mutex> round(round_mutex_);
+  t_running_rounds = true;
+  // A graph kernel's one round: what the other ranks do not join within the wait, and what the
+  // round leaves pending, is the channel thread's (two ranks whose only executor threads each
+  // joined a round for a different tensor would otherwise wait for each other forever).
+  const bool join = how == Drive::kJoinRound;
+  const auto limit = std::chrono::microseconds(
+      join ? transport_->tuning().graph_join_us.load(std::memory_order_relaxed) : -1);
   // As the channel's thread does while waiting on other ranks: rounds in which nobody said
   // anything are spaced out by a growing pause.
   auto idle_pause = std::chrono::microseconds(0);
-  while (!finished.load()) {
+  while (!finished()) {
     bool anyone_spoke = false;
     ++stats_.rounds_driven;
-    if (!DriveRound(&anyone_spoke)) break;
-    if (finished.load()) break;
+    if (join) ++stats_.rounds_joined;
+    const bool going = DriveRound(&anyone_spoke, limit);
+    if (round_open_) ++stats_.rounds_left_open;
+    if (!going || join || finished()) break;
     idle_pause = anyone_spoke ? std::chrono::microseconds(0)
                               : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
     if (idle_pause.count() > 0) std::this_thread::sleep_for(idle_pause);
   }
-  // Anything still pending (other threads' requests, or the failures of an ended channel) is
-  // the channel thread's. Handed over while the rounds are still held, so that once they are
-  // released this thread touches no member.
+  t_running_rounds = false;
+  // Anything still pending (an open round, other threads' requests, or the failures of an ended
+  // channel) is the channel thread's. Handed over while the rounds are still held, so that once
+  // they are released this thread touches no member.
   bool kick;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -175,6 +200,7 @@ void Channel::DriveUntil(const std::atomic<bool>& finished) {
 
 bool Channel::Run() {
   BF_LOG(LogLevel::kDebug, "channel ", id_, " running: size ", info_.size);
+  t_running_rounds = true;  // the callbacks this thread runs never drive
   // A rank joins rounds while it has anything new to say or any request still in flight (the
   // other ranks may be about to announce the matching names). With nothing at all, it sleeps
   // until a request arrives. While only waiting, rounds in which no rank said anything are
@@ -206,7 +232,8 @@ bool Channel::Run() {
       // A caller may have run the rounds in the meantime, or be about to (Enqueue with drive).
       std::lock_guard<std::mutex> lock(mutex_);
       if (ended_) break;
-      if (driver_active_ || (in_flight_.empty() && unannounced_.empty() && !stop_requested_))
+      if (driver_active_ ||
+          (!round_open_ && in_flight_.empty() && unannounced_.empty() && !stop_requested_))
         continue;
     }
     bool anyone_spoke = false;
@@ -215,9 +242,11 @@ bool Channel::Run() {
                               : std::clamp(idle_pause * 2, kMinIdlePause, kMaxIdlePause);
   }
   BF_LOG(LogLevel::kDebug, "channel ", id_, " stopping after ", stats_.rounds,
-         " negotiation rounds (", stats_.rounds_driven, " run by eager callers) for ",
-         stats_.announced, " requests (", stats_.announced_cached, " announced as cache bits); ",
-         stats_.collectives, " collectives ran; ", executor_.completed_inline(),
+         " negotiation rounds (", stats_.rounds_driven, " run by callers, ", stats_.rounds_joined,
+         " of those joined by graph kernels, ", stats_.rounds_left_open,
+         " of which left open to this thread) for ", stats_.announced, " requests (",
+         stats_.announced_cached, " announced as cache bits); ", stats_.collectives,
+         " collectives ran; ", executor_.completed_inline(),
          " requests completed from the rounds' data alone");
   bool abandoned;
   {
@@ -232,11 +261,11 @@ bool Channel::Run() {
   return !abandoned;
 }
 
-bool Channel::DriveRound(bool* anyone_spoke) {
+bool Channel::DriveRound(bool* anyone_spoke, std::chrono::microseconds limit) {
   bool keep_going = false;
   std::string failure;
   try {
-    keep_going = RunRound(anyone_spoke);
+    keep_going = RunRound(anyone_spoke, limit);
   } catch (const BluefogError& e) {
     failure = e.what();
   } catch (const std::exception& e) {
@@ -258,7 +287,7 @@ bool Channel::DriveRound(bool* anyone_spoke) {
   return false;
 }
 
-bool Channel::RunRound(bool* anyone_spoke) {
+std::string Channel::PrepareRound() {
   RoundMessage mine;
   std::vector<TensorMeta> fresh;
   std::vector<std::string> fresh_data;  // the bytes of the small ones that may ride along
@@ -313,8 +342,30 @@ bool Channel::RunRound(bool* anyone_spoke) {
       timeline_->Phase(m.name, "QUEUE", r.enqueued_at, round_start);
     }
   }
-  std::vector<std::string> all =
-      transport_->ExchangeAll(EncodeRound(mine), [this] { CheckStalls(); });
+  stats_.announced += mine.announcements.size() + mine.cached.size();
+  stats_.announced_cached += mine.cached.size();
+  BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds + 1, ": announcing ",
+         mine.announcements.size() + mine.cached.size(), " (", mine.cached.size(),
+         " as cache bits)");
+  return EncodeRound(mine);
+}
+
+bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
+  const auto on_wait = [this] { CheckStalls(); };
+  std::vector<std::string> all;
+  if (!round_open_) {
+    const std::string message = PrepareRound();
+    if (transport_->splits_exchange()) {
+      transport_->StartExchange(message);
+      round_open_ = true;
+    } else {
+      all = transport_->ExchangeAll(message, on_wait);
+    }
+  }
+  if (round_open_) {
+    if (!transport_->FinishExchange(&all, on_wait, limit)) return true;  // left open
+    round_open_ = false;
+  }
 
   int shutdown_rank = -1;
   for (int r = 0; r < info_.size; ++r) {
@@ -342,12 +393,8 @@ bool Channel::RunRound(bool* anyone_spoke) {
     }
   }
   ++stats_.rounds;
-  stats_.announced += mine.announcements.size() + mine.cached.size();
-  stats_.announced_cached += mine.cached.size();
   stats_.completed += ready.size();
-  BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds, ": announced ",
-         mine.announcements.size() + mine.cached.size(), " (", mine.cached.size(),
-         " as cache bits), ready ", ready.size());
+  BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds, ": ready ", ready.size());
   RunRuntimeOps(ready);
   stats_.collectives += executor_.Execute(ready);
   CheckStalls();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -59,13 +60,18 @@ class Channel : private RequestTable {
   // Validates and queues (state, layout, name in flight). A non-ok status means the request was
   // not queued and its `done` will not be called.
   //
-  // `drive` is for callers that wait for the result anyway (eager ops). When nothing else is
-  // pending on this rank and no other thread is running a round, the calling thread runs the
-  // negotiation rounds and the collective itself, until its request has finished, instead of
-  // waking the channel's thread and being woken again by it (two thread handoffs). The rounds
-  // are the same ones the channel's thread would run, so the other ranks cannot tell the
-  // difference: errors, ordering and fusion are unchanged. Otherwise it is queued as usual.
-  Status Enqueue(Request request, bool drive = false);
+  // `drive` (core/request.h) lets the calling thread run the rounds when nothing else is pending
+  // on this rank, no other thread is running a round and the thread is not inside one already
+  // (a callback of a request it completed), instead of waking the channel's thread and being
+  // woken again by it (two thread handoffs). Drive::kUntilDone (eager ops, which wait for the
+  // result anyway) runs the negotiation rounds and the collective until its request has
+  // finished. Drive::kJoinRound (graph kernels) joins one round and waits for the other ranks
+  // at most graph_join_us (Tuning); when they all came, it runs the round and its collectives,
+  // otherwise it hands the open round to the channel's thread, so the executor's thread never
+  // waits long for a rank still computing. The rounds are the same ones the channel's thread
+  // would run, so the other ranks cannot tell the difference: errors, ordering and fusion are
+  // unchanged. Otherwise the request is queued as usual.
+  Status Enqueue(Request request, Drive drive = Drive::kNo);
   // The requests of one grouped op, queued together (never driven), so that this rank
   // announces them in one round: when ranks disagree on the group's size, the coordinator then
   // sees every tensor of the group at once (Coordinator::FailGroupLeftovers). All or none are
@@ -84,17 +90,32 @@ class Channel : private RequestTable {
   std::string stop_reason();
 
  private:
-  // One negotiation round and the collectives it made ready; false once every rank stops.
-  bool RunRound(bool* anyone_spoke);
+  // One negotiation round and the collectives it made ready; false once every rank stops. With
+  // `limit` (not negative), the others are waited for that long at most, the round left open
+  // (round_open_) if they did not all come; the next RunRound finishes it.
+  bool RunRound(bool* anyone_spoke,
+                std::chrono::microseconds limit = std::chrono::microseconds(-1));
+  // The start of a round: this rank's announcements, taken from unannounced_, encoded.
+  std::string PrepareRound();
   // RunRound for whichever thread holds round_mutex_: an error abandons the channel. False
   // once the channel has ended (every rank stopped, or this rank abandoned it).
-  bool DriveRound(bool* anyone_spoke);
+  bool DriveRound(bool* anyone_spoke,
+                  std::chrono::microseconds limit = std::chrono::microseconds(-1));
   // Enqueue's checks, under mutex_: why `request` cannot be queued now, or ok.
   Status CheckEnqueueLocked(const Request& request);
-  // Enqueue(drive = true)'s rounds on the calling thread, until `finished` or the channel ends;
-  // what is left pending goes back to the channel's thread. One driver at a time: a caller
-  // drives only when nothing else is pending.
-  void DriveUntil(const std::atomic<bool>& finished);
+  // Enqueue(drive)'s rounds on the calling thread, until `state` is kFinished or the channel ends
+  // (for Drive::kJoinRound, one round at most); what is left pending goes back to the channel's
+  // thread. One driver at a time: a caller drives only when nothing else is pending.
+  void DriveUntil(const std::atomic<int>& state, Drive how);
+  // A request its caller drives: its callback, deferred until the caller let go of the rounds
+  // (kFinished while it still drives), or called by whichever thread finishes it after the
+  // caller left (kLeft).
+  struct Driven {
+    enum : int { kDriving, kFinished, kLeft };
+    std::atomic<int> state{kDriving};
+    Status status;
+    std::function<void(const Status&)> done;
+  };
   void RunRuntimeOps(std::vector<Response>& ready);
   Request* Lookup(const std::string& name) override;
   void Finish(const std::string& name, const Status& status) override;
@@ -116,6 +137,8 @@ class Channel : private RequestTable {
   // cache_, coordinator_, executor_, stall_watch_ and stats_ are used under it only.
   // Lock order: round_mutex_, then mutex_.
   std::mutex round_mutex_;
+  // A round this rank joined and a graph kernel left open for the channel's thread to finish.
+  bool round_open_ = false;
   ResponseCache cache_;
   Executor executor_;
   StallWatch stall_watch_;
@@ -137,7 +160,9 @@ class Channel : private RequestTable {
 
   struct Stats {
     uint64_t rounds = 0;
-    uint64_t rounds_driven = 0;  // of those, run by a caller (Enqueue with drive)
+    uint64_t rounds_driven = 0;     // of those, run by a caller (Enqueue with drive)
+    uint64_t rounds_joined = 0;     // of those, by graph kernels (Drive::kJoinRound)
+    uint64_t rounds_left_open = 0;  // of those, handed on open: the others did not come in time
     uint64_t announced = 0;
     uint64_t announced_cached = 0;  // of those, as a cache bit
     uint64_t completed = 0;

@@ -240,7 +240,7 @@ void Runtime::Main(std::promise<void>* started) {
   if (clean || gloo) transport_->Shutdown();
 }
 
-Status Runtime::Enqueue(Request request, bool drive) {
+Status Runtime::Enqueue(Request request, Drive drive) {
   const TensorMeta& meta = request.meta;
   Status invalid = ValidateRequest(request);
   if (!invalid.ok()) return WithRank(info_.rank, invalid);
@@ -354,7 +354,7 @@ std::vector<int> Runtime::SetRanks(int id) {
   return it == sets_.end() ? std::vector<int>() : it->second.ranks;
 }
 
-Status Runtime::EnqueueAndWait(Request request, bool drive) {
+Status Runtime::EnqueueAndWait(Request request, Drive drive) {
   std::promise<Status> promise;
   std::future<Status> result = promise.get_future();
   request.done = [&promise](const Status& s) { promise.set_value(s); };

@@ -67,13 +67,13 @@ class Runtime {
   // Validates locally and queues on the request's process set. A non-ok status means the
   // request was not queued and `done` will not be called. `drive`: see Channel::Enqueue (the
   // global set only; a process set's channel may be removed while a caller would drive it).
-  Status Enqueue(Request request, bool drive = false);
+  Status Enqueue(Request request, Drive drive = Drive::kNo);
   // The requests of one grouped op (one process set, one op): validated, then queued together
   // (Channel::EnqueueGroup). All or none are queued; none is driven.
   Status EnqueueGroup(std::vector<Request> requests);
   // Enqueue, then waits for the request to finish (its `done` is this function's): the status
   // of either.
-  Status EnqueueAndWait(Request request, bool drive = false);
+  Status EnqueueAndWait(Request request, Drive drive = Drive::kNo);
 
   // Process sets. Every rank must register (and remove) the same sets in the same order;
   // these block until every rank has. Throw BluefogError (disagreement, unknown set, ...).

@@ -160,7 +160,7 @@ PyObject* Allreduce(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (allocated) {
     request.output = out->data;
     try {
-      status = Runtime::Get().EnqueueAndWait(std::move(request), /*drive=*/true);
+      status = Runtime::Get().EnqueueAndWait(std::move(request), Drive::kUntilDone);
     } catch (const BluefogError& e) {
       status = e.ToStatus();
     } catch (const std::exception& e) {

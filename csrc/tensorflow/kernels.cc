@@ -73,9 +73,12 @@ class CollectiveKernel : public AsyncOpKernel {
   CollectiveKernel(OpKernelConstruction* c, OpType op)
       : AsyncOpKernel(c), op_(op), process_set_(ProcessSetAttr(c)) {
     // Set by the Python wrappers when executing eagerly: the caller waits for the result, so
-    // it may run the collective itself (Channel::Enqueue's `drive`). Never set in a graph,
-    // whose executor must not be blocked by one op while others wait to be enqueued.
-    if (c->HasAttr("eager_inline")) OP_REQUIRES_OK(c, c->GetAttr("eager_inline", &drive_));
+    // it may run the collective itself (Channel::Enqueue's `drive`). In a graph, whose executor
+    // must not be blocked by one op while others wait to be enqueued, the kernel joins a round
+    // only for as long as the other ranks arrive promptly (Drive::kJoinRound).
+    bool eager = false;
+    if (c->HasAttr("eager_inline")) OP_REQUIRES_OK(c, c->GetAttr("eager_inline", &eager));
+    drive_ = eager ? Drive::kUntilDone : Drive::kJoinRound;
   }
 
  protected:
@@ -122,7 +125,7 @@ class CollectiveKernel : public AsyncOpKernel {
  private:
   OpType op_;
   int process_set_;
-  bool drive_ = false;
+  Drive drive_ = Drive::kNo;
 };
 
 class AllreduceKernel : public CollectiveKernel {

@@ -2,9 +2,11 @@
 // its channels and executors see only this; a backend (csrc/transport/<name>/) implements it.
 // Every call is collective over the communicator's ranks unless it says otherwise, and every
 // one runs on the thread that owns the communicator (a channel's background thread, or a
-// caller driving an eager round while holding that channel). Failures throw BluefogError.
+// caller driving an eager round or a graph kernel joining one while holding that channel).
+// Failures throw BluefogError.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,6 +84,17 @@ class Communicator {
   static constexpr size_t kExchangeSlotHeader = 8;  // the message's length, before its bytes
   virtual std::vector<std::string> ExchangeAll(const std::string& mine,
                                                const std::function<void()>& on_wait) = 0;
+  // ExchangeAll in two halves, for a thread that may hand the rest of the wait to another (a
+  // graph kernel joining a round, Channel::Enqueue), where splits_exchange(): StartExchange
+  // posts this rank's message; FinishExchange waits for the others at most `limit` (negative:
+  // as long as it takes) and returns false when that ran out, the round still open (a later
+  // FinishExchange finishes it, from the thread that took the communicator over).
+  virtual bool splits_exchange() const { return false; }
+  virtual void StartExchange(const std::string& mine) {}
+  virtual bool FinishExchange(std::vector<std::string>* all, const std::function<void()>& on_wait,
+                              std::chrono::microseconds limit) {
+    return false;
+  }
 
   // The reduction over all ranks, divided by `divisor` when it is above 1 (the average; kSum
   // only: the caller decides the divisor, the backend applies it where it is cheapest). `in`

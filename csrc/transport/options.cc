@@ -36,6 +36,9 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
     *value = static_cast<int64_t>(worse.load() * 100 + 0.5);
   else if (knob == "direct_fault_rank")
     *value = Load(direct_fault_rank);
+  else if (knob == "graph_join_us")
+    *value = Load(graph_join_us);
+
   else if (knob == "shared_calls")
     *value = Load(shared_calls);
   else if (knob == "one_host_calls")
@@ -72,6 +75,9 @@ bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
     worse = static_cast<double>(value) / 100.0;
   else if (knob == "direct_fault_rank")
     direct_fault_rank = value;
+  else if (knob == "graph_join_us")
+    graph_join_us = value;
+
   return true;
 }
 

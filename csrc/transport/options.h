@@ -20,6 +20,7 @@ struct TransportOptions {
   int64_t staged_bytes = Config().staged_allreduce_bytes;
   int64_t shared_heap_bytes = Config().shared_outputs_bytes;
   int64_t streaming_store_bytes = Config().streaming_store_bytes;
+  int64_t graph_join_us = Config().graph_join_us;
 
   static TransportOptions FromConfig(const Config& config) {
     TransportOptions o;
@@ -31,6 +32,7 @@ struct TransportOptions {
     o.staged_bytes = config.staged_allreduce_bytes;
     o.shared_heap_bytes = config.shared_outputs_bytes;
     o.streaming_store_bytes = config.streaming_store_bytes;
+    o.graph_join_us = config.graph_join_us;
     return o;
   }
 };
@@ -45,7 +47,8 @@ struct Tuning {
         one_host_threshold_bytes(o.one_host_threshold_bytes),
         hierarchical(o.hierarchical),
         direct(o.direct),
-        streaming_store_bytes(o.streaming_store_bytes) {}
+        streaming_store_bytes(o.streaming_store_bytes),
+        graph_join_us(o.graph_join_us) {}
 
   // Allreduces of at least this many bytes take the large-buffer algorithms (0: never).
   std::atomic<int64_t> ring_threshold_bytes;
@@ -71,6 +74,10 @@ struct Tuning {
   // Tests only: the direct path's reads from this rank fail (a bad address), as a kernel
   // refusing them would (-1: none).
   std::atomic<int64_t> direct_fault_rank{-1};
+  // How long a graph kernel that joined a negotiation round itself waits there for the other
+  // ranks before it hands the round to the channel's thread, in microseconds (0: graph kernels
+  // hand every request over; Channel::Enqueue, Drive::kJoinRound; BLUEFOG_GRAPH_JOIN_WAIT).
+  std::atomic<int64_t> graph_join_us;
   // Counts (read-only by name): allreduces that took the shared path, and those that took one
   // of the one-host paths (the timed choice).
   std::atomic<uint64_t> shared_calls{0};
@@ -81,7 +88,7 @@ struct Tuning {
   static constexpr const char* kKnobNames =
       "ring_threshold, one_host_threshold, hierarchical, two_host_split, phased_exchange, "
       "direct, staged, shared, streaming_stores, recheck_calls, worse_percent, "
-      "direct_fault_rank, shared_calls and one_host_calls (read-only)";
+      "direct_fault_rank, graph_join_us, shared_calls and one_host_calls (read-only)";
   bool Get(const std::string& knob, int64_t* value) const;
   bool Set(const std::string& knob, int64_t value, int64_t* before);
 };

@@ -37,13 +37,16 @@ bool InlineExpected() {
   return v == nullptr || std::string(v) != "0";
 }
 
-// Small allreduces (sum, average, scale, min), allgathers and broadcasts, eager (driven) and
-// handed off: exact results, and they complete from the round's data alone when it is on.
+// Small allreduces (sum, average, scale, min), allgathers and broadcasts, eager (driven), joined
+// (graph kernels) and handed off: exact results, and they complete from the round's data alone when
+// it is on.
 TEST(RuntimeMpi, SmallCollectivesFromTheRoundsData) {
   const size_t before = Runtime::Get().completed_inline();
   int expected_inline = 0;
-  for (bool drive : {true, false}) {
-    const std::string tag = drive ? ".driven" : ".queued";
+  for (Drive drive : {Drive::kUntilDone, Drive::kJoinRound, Drive::kNo}) {
+    const std::string tag = drive == Drive::kUntilDone   ? ".driven"
+                            : drive == Drive::kJoinRound ? ".joined"
+                                                         : ".queued";
     // Sum and average of float32; int32 averages truncate toward zero.
     std::vector<float> f(5);
     for (int i = 0; i < 5; ++i) f[i] = static_cast<float>(Rank() + 1) + 0.5f * i;

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/reduce_kernels.h"
@@ -155,7 +157,7 @@ TEST(RuntimeMpi, DrivenRequestsFinishOnTheCallingThread) {
     const int64_t count = k % 10 == 9 ? (int64_t{1} << 18) + k : 16 + k;
     std::vector<float> in(count, static_cast<float>(Rank() + k));
     auto p = Submit(OpType::kAllreduce, "driven." + std::to_string(k % 7), DataType::kFloat32,
-                    {count}, in.data(), false, -1, /*drive=*/true);
+                    {count}, in.data(), false, -1, Drive::kUntilDone);
     finished_inline += p->finished_in_enqueue;
     ++total;
     ASSERT_TRUE(Wait(*p).ok());
@@ -166,7 +168,7 @@ TEST(RuntimeMpi, DrivenRequestsFinishOnTheCallingThread) {
   }
   std::vector<float> g(8 * (Rank() + 1), 1.0f);
   auto gathered = Submit(OpType::kAllgather, "driven.gather", DataType::kFloat32, {Rank() + 1, 8},
-                         g.data(), false, -1, true);
+                         g.data(), false, -1, Drive::kUntilDone);
   ASSERT_TRUE(Wait(*gathered).ok());
   EXPECT_EQ(gathered->output.size(), sizeof(float) * 8 * n * (n + 1) / 2);
   // The background thread takes a request only when it is woken for one, which sequential
@@ -184,7 +186,8 @@ TEST(RuntimeMpi, DrivenAndBackgroundRequestsTogether) {
       const int j = drive ? k : 39 - k;
       std::vector<float> in(32 + j, static_cast<float>(Rank() * j));
       auto p = Submit(OpType::kAllreduce, std::string(drive ? "d." : "b.") + std::to_string(j),
-                      DataType::kFloat32, {32 + j}, in.data(), false, -1, drive);
+                      DataType::kFloat32, {32 + j}, in.data(), false, -1,
+                      drive ? Drive::kUntilDone : Drive::kNo);
       if (!Wait(*p).ok()) return false;
       if (reinterpret_cast<const float*>(p->output.data())[31 + j] != j * n * (n - 1) / 2.0f)
         return false;
@@ -196,16 +199,78 @@ TEST(RuntimeMpi, DrivenAndBackgroundRequestsTogether) {
   EXPECT_TRUE(background.get());
 }
 
+// Graph kernels join one round (Drive::kJoinRound): with the others arriving within the wait
+// (a long one here), sequential requests finish on the calling thread, small (from the round's
+// data or MPI) and large (the one-host paths, the ring) alike, with the same results.
+TEST(RuntimeMpi, JoinedRoundsFinishOnTheCallingThread) {
+  const int n = Size();
+  const int64_t wait_before = Runtime::Get().SetTuning("graph_join_us", 2000000);
+  int finished_inline = 0, total = 0;
+  for (int k = 0; k < 40; ++k) {
+    const int64_t count = k % 8 == 7 ? (int64_t{1} << 19) + k : 16 + k;
+    std::vector<float> in(count, static_cast<float>(Rank() + k));
+    auto p = Submit(OpType::kAllreduce, "joined." + std::to_string(k % 5), DataType::kFloat32,
+                    {count}, in.data(), false, -1, Drive::kJoinRound);
+    finished_inline += p->finished_in_enqueue;
+    ++total;
+    ASSERT_TRUE(Wait(*p).ok());
+    const float* out = reinterpret_cast<const float*>(p->output.data());
+    const float expected = static_cast<float>(n * (n - 1) / 2 + n * k);
+    ASSERT_EQ(out[0], expected) << k;
+    ASSERT_EQ(out[count - 1], expected) << k;
+  }
+  Runtime::Get().SetTuning("graph_join_us", wait_before);
+  EXPECT_GT(finished_inline, total / 2) << finished_inline << " of " << total;
+}
+
+// A rank that comes late to a round a graph kernel joined: the kernel's thread returns after
+// its wait, the channel's thread finishes the open round, and the results are exact. And two
+// ranks joining rounds for different tensors (each rank's one thread submits A and B in its own
+// order) do not wait for each other: each round ends the join, the rest runs in the background.
+TEST(RuntimeMpi, JoinedRoundsHandOnWhatTheOthersAreLateFor) {
+  const int n = Size();
+  const int64_t wait_before = Runtime::Get().SetTuning("graph_join_us", 1000);
+  std::vector<float> in(64, static_cast<float>(Rank() + 1));
+  if (Rank() == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  auto late = Submit(OpType::kAllreduce, "joined.late", DataType::kFloat32, {64}, in.data(), false,
+                     -1, Drive::kJoinRound);
+  const double enqueue_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (Rank() == 0 && n > 1) {
+    EXPECT_FALSE(late->finished_in_enqueue);
+    EXPECT_LT(enqueue_s, 0.05);  // the 1 ms wait, not the late rank's 100 ms
+  }
+  ASSERT_TRUE(Wait(*late).ok());
+  EXPECT_EQ(reinterpret_cast<const float*>(late->output.data())[63], n * (n + 1) / 2.0f);
+
+  std::vector<float> a(32, 1.0f), b(48, 2.0f);
+  const bool a_first = Rank() % 2 == 0;
+  auto first =
+      Submit(OpType::kAllreduce, a_first ? "joined.a" : "joined.b", DataType::kFloat32,
+             {a_first ? 32 : 48}, a_first ? a.data() : b.data(), false, -1, Drive::kJoinRound);
+  auto second =
+      Submit(OpType::kAllreduce, a_first ? "joined.b" : "joined.a", DataType::kFloat32,
+             {a_first ? 48 : 32}, a_first ? b.data() : a.data(), false, -1, Drive::kJoinRound);
+  ASSERT_TRUE(Wait(*first).ok());
+  ASSERT_TRUE(Wait(*second).ok());
+  const float* got_a = reinterpret_cast<const float*>((a_first ? first : second)->output.data());
+  const float* got_b = reinterpret_cast<const float*>((a_first ? second : first)->output.data());
+  EXPECT_EQ(got_a[31], static_cast<float>(n));
+  EXPECT_EQ(got_b[47], 2.0f * n);
+  Runtime::Get().SetTuning("graph_join_us", wait_before);
+}
+
 // A mismatch found in a round the caller drives fails on every rank as it does otherwise.
 TEST(RuntimeMpi, DrivenShapeMismatchFailsEveryRank) {
   std::vector<float> in(8, 1.0f);
   auto bad = Submit(OpType::kAllreduce, "driven.mismatch", DataType::kFloat32,
-                    {Rank() == 0 ? 2 : 4}, in.data(), false, -1, true);
+                    {Rank() == 0 ? 2 : 4}, in.data(), false, -1, Drive::kUntilDone);
   Status s = Wait(*bad);
   EXPECT_EQ(s.code(), StatusCode::kPrecondition);
   EXPECT_NE(s.message().find("'driven.mismatch'"), std::string::npos) << s.message();
   auto good = Submit(OpType::kAllreduce, "driven.after", DataType::kFloat32, {8}, in.data(), false,
-                     -1, true);
+                     -1, Drive::kUntilDone);
   ASSERT_TRUE(Wait(*good).ok());
   EXPECT_EQ(reinterpret_cast<const float*>(good->output.data())[0], static_cast<float>(Size()));
 }

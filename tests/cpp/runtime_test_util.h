@@ -26,7 +26,8 @@ struct Pending {
 
 inline std::unique_ptr<Pending> Submit(OpType op, const std::string& name, DataType dtype,
                                        std::vector<int64_t> shape, const void* input,
-                                       bool average = false, int root = -1, bool drive = false) {
+                                       bool average = false, int root = -1,
+                                       Drive drive = Drive::kNo) {
   auto p = std::make_unique<Pending>();
   Request req;
   req.meta.name = name;

@@ -24,19 +24,46 @@ constexpr auto kYieldWindow = std::chrono::milliseconds(5);
 
 }  // namespace
 
+namespace {
+
+inline MPI_Request& AsRequest(void*& p) { return *reinterpret_cast<MPI_Request*>(&p); }
+static_assert(sizeof(MPI_Request) <= sizeof(void*), "an MPI_Request must fit an opaque word");
+
+}  // namespace
+
 std::vector<std::string> MpiCommunicator::ExchangeAll(const std::string& mine,
                                                       const std::function<void()>& on_wait) {
-  const char* slots = exchange_recv_.data();
+  StartExchange(mine);
+  std::vector<std::string> out;
+  FinishExchange(&out, on_wait, std::chrono::microseconds(-1));
+  return out;
+}
+
+void MpiCommunicator::StartExchange(const std::string& mine) {
+  // What does not fit a slot goes in a second step, once every rank's slot showed its length.
+  const char* rest = ExchangeRest(mine);
+  exchange_rest_.assign(rest ? rest : "", rest ? mine.size() - kExchangeSlotBytes : 0);
   if (local_rounds_) {
     FillExchangeSlot(local_rounds_->my_slot(), mine);
-    slots = local_rounds_->Exchange(on_wait);
+    local_rounds_->Arrive();
   } else {
     FillExchangeSlot(exchange_send_.data(), mine);
-    ExchangeSlots(on_wait);
+    StartExchangeSlots();
   }
+}
 
-  std::vector<std::string> out;
-  if (!ReadExchangeSlots(slots, size_, &out, &rest_)) return out;
+bool MpiCommunicator::FinishExchange(std::vector<std::string>* out,
+                                     const std::function<void()>& on_wait,
+                                     std::chrono::microseconds limit) {
+  const char* slots = exchange_recv_.data();
+  if (local_rounds_) {
+    slots = local_rounds_->Await(on_wait, limit);
+    if (!slots) return false;
+  } else if (!AwaitExchangeSlots(on_wait, limit)) {
+    return false;
+  }
+  out->clear();
+  if (!ReadExchangeSlots(slots, size_, out, &rest_)) return true;
 
   // Second step only when some rank had more to say than its slot holds.
   int64_t recv_total = 0;
@@ -47,20 +74,22 @@ std::vector<std::string> MpiCommunicator::ExchangeAll(const std::string& mine,
   }
   BF_ENFORCE(recv_total < INT_MAX, StatusCode::kInternal, "negotiation message too large");
   std::vector<char> recv(recv_total);
-  Check(MPI_Allgatherv(ExchangeRest(mine), counts_[rank_], MPI_BYTE, recv.data(), counts_.data(),
+  Check(MPI_Allgatherv(exchange_rest_.data(), counts_[rank_], MPI_BYTE, recv.data(), counts_.data(),
                        displs_.data(), MPI_BYTE, AsComm(comm_)),
         "MPI_Allgatherv");
-  AppendExchangeRests(recv.data(), rest_, &out);
-  return out;
+  AppendExchangeRests(recv.data(), rest_, out);
+  return true;
 }
 
-// exchange_send_ (filled) from every rank into exchange_recv_, over MPI.
-void MpiCommunicator::ExchangeSlots(const std::function<void()>& on_wait) {
-  MPI_Request request;
+void MpiCommunicator::StartExchangeSlots() {
   Check(MPI_Iallgather(exchange_send_.data(), static_cast<int>(kExchangeSlotTotal), MPI_BYTE,
                        exchange_recv_.data(), static_cast<int>(kExchangeSlotTotal), MPI_BYTE,
-                       AsComm(comm_), &request),
+                       AsComm(comm_), &AsRequest(exchange_request_)),
         "MPI_Iallgather");
+}
+
+bool MpiCommunicator::AwaitExchangeSlots(const std::function<void()>& on_wait,
+                                         std::chrono::microseconds limit) {
   // Poll rather than block, so a stalled peer can be reported. A round completes only as its
   // ranks make progress calls, so a rank asleep between tests holds up every other one: first
   // spin, then test and yield the core for up to kYieldWindow (when ranks outnumber cores, the
@@ -70,10 +99,12 @@ void MpiCommunicator::ExchangeSlots(const std::function<void()>& on_wait) {
   auto sleep_for = std::chrono::microseconds(50);
   const auto start = std::chrono::steady_clock::now();
   for (int spins = 0;; ++spins) {
-    Check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) break;
+    Check(MPI_Test(&AsRequest(exchange_request_), &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return true;
     if (spins < 200) continue;
-    if (std::chrono::steady_clock::now() - start < kYieldWindow) {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (limit.count() >= 0 && waited >= limit) return false;
+    if (waited < kYieldWindow) {
       sched_yield();
       continue;
     }

@@ -148,34 +148,45 @@ char* LocalRounds::Slots(uint64_t parity) {
          parity * static_cast<size_t>(size_) * slot_bytes_;
 }
 
-const char* LocalRounds::Exchange(const std::function<void()>& on_wait) {
+void LocalRounds::Arrive() {
   Header* h = static_cast<Header*>(base_);
-  const uint64_t parity = round_ % 2;
-  const uint32_t round = static_cast<uint32_t>(round_++);
+  waiting_ = static_cast<uint32_t>(round_);
+  parity_ = round_ % 2;
+  ++round_;
   // The arrivals form one release sequence: the last rank to arrive sees every slot, and
   // publishes them all with the new generation.
   if (h->arrived.fetch_add(1, std::memory_order_acq_rel) == static_cast<uint32_t>(size_ - 1)) {
     h->arrived.store(0, std::memory_order_relaxed);
-    h->generation.store(round + 1, std::memory_order_seq_cst);
+    h->generation.store(waiting_ + 1, std::memory_order_seq_cst);
     if (h->sleepers.load(std::memory_order_seq_cst) > 0)
       Futex(&h->generation, FUTEX_WAKE, INT_MAX, nullptr);
-    return Slots(parity);
   }
+}
+
+const char* LocalRounds::Await(const std::function<void()>& on_wait,
+                               std::chrono::microseconds limit) {
+  Header* h = static_cast<Header*>(base_);
+  const uint32_t round = waiting_;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  const bool bounded = limit.count() >= 0;
   // Poll, yielding the core between polls, for up to kPollBeforeSleep: whatever else could run
   // there does (the ranks this one waits for when ranks outnumber cores, TensorFlow's threads
   // during a training step), and a peer about to arrive is caught without a wake-up's cost.
   // Measured at 4 ranks on 2 cores (4-byte eager allreduce, 2 launches each): 132-195 us so,
   // 205-255 us sleeping at once, 185-305 us over MPI; docs/benchmarks.md.
-  while (h->generation.load(std::memory_order_acquire) == round &&
-         Clock::now() - start < kPollBeforeSleep)
+  while (h->generation.load(std::memory_order_acquire) == round) {
+    const auto waited = Clock::now() - start;
+    if (bounded && waited >= limit) return nullptr;
+    if (waited >= kPollBeforeSleep) break;
     sched_yield();
+  }
   // Then sleep until the last rank wakes us (a sleeper is counted before it checks the word,
   // and the waker reads the count after changing it, so no wake is missed).
   auto reported = start;
   const timespec tick{0, 1000 * 1000};
   while (h->generation.load(std::memory_order_acquire) == round) {
+    if (bounded && Clock::now() - start >= limit) return nullptr;
     h->sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (h->generation.load(std::memory_order_seq_cst) == round)
       Futex(&h->generation, FUTEX_WAIT, round, &tick);
@@ -187,7 +198,7 @@ const char* LocalRounds::Exchange(const std::function<void()>& on_wait) {
       on_wait();
     }
   }
-  return Slots(parity);
+  return Slots(parity_);
 }
 
 }  // namespace bluefog

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,7 +36,16 @@ class LocalRounds {
   // Waits until every rank has filled its slot of this round and returns the `size` slots, in
   // rank order, valid until the Exchange after next. `on_wait` runs about every millisecond
   // after the first 5 ms of waiting.
-  const char* Exchange(const std::function<void()>& on_wait);
+  const char* Exchange(const std::function<void()>& on_wait) {
+    Arrive();
+    return Await(on_wait, std::chrono::microseconds(-1));
+  }
+  // Exchange in two halves: Arrive marks this rank's slot of the round filled; Await waits for
+  // the other ranks of the round Arrive joined, at most `limit` (negative: as long as it takes),
+  // and returns nullptr when that ran out (the round stays open: a later Await, from any thread
+  // that took the rounds over, finishes it).
+  void Arrive();
+  const char* Await(const std::function<void()>& on_wait, std::chrono::microseconds limit);
 
   // Rank `rank`'s data area, data_bytes() long, shared by every rank.
   char* data(int rank) {
@@ -58,6 +68,8 @@ class LocalRounds {
   size_t data_bytes_;
   size_t data_offset_;
   uint64_t round_ = 0;
+  uint32_t waiting_ = 0;  // the round Arrive joined last
+  uint64_t parity_ = 0;   // its slots
   std::shared_ptr<SharedHeap> heap_;
 };
 

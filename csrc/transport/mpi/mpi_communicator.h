@@ -45,6 +45,10 @@ class MpiCommunicator : public Communicator {
   void Shutdown() override;
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait) override;
+  bool splits_exchange() const override { return true; }
+  void StartExchange(const std::string& mine) override;
+  bool FinishExchange(std::vector<std::string>* all, const std::function<void()>& on_wait,
+                      std::chrono::microseconds limit) override;
   void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                  int64_t divisor = 1) override;
   void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts_per_rank,
@@ -90,8 +94,10 @@ class MpiCommunicator : public Communicator {
   // The algorithms and the exchange's buffers; the direct path probed and the shared memory
   // set up when `one_host`.
   void SetUp(bool one_host);
-  // exchange_send_ from every rank into exchange_recv_, over MPI.
-  void ExchangeSlots(const std::function<void()>& on_wait);
+  // exchange_send_ from every rank into exchange_recv_, over MPI: posted, then waited for at
+  // most `limit` (negative: without one); false when that ran out.
+  void StartExchangeSlots();
+  bool AwaitExchangeSlots(const std::function<void()>& on_wait, std::chrono::microseconds limit);
   // Collective: host_of_ from `shared` (this rank's host's ranks within comm_).
   void MapHosts(void* shared);
   // NeighborExchange's one peer on another host, sent to and received from in two phases.
@@ -116,7 +122,9 @@ class MpiCommunicator : public Communicator {
   OneHostAllreduce* one_host_ = nullptr;  // in allreduce_
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
-  std::vector<int64_t> rest_;  // the negotiation round's bytes beyond each rank's slot
+  std::vector<int64_t> rest_;         // the negotiation round's bytes beyond each rank's slot
+  std::string exchange_rest_;         // this rank's part of them, kept from StartExchange
+  void* exchange_request_ = nullptr;  // the posted MPI_Iallgather (an MPI_Request)
   std::vector<int> counts_;
   std::vector<int> displs_;
   std::vector<char> requests_;
