@@ -147,25 +147,37 @@ TEST(RuntimeMpi, BroadcastFromEveryRoot) {
   }
 }
 
+// `calls` sequential allreduces submitted with `drive`, every `large_every`-th one large (the
+// one-host paths, the ring) and the rest small (from the round's data or MPI), each checked
+// exactly: how many had finished when Enqueue returned (-1 after a wrong result).
+int SequentialAllreducesFinishedInline(const std::string& prefix, Drive drive, int calls,
+                                       int large_every, int64_t large_count) {
+  const int n = Size();
+  int finished_inline = 0;
+  for (int k = 0; k < calls; ++k) {
+    const int64_t count = k % large_every == large_every - 1 ? large_count + k : 16 + k;
+    std::vector<float> in(count, static_cast<float>(Rank() + k));
+    auto p = Submit(OpType::kAllreduce, prefix + std::to_string(k % 7), DataType::kFloat32, {count},
+                    in.data(), false, -1, drive);
+    finished_inline += p->finished_in_enqueue;
+    EXPECT_TRUE(Wait(*p).ok()) << prefix << k;
+    const float* out = reinterpret_cast<const float*>(p->output.data());
+    const float expected = static_cast<float>(n * (n - 1) / 2 + n * k);
+    EXPECT_EQ(out[0], expected) << prefix << k;
+    EXPECT_EQ(out[count - 1], expected) << prefix << k;
+    if (out[0] != expected || out[count - 1] != expected) return -1;
+  }
+  return finished_inline;
+}
+
 // Eager callers run the rounds themselves while nothing else is pending (Enqueue's `drive`):
 // most sequential requests have finished when Enqueue returns, with the same results as when
 // the background thread runs them, small (MPI_Allreduce) and large (the ring) alike.
 TEST(RuntimeMpi, DrivenRequestsFinishOnTheCallingThread) {
   const int n = Size();
-  int finished_inline = 0, total = 0;
-  for (int k = 0; k < 60; ++k) {
-    const int64_t count = k % 10 == 9 ? (int64_t{1} << 18) + k : 16 + k;
-    std::vector<float> in(count, static_cast<float>(Rank() + k));
-    auto p = Submit(OpType::kAllreduce, "driven." + std::to_string(k % 7), DataType::kFloat32,
-                    {count}, in.data(), false, -1, Drive::kUntilDone);
-    finished_inline += p->finished_in_enqueue;
-    ++total;
-    ASSERT_TRUE(Wait(*p).ok());
-    const float* out = reinterpret_cast<const float*>(p->output.data());
-    const float expected = static_cast<float>(n * (n - 1) / 2 + n * k);
-    ASSERT_EQ(out[0], expected) << k;
-    ASSERT_EQ(out[count - 1], expected) << k;
-  }
+  const int total = 60;
+  const int finished_inline =
+      SequentialAllreducesFinishedInline("driven.", Drive::kUntilDone, total, 10, int64_t{1} << 18);
   std::vector<float> g(8 * (Rank() + 1), 1.0f);
   auto gathered = Submit(OpType::kAllgather, "driven.gather", DataType::kFloat32, {Rank() + 1, 8},
                          g.data(), false, -1, Drive::kUntilDone);
@@ -203,22 +215,10 @@ TEST(RuntimeMpi, DrivenAndBackgroundRequestsTogether) {
 // (a long one here), sequential requests finish on the calling thread, small (from the round's
 // data or MPI) and large (the one-host paths, the ring) alike, with the same results.
 TEST(RuntimeMpi, JoinedRoundsFinishOnTheCallingThread) {
-  const int n = Size();
   const int64_t wait_before = Runtime::Get().SetTuning("graph_join_us", 2000000);
-  int finished_inline = 0, total = 0;
-  for (int k = 0; k < 40; ++k) {
-    const int64_t count = k % 8 == 7 ? (int64_t{1} << 19) + k : 16 + k;
-    std::vector<float> in(count, static_cast<float>(Rank() + k));
-    auto p = Submit(OpType::kAllreduce, "joined." + std::to_string(k % 5), DataType::kFloat32,
-                    {count}, in.data(), false, -1, Drive::kJoinRound);
-    finished_inline += p->finished_in_enqueue;
-    ++total;
-    ASSERT_TRUE(Wait(*p).ok());
-    const float* out = reinterpret_cast<const float*>(p->output.data());
-    const float expected = static_cast<float>(n * (n - 1) / 2 + n * k);
-    ASSERT_EQ(out[0], expected) << k;
-    ASSERT_EQ(out[count - 1], expected) << k;
-  }
+  const int total = 40;
+  const int finished_inline =
+      SequentialAllreducesFinishedInline("joined.", Drive::kJoinRound, total, 8, int64_t{1} << 19);
   Runtime::Get().SetTuning("graph_join_us", wait_before);
   EXPECT_GT(finished_inline, total / 2) << finished_inline << " of " << total;
 }
