@@ -140,7 +140,8 @@ _consts: collections.OrderedDict[tuple, tf.Tensor] = collections.OrderedDict()
 
 
 # Eager allreduce/allgather/broadcast over every rank may run on the calling thread (the core
-# decides: BLUEFOG_EAGER_INLINE, docs/env.md); graph ops never do.
+# decides: BLUEFOG_EAGER_INLINE, docs/env.md); graph ops join one round at most
+# (BLUEFOG_GRAPH_JOIN_WAIT).
 _INLINE_ATTRS = {"eager_inline": True}
 _NO_ATTRS: dict = {}
 

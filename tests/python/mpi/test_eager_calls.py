@@ -105,7 +105,8 @@ def test_eager_lean_path_checks_what_the_full_path_checks(rank, size, op_name):
         bf.allreduce(tf.constant([True]), name=name)
     with pytest.raises(TypeError, match="average must be a bool"):
         bf.allreduce(x, average=1, name=name)
-    # A graph: eager_inline stays off (the executor must not be blocked by one op).
+    # A graph: eager_inline stays off (the kernel joins one round at most, never drives until
+    # done: the executor must not be blocked by one op).
     fn = tf.function(lambda: bf.allreduce(x, average=False, name=name))
     graph = fn.get_concrete_function().graph
     ops = [o for o in graph.get_operations() if o.type == "BluefogAllreduce"]
