@@ -75,7 +75,8 @@ class CollectiveKernel : public AsyncOpKernel {
     // Set by the Python wrappers when executing eagerly: the caller waits for the result, so
     // it may run the collective itself (Channel::Enqueue's `drive`). In a graph, whose executor
     // must not be blocked by one op while others wait to be enqueued, the kernel joins a round
-    // only for as long as the other ranks arrive promptly (Drive::kJoinRound).
+    // only for as long as the other ranks arrive promptly (Drive::kJoinRound); so do the ops
+    // without the attribute (reducescatter, alltoall, the neighbour ops), eager or not.
     bool eager = false;
     if (c->HasAttr("eager_inline")) OP_REQUIRES_OK(c, c->GetAttr("eager_inline", &eager));
     drive_ = eager ? Drive::kUntilDone : Drive::kJoinRound;
