@@ -12,11 +12,18 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
 namespace bluefog {
+
+// Seconds on the steady clock: the times Phase takes, and what the runtime stamps requests with.
+inline double NowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
 
 class Timeline {
  public:

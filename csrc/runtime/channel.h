@@ -137,7 +137,8 @@ class Channel : private RequestTable {
   // cache_, coordinator_, executor_, stall_watch_ and stats_ are used under it only.
   // Lock order: round_mutex_, then mutex_.
   std::mutex round_mutex_;
-  // A round this rank joined and a graph kernel left open for the channel's thread to finish.
+  // A round whose exchange this rank started and has not finished: during RunRound, and after
+  // a graph kernel left it open for the channel's thread (RunRound with a limit).
   bool round_open_ = false;
   ResponseCache cache_;
   Executor executor_;

@@ -10,11 +10,6 @@
 namespace bluefog {
 namespace {
 
-double NowSeconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
 // After the sum: the division of an average done after the collective, then the scale factor.
 void FinishReduced(void* data, int64_t count, DataType dtype, int64_t divisor, double scale) {
   if (divisor > 1) DivideBy(data, count, dtype, divisor);

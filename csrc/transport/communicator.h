@@ -85,15 +85,18 @@ class Communicator {
   virtual std::vector<std::string> ExchangeAll(const std::string& mine,
                                                const std::function<void()>& on_wait) = 0;
   // ExchangeAll in two halves, for a thread that may hand the rest of the wait to another (a
-  // graph kernel joining a round, Channel::Enqueue), where splits_exchange(): StartExchange
-  // posts this rank's message; FinishExchange waits for the others at most `limit` (negative:
-  // as long as it takes) and returns false when that ran out, the round still open (a later
-  // FinishExchange finishes it, from the thread that took the communicator over).
+  // graph kernel joining a round, Channel::Enqueue): StartExchange posts this rank's message;
+  // FinishExchange waits for the others at most `limit` (negative: as long as it takes) and
+  // returns false when that ran out, the round still open (a later FinishExchange finishes it,
+  // from the thread that took the communicator over). Only where splits_exchange() is the limit
+  // kept; otherwise (these defaults) FinishExchange runs the whole ExchangeAll and waits as long
+  // as it takes.
   virtual bool splits_exchange() const { return false; }
-  virtual void StartExchange(const std::string& mine) {}
+  virtual void StartExchange(const std::string& mine) { unsent_ = mine; }
   virtual bool FinishExchange(std::vector<std::string>* all, const std::function<void()>& on_wait,
-                              std::chrono::microseconds limit) {
-    return false;
+                              std::chrono::microseconds /*limit*/) {
+    *all = ExchangeAll(unsent_, on_wait);
+    return true;
   }
 
   // The reduction over all ranks, divided by `divisor` when it is above 1 (the average; kSum
@@ -117,6 +120,9 @@ class Communicator {
   // Every rank runs its exchanges in the same order.
   virtual void NeighborExchange(const std::vector<PeerBuffer>& sends,
                                 const std::vector<PeerBuffer>& recvs) = 0;
+
+ private:
+  std::string unsent_;  // the default StartExchange's message, for FinishExchange
 };
 
 }  // namespace bluefog

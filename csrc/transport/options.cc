@@ -38,7 +38,6 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
     *value = Load(direct_fault_rank);
   else if (knob == "graph_join_us")
     *value = Load(graph_join_us);
-
   else if (knob == "shared_calls")
     *value = Load(shared_calls);
   else if (knob == "one_host_calls")
@@ -77,7 +76,6 @@ bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
     direct_fault_rank = value;
   else if (knob == "graph_join_us")
     graph_join_us = value;
-
   return true;
 }
 

@@ -22,10 +22,6 @@ namespace {
 // How long a negotiation round's wait yields the core between tests before it starts sleeping.
 constexpr auto kYieldWindow = std::chrono::milliseconds(5);
 
-}  // namespace
-
-namespace {
-
 inline MPI_Request& AsRequest(void*& p) { return *reinterpret_cast<MPI_Request*>(&p); }
 static_assert(sizeof(MPI_Request) <= sizeof(void*), "an MPI_Request must fit an opaque word");
 
