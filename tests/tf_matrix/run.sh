@@ -9,7 +9,8 @@
 #   pip install --no-build-isolation <sdist>
 # and the smoke suite run on 2 ranks from outside the checkout (so the installed package is
 # what is tested). The next version's venv is prepared in the background while one version
-# builds and runs. Venvs are kept: a rerun reinstalls bluefog only when the sdist changed.
+# builds and runs. Venvs are kept: a rerun reinstalls bluefog only when the sdist changed;
+# TF_MATRIX_KEEP=0 (CI) removes each one once no later check needs it (about 1.4 GB each).
 # Finally an op library built for one version is imported with another TensorFlow, which must
 # fail with the "rebuild" ImportError, and installing into an unsupported TensorFlow (2.15) must
 # stop with the build's "unsupported" message. Prints one result line each and the wall time.
@@ -23,6 +24,7 @@ PYTHON=${PYTHON:-python3}
 VERSIONS=${TF_VERSIONS:-"2.16 2.17 2.18 2.19 2.20 2.21 2.16:keras==3.3.3"}
 ROOT=${TF_MATRIX_DIR:-$REPO/build/tf-matrix}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
+KEEP=${TF_MATRIX_KEEP:-1}
 # The smoke suite: the seed's collectives and their gradients (eager, tf.function, v1 graphs),
 # Keras 3 model.fit with DistributedOptimizer and the callbacks, DistributedGradientTape.
 SMOKE=(tests/python/mpi/test_collectives.py tests/python/mpi/test_eager_calls.py
@@ -56,6 +58,11 @@ UNSUPPORTED=${TF_UNSUPPORTED-2.15}
 versions=($VERSIONS)
 declare -A result
 venv_of() { echo "$ROOT/tf${1//[:=]/-}"; }
+# The version-skew check below uses the first and last entries without a pin.
+plain=($(printf '%s\n' "${versions[@]}" | grep -v :))
+first=${plain[0]:-}; last=${plain[-1]:-}
+# With TF_MATRIX_KEEP=0 a venv goes as soon as nothing later needs it (its log stays).
+drop() { [ "$KEEP" = 0 ] && rm -rf "$(venv_of "$1")"; return 0; }
 log_of() { echo "$(venv_of "$1").log"; }
 prepare "${versions[0]}" >"$(log_of "${versions[0]}")" 2>&1 &
 prep_pid=$!
@@ -97,6 +104,7 @@ for i in "${!versions[@]}"; do
      "${SMOKE[@]/#/$REPO/}" -x) >>"$log" 2>&1
   rc=$?
   rm -rf "$work"
+  [ "$v" != "$first" ] && [ "$v" != "$last" ] && drop "$v"
   summary=$(grep -E '^[0-9]+ passed|passed|failed' "$log" | tail -n 1)
   secs=$(( $(date +%s) - t0 ))
   if [ $rc -eq 0 ]; then
@@ -110,8 +118,6 @@ wait 2>/dev/null
 # Version skew: the first version's TensorFlow importing the last version's build of bluefog
 # (of the entries without a pin: needs two of them).
 skew="skipped (needs two versions)"
-plain=($(printf '%s\n' "${versions[@]}" | grep -v :))
-first=${plain[0]:-}; last=${plain[-1]:-}
 if [ -n "$first" ] && [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-sdist" ] && [ -f "$ROOT/tf$last/.bluefog-sdist" ]; then
   other=$(mktemp -d)
   # (From / so that the installed package is found, not the checkout's sources.)
@@ -124,6 +130,7 @@ if [ -n "$first" ] && [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-s
     skew="FAIL (TensorFlow $first importing a build for $last said: $msg)"
   fi
 fi
+for v in "$first" "$last"; do [ -n "$v" ] && drop "$v"; done
 
 # An unsupported TensorFlow: the documented install must stop with one clear message.
 unsupported="skipped (TF_UNSUPPORTED is empty)"
@@ -143,6 +150,7 @@ if [ -n "$UNSUPPORTED" ]; then
       unsupported="FAIL (pip exit $rc; see $(log_of "$UNSUPPORTED"))"
     fi
   fi
+  drop "$UNSUPPORTED"
 fi
 
 echo
