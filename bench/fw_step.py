@@ -8,6 +8,12 @@ of the step over the compute-only step, minus 1.
 
     mpirun -np 2 python bench/fw_step.py --framework bluefog --models resnet50 mlp
 
+``--framework none``: only the compute-only step, no framework imported (so no thread of one
+running beside TensorFlow), each rank timing itself; rank 0 prints {"framework": "none",
+"model", "ranks", "compute_s"}. Horovod's background thread wakes every millisecond
+(HOROVOD_CYCLE_TIME) also while nothing is sent, on the cores the compute uses: its compute-only
+step in the same processes is slower than TensorFlow alone, which this shows.
+
 Models: resnet50 (Keras' ResNet-50, 64x64 images, batch 16), mlp (4 dense layers of 1024,
 batch 64), cnn (examples/synthetic_benchmark.py's small CNN, 32x32, batch 32).
 """
@@ -23,12 +29,35 @@ import tensorflow as tf
 from timing import barrier, per_call, slowest
 
 
+class NoFramework:
+    """What bench_model needs of a framework, for --framework none: the launcher's rank and
+    size, and no communication (each rank times itself)."""
+
+    def __init__(self):
+        env = os.environ
+        self._rank = int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", "0")))
+        self._size = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", "1")))
+        self._local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", str(self._size)))
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    def local_size(self):
+        return self._local_size
+
+
 def load(framework: str):
-    if framework == "horovod":
+    if framework == "none":
+        hvd = NoFramework()
+    elif framework == "horovod":
         import horovod.tensorflow as hvd
     else:
         import bluefog.tensorflow as hvd
-    hvd.init()
+    if framework != "none":
+        hvd.init()
     cores = os.cpu_count() or 1
     tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
     tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -61,7 +90,7 @@ def model_and_batch(name: str):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--framework", choices=["bluefog", "horovod"], required=True)
+    p.add_argument("--framework", choices=["bluefog", "horovod", "none"], required=True)
     p.add_argument("--models", nargs="+", default=["resnet50", "mlp"])
     p.add_argument("--steps", type=int, default=3, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=16, help="timed blocks of each kind")
@@ -73,7 +102,8 @@ def main() -> None:
     import keras
 
     for name in args.models:
-        row = bench_model(hvd, keras, name, args.steps, args.blocks, args.warmup)
+        bench = compute_only if args.framework == "none" else bench_model
+        row = bench(hvd, keras, name, args.steps, args.blocks, args.warmup)
         if hvd.rank() == 0:
             print(json.dumps({"framework": args.framework, **row}), flush=True)
 
@@ -133,6 +163,18 @@ def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> 
     return {"model": name, "ranks": hvd.size(), "step_s": step_s, "compute_s": compute_s,
             "overhead": float(np.median(paired)) - 1,
             "images_per_s_per_rank": shape[0] / step_s}
+
+def compute_only(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> dict:
+    """bench_model's compute-only step alone, without a framework: this rank's median."""
+    keras.utils.set_random_seed(hvd.rank())
+    model, shape = model_and_batch(name)
+    compute = step_maker(model, shape, hvd.rank())()
+    for _ in range(warmup):
+        compute()
+    run = per_call(lambda: float(compute()))
+    compute_s = float(np.median([run(steps) / steps for _ in range(blocks)]))
+    return {"model": name, "ranks": hvd.size(), "compute_s": compute_s}
+
 
 if __name__ == "__main__":
     main()

@@ -103,34 +103,44 @@ def steps(args, hvd_py: str) -> None:
     step time, the compute-only step time in the same processes, the communication overhead
     (a block's step over the neighbouring compute-only block's, minus 1, median over the
     blocks; fw_step.py) and the scaling efficiency (images/s per rank at N ranks
-    over 1 rank)."""
+    over 1 rank). Each launch round also times the compute-only step with no framework at all
+    in each venv (fw_step.py --framework none): Horovod's thread slows its compute-only step,
+    so its overhead is also given over TensorFlow alone (that launch's step over the
+    neighbouring launch of TensorFlow alone, in the same venv)."""
     results = {}  # (framework, ranks) -> [per-launch {model: row}]
     for i in range(args.step_launches):
         for fw in (["bluefog", "horovod"] if i % 2 == 0 else ["horovod", "bluefog"]):
-            for ranks in (1, args.ranks):
-                py = sys.executable if fw == "bluefog" else hvd_py
-                rows = step_launch(py, fw, ranks, args.models)
-                results.setdefault((fw, ranks), []).append(rows)
-                print(f"launch {i + 1}, {fw}, {ranks} rank(s): " + "; ".join(
+            py = sys.executable if fw == "bluefog" else hvd_py
+            for kind, ranks in ((fw, 1), (fw, args.ranks), ("none", args.ranks)):
+                rows = step_launch(py, kind, ranks, args.models)
+                results.setdefault((fw if kind == fw else f"{fw}'s TF alone", ranks),
+                                   []).append(rows)
+                print(f"launch {i + 1}, {kind} ({fw}'s venv), {ranks} rank(s): " + "; ".join(
+                    f"{m} compute only {r['compute_s']:.4f} s/step" if kind == "none" else
                     f"{m} {r['step_s']:.4f} s/step, compute only {r['compute_s']:.4f}, "
                     f"overhead {r['overhead']:+.1%}" for m, r in rows.items()), flush=True)
     print(f"\nTraining step, median over {args.step_launches} launches (worst launch in "
           f"brackets); overhead = step / compute-only step - 1, same processes, median over "
-          f"neighbouring blocks")
+          f"neighbouring blocks; TF alone = the compute-only step with no framework loaded")
     print(f"| model | framework | s/step at {args.ranks} ranks | compute only | overhead | "
+          f"compute only, TF alone | overhead over TF alone | "
           f"scaling efficiency ({args.ranks} vs 1 rank, per rank) |")
-    print("|---" * 6 + "|")
+    print("|---" * 8 + "|")
     for model in args.models:
         for fw in ("bluefog", "horovod"):
             runs = [r[model] for r in results[(fw, args.ranks)]]
             ones = [r[model] for r in results[(fw, 1)]]
+            alone = [r[model]["compute_s"] for r in results[(f"{fw}'s TF alone", args.ranks)]]
             step = [r["step_s"] for r in runs]
             over = [r["overhead"] for r in runs]
+            over_alone = [r["step_s"] / a - 1 for r, a in zip(runs, alone)]
             eff = [r["images_per_s_per_rank"] / o["images_per_s_per_rank"]
                    for r, o in zip(runs, ones)]
             print(f"| {model} | {fw} | {statistics.median(step):.4f} ({max(step):.4f}) | "
                   f"{statistics.median(r['compute_s'] for r in runs):.4f} | "
-                  f"{statistics.median(over):+.0%} ({max(over):+.0%}) | "
+                  f"{statistics.median(over):+.1%} ({max(over):+.1%}) | "
+                  f"{statistics.median(alone):.4f} | "
+                  f"{statistics.median(over_alone):+.1%} ({max(over_alone):+.1%}) | "
                   f"{statistics.median(eff):.2f} ({min(eff):.2f}) |")
 
 
