@@ -39,6 +39,9 @@ class NoFramework:
         self._size = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", "1")))
         self._local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", str(self._size)))
 
+    def init(self):
+        pass
+
     def rank(self):
         return self._rank
 
@@ -56,8 +59,7 @@ def load(framework: str):
         import horovod.tensorflow as hvd
     else:
         import bluefog.tensorflow as hvd
-    if framework != "none":
-        hvd.init()
+    hvd.init()
     cores = os.cpu_count() or 1
     tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
     tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -163,6 +165,7 @@ def bench_model(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> 
     return {"model": name, "ranks": hvd.size(), "step_s": step_s, "compute_s": compute_s,
             "overhead": float(np.median(paired)) - 1,
             "images_per_s_per_rank": shape[0] / step_s}
+
 
 def compute_only(hvd, keras, name: str, steps: int, blocks: int, warmup: int) -> dict:
     """bench_model's compute-only step alone, without a framework: this rank's median."""

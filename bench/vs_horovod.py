@@ -107,14 +107,13 @@ def steps(args, hvd_py: str) -> None:
     in each venv (fw_step.py --framework none): Horovod's thread slows its compute-only step,
     so its overhead is also given over TensorFlow alone (that launch's step over the
     neighbouring launch of TensorFlow alone, in the same venv)."""
-    results = {}  # (framework, ranks) -> [per-launch {model: row}]
+    results = {}  # (kind launched, venv's framework, ranks) -> [per-launch {model: row}]
     for i in range(args.step_launches):
         for fw in (["bluefog", "horovod"] if i % 2 == 0 else ["horovod", "bluefog"]):
             py = sys.executable if fw == "bluefog" else hvd_py
             for kind, ranks in ((fw, 1), (fw, args.ranks), ("none", args.ranks)):
                 rows = step_launch(py, kind, ranks, args.models)
-                results.setdefault((fw if kind == fw else f"{fw}'s TF alone", ranks),
-                                   []).append(rows)
+                results.setdefault((kind, fw, ranks), []).append(rows)
                 print(f"launch {i + 1}, {kind} ({fw}'s venv), {ranks} rank(s): " + "; ".join(
                     f"{m} compute only {r['compute_s']:.4f} s/step" if kind == "none" else
                     f"{m} {r['step_s']:.4f} s/step, compute only {r['compute_s']:.4f}, "
@@ -128,9 +127,9 @@ def steps(args, hvd_py: str) -> None:
     print("|---" * 8 + "|")
     for model in args.models:
         for fw in ("bluefog", "horovod"):
-            runs = [r[model] for r in results[(fw, args.ranks)]]
-            ones = [r[model] for r in results[(fw, 1)]]
-            alone = [r[model]["compute_s"] for r in results[(f"{fw}'s TF alone", args.ranks)]]
+            runs = [r[model] for r in results[(fw, fw, args.ranks)]]
+            ones = [r[model] for r in results[(fw, fw, 1)]]
+            alone = [r[model]["compute_s"] for r in results[("none", fw, args.ranks)]]
             step = [r["step_s"] for r in runs]
             over = [r["overhead"] for r in runs]
             over_alone = [r["step_s"] / a - 1 for r, a in zip(runs, alone)]
