@@ -34,7 +34,7 @@ for arg in "$@"; do
 done
 [ ${#configs[@]} -gt 0 ] || configs=(asan tsan)
 
-# CI's subset (`make sanitize-ci`): the 11 ctest jobs (tests/cpp/CMakeLists.txt) run 4 test
+# CI's subset (`make sanitize-ci`): the ctest jobs (tests/cpp/CMakeLists.txt) run 5 test
 # programs, most of them several times under different settings, and every job already runs
 # unsanitized in `make test`; what the sanitizers add is per code path, so CI runs each family
 # of paths under at least one of them, not every setting under both:
@@ -43,8 +43,10 @@ done
 #     the round, background and calling threads, windows and their thread): runtime_mpi_np2,
 #     under both (np4 is the same program and settings with more ranks);
 #   the one-host large allreduce paths:
-#     direct (process_vm_readv/writev): transport_direct_np3 under ASan, with the staged and
-#       shared paths, the path choice and the ring after a failed read (the ring's own code);
+#     direct (process_vm_readv/writev): local_transport_mpi_np3 under ASan, with the staged
+#       and shared paths, each algorithm of the list by name, the path choice and the ring
+#       after a failed read (the ring's own code); local_transport_gloo_np2 under ASan, the same
+#       paths set up over Gloo's communicator (rounds, heap, direct probe through Gloo);
 #       runtime_mpi_np3_direct under TSan (the direct path behind the runtime's threads);
 #     staged, through the runtime, in 4 KiB steps: runtime_mpi_np3_staged under ASan
 #       (runtime_mpi_np3_ring, with the direct path off and the default step, takes the staged
@@ -57,7 +59,7 @@ done
 # and runtime_mpi_2hosts (the hierarchical allreduce across pretend hosts, 4 ranks over TCP).
 # TSan's list is the shorter: it is the slower build to run, and the races it finds are between
 # the threads of one process, which the runtime's default paths and the direct one exercise.
-CI_ASAN_TESTS="core_tests runtime_mpi_np2 transport_direct_np3 runtime_mpi_np3_staged runtime_mpi_np3_mpi_paths runtime_fault"
+CI_ASAN_TESTS="core_tests runtime_mpi_np2 local_transport_mpi_np3 local_transport_gloo_np2 runtime_mpi_np3_staged runtime_mpi_np3_mpi_paths runtime_fault"
 CI_TSAN_TESTS="core_tests runtime_mpi_np2 runtime_mpi_np3_direct"
 if [ -n "${ci:-}" ]; then
   SANITIZE_ASAN_TESTS=$CI_ASAN_TESTS

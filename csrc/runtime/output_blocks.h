@@ -1,6 +1,6 @@
 // Memory for large outputs that is already touched: a block of the shared heap when one is
 // running and has room (peers can then push their reduced parts straight into it:
-// the shared allreduce, transport/mpi/allreduce/shared.cc), else of a private pool of freed blocks.
+// the shared allreduce, transport/local/shared.cc), else of a private pool of freed blocks.
 // TensorFlow's CPU allocator takes such outputs from malloc, which maps fresh pages for some sizes
 // on every call (64 MiB always, 4-16 MiB in some launches; page faults cost ~0.3-1 us each on the
 // development VM). Used by the TF layer's output pool (tensorflow/output_pool.h) and by the Python

@@ -18,6 +18,8 @@
 
 namespace bluefog {
 
+class AllreduceAlgorithm;
+class LocalHost;
 class SharedHeap;
 struct Tuning;
 
@@ -65,6 +67,11 @@ class Communicator {
   virtual Tuning& tuning() = 0;
   // Outputs every rank of this host can write into (shared_heap.h), or nullptr.
   virtual std::shared_ptr<SharedHeap> shared_heap() const { return nullptr; }
+  // The ranks of this host as a transport (transport/local/), when every rank of this
+  // communicator is on this host; else nullptr.
+  virtual LocalHost* local_host() const { return nullptr; }
+  // The allreduce algorithms in the order Allreduce asks them (the first that applies runs).
+  virtual std::vector<AllreduceAlgorithm*> allreduce_algorithms() const { return {}; }
   // The window service's connections (window_link.h), made for headers of `header_bytes`:
   // collective over every rank of this communicator (the world one), at the same point;
   // nullptr where the backend has none.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "core/status.h"
 #include "transport/exchange_slots.h"
 #include "transport/gloo/tcp_store.h"
+#include "transport/shared_heap.h"
 
 namespace bluefog {
 namespace {
@@ -81,6 +83,20 @@ void GlooAllreduce(const std::shared_ptr<gloo::Context>& context, void* data, in
   });
   gloo::allreduce(opts);
 }
+
+// Gloo's own allreduce (a ring over its TCP pairs): whatever the one-host algorithms do not
+// take, so the last of the list.
+class GlooRingAllreduce : public AllreduceAlgorithm {
+ public:
+  explicit GlooRingAllreduce(std::function<void(const AllreduceCall&)> run)
+      : run_(std::move(run)) {}
+  const char* name() const override { return "gloo"; }
+  bool AppliesTo(const AllreduceCall&) const override { return true; }
+  void Run(const AllreduceCall& call) override { run_(call); }
+
+ private:
+  std::function<void(const AllreduceCall&)> run_;
+};
 
 }  // namespace
 
@@ -158,7 +174,8 @@ TransportInfo GlooCommunicator::Init() {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
-  std::vector<std::string> hosts(size_);
+  std::vector<std::string>& hosts = hosts_;
+  hosts.resize(size_);
   for (int r = 0; r < size_; ++r) {
     std::vector<char> v = store_->get(keys[r]);
     hosts[r].assign(v.begin(), v.end());
@@ -194,11 +211,12 @@ TransportInfo GlooCommunicator::Init() {
   Run("device creation", [&] { device_ = gloo::transport::tcp::CreateDevice(attr); });
   world_ranks_.resize(size_);
   for (int r = 0; r < size_; ++r) world_ranks_[r] = r;
-  Connect("bluefog/world");
+  Connect("bluefog/world", hosts_);
+  if (local_ && local_->heap()) SharedHeap::SetCurrent(local_->heap());
   return info;
 }
 
-void GlooCommunicator::Connect(const std::string& prefix) {
+void GlooCommunicator::Connect(const std::string& prefix, const std::vector<std::string>& hosts) {
   auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
   context->setTimeout(setup_.timeout);
   gloo::rendezvous::PrefixStore store(prefix, *store_);
@@ -207,6 +225,16 @@ void GlooCommunicator::Connect(const std::string& prefix) {
   exchange_send_.assign(kExchangeSlotTotal, 0);
   exchange_recv_.assign(kExchangeSlotTotal * static_cast<size_t>(size_), 0);
   initialized_ = true;
+  // Every rank has the same host names, so every rank decides alike whether to set up the host.
+  const bool one_host =
+      size_ > 1 &&
+      std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
+  if (one_host) local_ = LocalHost::Create(this, tuning_, options_);
+  ring_ = std::make_unique<GlooRingAllreduce>(
+      [this](const AllreduceCall& call) { RingAllreduce(call); });
+  allreduce_.clear();
+  if (local_) allreduce_ = local_->algorithms();
+  allreduce_.push_back(ring_.get());
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<int>& ranks,
@@ -222,7 +250,10 @@ std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<i
   // id), so the keys of two creations never meet.
   const std::string members = RanksText(subset->world_ranks_);
   const int creation = subset_creations_[members]++;
-  subset->Connect(Concat("bluefog/set/", tag, "/", members, "/", creation));
+  std::vector<std::string> hosts;
+  for (int r : ranks) hosts.push_back(hosts_[r]);
+  subset->hosts_ = hosts;
+  subset->Connect(Concat("bluefog/set/", tag, "/", members, "/", creation), hosts);
   return subset;
 }
 
@@ -260,6 +291,12 @@ std::string GlooCommunicator::GoneNote() {
 void GlooCommunicator::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
+  if (const std::shared_ptr<SharedHeap> heap = shared_heap()) {
+    heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
+    if (SharedHeap::Current() == heap) SharedHeap::SetCurrent(nullptr);
+  }
+  allreduce_.clear();
+  local_.reset();
   context_.reset();
   store_.reset();
   device_.reset();
@@ -268,9 +305,14 @@ void GlooCommunicator::Shutdown() {
 
 std::vector<std::string> GlooCommunicator::ExchangeAll(const std::string& mine,
                                                        const std::function<void()>& on_wait) {
+  if (rounds()) {
+    StartExchange(mine);
+    std::vector<std::string> out;
+    FinishExchange(&out, on_wait, std::chrono::microseconds(-1));
+    return out;
+  }
   // Gloo's allgather blocks until every rank joined or the timeout passed, so `on_wait` (the
   // stall report) does not run while waiting: a missing rank ends in the timeout's error.
-  (void)on_wait;
   FillExchangeSlot(exchange_send_.data(), mine);
   Run("allgather (negotiation round)", [&] {
     gloo::AllgatherOptions opts(context_);
@@ -278,17 +320,44 @@ std::vector<std::string> GlooCommunicator::ExchangeAll(const std::string& mine,
     opts.setOutput(exchange_recv_.data(), kExchangeSlotTotal * static_cast<size_t>(size_));
     gloo::allgather(opts);
   });
-
   std::vector<std::string> out;
+  ExchangeRests(exchange_recv_.data(), mine, &out);
+  return out;
+}
+
+// One host: each rank's slot in the rounds' shared memory, the last to arrive waking the others
+// (LocalRounds), so a negotiation round costs no message and reports a stalled peer.
+void GlooCommunicator::StartExchange(const std::string& mine) {
+  if (!rounds()) {
+    Communicator::StartExchange(mine);
+    return;
+  }
+  exchange_mine_ = mine;
+  FillExchangeSlot(rounds()->my_slot(), mine);
+  rounds()->Arrive();
+}
+
+bool GlooCommunicator::FinishExchange(std::vector<std::string>* out,
+                                      const std::function<void()>& on_wait,
+                                      std::chrono::microseconds limit) {
+  if (!rounds()) return Communicator::FinishExchange(out, on_wait, limit);
+  const char* slots = rounds()->Await(on_wait, limit);
+  if (!slots) return false;
+  ExchangeRests(slots, exchange_mine_, out);
+  return true;
+}
+
+void GlooCommunicator::ExchangeRests(const char* slots, const std::string& mine,
+                                     std::vector<std::string>* out) {
+  out->clear();
   std::vector<int64_t> rest;
-  if (!ReadExchangeSlots(exchange_recv_.data(), size_, &out, &rest)) return out;
+  if (!ReadExchangeSlots(slots, size_, out, &rest)) return;
   // Second step only when some rank had more to say than its slot holds.
   int64_t recv_total = 0;
   for (int64_t n : rest) recv_total += n;
   std::vector<char> recv(static_cast<size_t>(recv_total));
   Allgatherv(ExchangeRest(mine), recv.data(), rest);
-  AppendExchangeRests(recv.data(), rest, &out);
-  return out;
+  AppendExchangeRests(recv.data(), rest, out);
 }
 
 void GlooCommunicator::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
@@ -296,6 +365,23 @@ void GlooCommunicator::Allreduce(const void* in, void* out, int64_t count, DataT
   BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
              "only a sum can be averaged (PlanAverage decides who divides)");
   if (count <= 0) return;
+  const AllreduceCall call{
+      in, out, count, dtype, op, divisor, count * static_cast<int64_t>(ElementSize(dtype))};
+  for (AllreduceAlgorithm* algorithm : allreduce_) {
+    if (algorithm->AppliesTo(call)) {
+      algorithm->Run(call);
+      return;
+    }
+  }
+}
+
+void GlooCommunicator::RingAllreduce(const AllreduceCall& call) {
+  const void* in = call.in;
+  void* out = call.out;
+  const int64_t count = call.count;
+  const DataType dtype = call.dtype;
+  const ReduceOp op = call.op;
+  const int64_t divisor = call.divisor;
   const size_t element = ElementSize(dtype);
   if (in != out) std::memcpy(out, in, static_cast<size_t>(count) * element);
   if (size_ > 1) {

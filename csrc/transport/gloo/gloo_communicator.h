@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "transport/allreduce_algorithm.h"
 #include "transport/communicator.h"
+#include "transport/local/local_host.h"
 #include "transport/options.h"
 
 namespace gloo {
@@ -78,14 +80,24 @@ class GlooCommunicator : public Communicator {
   const char* backend() const override { return "gloo"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  TransportPaths paths() const override { return TransportPaths(); }
+  TransportPaths paths() const override { return LocalPaths(local_.get()); }
   Tuning& tuning() override { return *tuning_; }
+  std::shared_ptr<SharedHeap> shared_heap() const override {
+    return local_ ? local_->heap() : nullptr;
+  }
+  LocalHost* local_host() const override { return local_.get(); }
+  std::vector<AllreduceAlgorithm*> allreduce_algorithms() const override { return allreduce_; }
   std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) override;
   // window_link.cc: a context of its own, under the store's prefix bluefog/windows/<n>.
   std::unique_ptr<WindowLink> CreateWindowLink(size_t header_bytes) override;
   void Shutdown() override;
   std::vector<std::string> ExchangeAll(const std::string& mine,
                                        const std::function<void()>& on_wait) override;
+  // Split in two halves where the ranks share one host's rounds; else the defaults.
+  bool splits_exchange() const override { return rounds() != nullptr; }
+  void StartExchange(const std::string& mine) override;
+  bool FinishExchange(std::vector<std::string>* all, const std::function<void()>& on_wait,
+                      std::chrono::microseconds limit) override;
   void Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op,
                  int64_t divisor = 1) override;
   void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts_per_rank,
@@ -98,11 +110,17 @@ class GlooCommunicator : public Communicator {
  private:
   GlooCommunicator(const GlooCommunicator& parent, int rank, int size);
   // Connects this communicator's context through the keys under `prefix` (every rank of it
-  // calls this).
-  void Connect(const std::string& prefix);
+  // calls this), then sets up the ranks' host as a transport when they all share one (per
+  // `hosts`, every rank's host name), and the allreduce list.
+  void Connect(const std::string& prefix, const std::vector<std::string>& hosts);
+  LocalRounds* rounds() const { return local_ ? local_->rounds() : nullptr; }
+  // What does not fit a slot of the negotiation round, once every rank's slot showed its length.
+  void ExchangeRests(const char* slots, const std::string& mine, std::vector<std::string>* out);
   // For an error of a Gloo call: " (rank(s) R left the job)" when rank 0's server saw those
   // ranks' connections end, a note when the server is gone too, else empty.
   std::string GoneNote();
+  // Gloo's own allreduce, the list's last.
+  void RingAllreduce(const AllreduceCall& call);
   // Runs one Gloo call, turning its exceptions into BluefogError naming rank and op.
   template <typename F>
   void Run(const char* op, F&& body);
@@ -116,7 +134,12 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<int> world_ranks_;  // job-wide rank of each of this communicator's ranks
+  std::vector<int> world_ranks_;      // job-wide rank of each of this communicator's ranks
+  std::vector<std::string> hosts_;    // each rank's host name, announced at the rendezvous
+  std::unique_ptr<LocalHost> local_;  // every rank on this host: its segment and paths
+  std::vector<AllreduceAlgorithm*> allreduce_;
+  std::unique_ptr<AllreduceAlgorithm> ring_;  // Gloo's own allreduce, last in allreduce_
+  std::string exchange_mine_;  // StartExchange's message, for what does not fit its slot
   // How many subsets over each list of ranks this communicator made: a set removed and made
   // again (with its old id) must not find the old subset's addresses in the store.
   std::map<std::string, int> subset_creations_;

@@ -1,7 +1,6 @@
 // The negotiation rounds' exchange (MpiCommunicator::ExchangeAll): every rank's message to every
 // rank, through a fixed slot per rank, over shared memory on one host (LocalRounds) or an
-// MPI_Iallgather, with an MPI_Allgatherv for what does not fit; and the small allgathers the
-// direct allreduce synchronizes with. See docs/design.md, "Rounds on one host".
+// MPI_Iallgather, with an MPI_Allgatherv for what does not fit. See docs/design.md, "One host".
 #include <mpi.h>
 #include <sched.h>
 
@@ -39,9 +38,9 @@ void MpiCommunicator::StartExchange(const std::string& mine) {
   // What does not fit a slot goes in a second step, once every rank's slot showed its length.
   const char* rest = ExchangeRest(mine);
   exchange_rest_.assign(rest ? rest : "", rest ? mine.size() - kExchangeSlotBytes : 0);
-  if (local_rounds_) {
-    FillExchangeSlot(local_rounds_->my_slot(), mine);
-    local_rounds_->Arrive();
+  if (LocalRounds* rounds = local_ ? local_->rounds() : nullptr) {
+    FillExchangeSlot(rounds->my_slot(), mine);
+    rounds->Arrive();
   } else {
     FillExchangeSlot(exchange_send_.data(), mine);
     StartExchangeSlots();
@@ -52,8 +51,8 @@ bool MpiCommunicator::FinishExchange(std::vector<std::string>* out,
                                      const std::function<void()>& on_wait,
                                      std::chrono::microseconds limit) {
   const char* slots = exchange_recv_.data();
-  if (local_rounds_) {
-    slots = local_rounds_->Await(on_wait, limit);
+  if (LocalRounds* rounds = local_ ? local_->rounds() : nullptr) {
+    slots = rounds->Await(on_wait, limit);
     if (!slots) return false;
   } else if (!AwaitExchangeSlots(on_wait, limit)) {
     return false;
@@ -108,20 +107,6 @@ bool MpiCommunicator::AwaitExchangeSlots(const std::function<void()>& on_wait,
     sleep_for = std::min(sleep_for * 2, std::chrono::microseconds(1000));
     if (on_wait) on_wait();
   }
-}
-
-void MpiCommunicator::SmallAllgather(const void* mine, size_t bytes, void* all) {
-  if (local_rounds_ && bytes <= kExchangeSlotTotal) {
-    std::memcpy(local_rounds_->my_slot(), mine, bytes);
-    const char* slots = local_rounds_->Exchange(nullptr);
-    for (int r = 0; r < size_; ++r)
-      std::memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes,
-                  slots + static_cast<size_t>(r) * kExchangeSlotTotal, bytes);
-    return;
-  }
-  Check(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes),
-                      MPI_BYTE, AsComm(comm_)),
-        "MPI_Allgather");
 }
 
 }  // namespace bluefog

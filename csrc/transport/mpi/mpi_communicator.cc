@@ -86,17 +86,9 @@ void* MpiCommunicator::Requests(size_t n) {
 }
 
 TransportPaths MpiCommunicator::paths() const {
-  TransportPaths p;
+  TransportPaths p = LocalPaths(local_.get());
   p.hierarchical = tuning_->hierarchical && cross_ != nullptr;
-  p.direct = direct_ != nullptr && direct_->enabled();
-  p.staged = one_host_ != nullptr && one_host_->areas();
-  p.shared_heap = shared_heap() != nullptr;
-  p.local_rounds = local_rounds_ != nullptr;
   return p;
-}
-
-int MpiCommunicator::local_choice(int64_t bytes, int kind) const {
-  return one_host_ ? one_host_->Choice(bytes, kind) : -1;
 }
 
 TransportInfo MpiCommunicator::Init() {
@@ -220,23 +212,17 @@ void MpiCommunicator::MapHosts(void* shared) {
 }
 
 void MpiCommunicator::SetUp(bool one_host) {
-  allreduce_ = MakeAllreduceList(this);
-  for (const auto& a : allreduce_) {
-    if (auto* d = dynamic_cast<DirectAllreduce*>(a.get())) direct_ = d;
-    if (auto* o = dynamic_cast<OneHostAllreduce*>(a.get())) one_host_ = o;
-  }
-  if (one_host) direct_->Probe();
   exchange_send_.assign(kExchangeSlotTotal, 0);
   exchange_recv_.assign(kExchangeSlotTotal * static_cast<size_t>(size_), 0);
   counts_.assign(size_, 0);
   displs_.assign(size_, 0);
-  if (one_host && options_.local_rounds) {
-    const int64_t staged = std::max<int64_t>(options_.staged_bytes, 0);
-    local_rounds_ = LocalRounds::Create(
-        comm_, rank_, size_, kExchangeSlotTotal, static_cast<size_t>(staged),
-        staged > 0 ? static_cast<size_t>(std::max<int64_t>(options_.shared_heap_bytes, 0)) : 0);
-    if (local_rounds_ && local_rounds_->heap()) SharedHeap::SetCurrent(local_rounds_->heap());
+  // LocalHost's set-up takes this communicator's Broadcast and Allgatherv, which call MPI
+  // directly, so it may come before the list.
+  if (one_host) {
+    local_ = LocalHost::Create(this, tuning_, options_);
+    if (local_->heap()) SharedHeap::SetCurrent(local_->heap());
   }
+  allreduce_ = MakeAllreduceList(this, local_.get(), &own_allreduce_);
 }
 
 void MpiCommunicator::Shutdown() {
@@ -246,7 +232,8 @@ void MpiCommunicator::Shutdown() {
     heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
     if (SharedHeap::Current() == heap) SharedHeap::SetCurrent(nullptr);
   }
-  local_rounds_.reset();
+  allreduce_.clear();
+  local_.reset();
   MPI_Op_free(&AsOp(bluefog_op_));
   if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));
   if (cross_) cross_->Shutdown();
@@ -264,7 +251,7 @@ void MpiCommunicator::Allreduce(const void* in, void* out, int64_t count, DataTy
              "only a sum can be averaged (PlanAverage decides who divides)");
   const AllreduceCall call{
       in, out, count, dtype, op, divisor, count * static_cast<int64_t>(ElementSize(dtype))};
-  for (const auto& algorithm : allreduce_) {
+  for (AllreduceAlgorithm* algorithm : allreduce_) {
     if (algorithm->AppliesTo(call)) {
       algorithm->Run(call);
       return;

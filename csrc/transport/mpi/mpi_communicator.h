@@ -11,15 +11,12 @@
 #include <vector>
 
 #include "core/types.h"
+#include "transport/allreduce_algorithm.h"
 #include "transport/communicator.h"
-#include "transport/mpi/allreduce/algorithm.h"
-#include "transport/mpi/local_rounds.h"
+#include "transport/local/local_host.h"
 #include "transport/options.h"
 
 namespace bluefog {
-
-class DirectAllreduce;
-class OneHostAllreduce;
 
 class MpiCommunicator : public Communicator {
  public:
@@ -38,8 +35,10 @@ class MpiCommunicator : public Communicator {
   TransportPaths paths() const override;
   Tuning& tuning() override { return *tuning_; }
   std::shared_ptr<SharedHeap> shared_heap() const override {
-    return local_rounds_ ? local_rounds_->heap() : nullptr;
+    return local_ ? local_->heap() : nullptr;
   }
+  LocalHost* local_host() const override { return local_.get(); }
+  std::vector<AllreduceAlgorithm*> allreduce_algorithms() const override { return allreduce_; }
   std::unique_ptr<WindowLink> CreateWindowLink(size_t header_bytes) override;
   std::unique_ptr<Communicator> CreateSubset(const std::vector<int>& ranks, int tag) override;
   void Shutdown() override;
@@ -58,10 +57,6 @@ class MpiCommunicator : public Communicator {
   void NeighborExchange(const std::vector<PeerBuffer>& sends,
                         const std::vector<PeerBuffer>& recvs) override;
 
-  // Tests: which path the one-host allreduces of `bytes` of `kind` take (0 through the areas,
-  // 1 direct, -1 still timing both); see OneHostAllreduce.
-  int local_choice(int64_t bytes, int kind = 0) const;
-
   // For the algorithms (allreduce/): what they share.
   void* comm() const { return comm_; }              // an MPI_Comm (comm_handle.h)
   void* local_comm() const { return local_comm_; }  // this host's ranks
@@ -71,12 +66,11 @@ class MpiCommunicator : public Communicator {
   // Over the ranks with this rank's local rank, one per host, when the hierarchical allreduce
   // can run (else nullptr).
   MpiCommunicator* cross() const { return cross_.get(); }
-  LocalRounds* local_rounds() const { return local_rounds_.get(); }
   const TransportOptions& options() const { return options_; }
   // Throws BluefogError(kInternal) with MPI's text when `code` is not MPI_SUCCESS.
   void Check(int code, const char* call) const;
-  // Chunks received or read from peers, and the pieces summed before they are streamed (one
-  // algorithm runs at a time); grown once, so no per-call faults.
+  // Chunks received from peers (one algorithm runs at a time); grown once, so no per-call
+  // faults.
   char* Scratch(int64_t bytes);
   // Storage for `n` MPI_Request, reused.
   void* Requests(size_t n);
@@ -84,15 +78,12 @@ class MpiCommunicator : public Communicator {
   void WaitSparingly(void* requests, int n = 1);
   // Whether `rank` runs on another host than this rank.
   bool OnOtherHost(int rank) const { return host_of_[rank] != host_of_[rank_]; }
-  // Every rank's `bytes` (the same on every rank) into `all`, in rank order: through the
-  // shared-memory rounds when there are some, else MPI.
-  void SmallAllgather(const void* mine, size_t bytes, void* all);
 
  private:
   // A communicator over `comm` (an MPI_Comm this process owns), which it frees at Shutdown.
   std::unique_ptr<MpiCommunicator> Adopt(void* comm);
-  // The algorithms and the exchange's buffers; the direct path probed and the shared memory
-  // set up when `one_host`.
+  // The algorithms and the exchange's buffers; the host's transport (LocalHost) set up when
+  // `one_host`.
   void SetUp(bool one_host);
   // exchange_send_ from every rank into exchange_recv_, over MPI: posted, then waited for at
   // most `limit` (negative: without one); false when that ran out.
@@ -116,10 +107,9 @@ class MpiCommunicator : public Communicator {
   int local_rank_ = 0;
   int local_size_ = 1;
   void* bluefog_op_ = nullptr;
-  std::unique_ptr<LocalRounds> local_rounds_;  // rounds through shared memory (one host)
-  std::vector<std::unique_ptr<AllreduceAlgorithm>> allreduce_;
-  DirectAllreduce* direct_ = nullptr;     // in allreduce_
-  OneHostAllreduce* one_host_ = nullptr;  // in allreduce_
+  std::unique_ptr<LocalHost> local_;  // every rank on this host: its segment and paths
+  std::vector<AllreduceAlgorithm*> allreduce_;
+  std::vector<std::unique_ptr<AllreduceAlgorithm>> own_allreduce_;  // in allreduce_
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<int64_t> rest_;         // the negotiation round's bytes beyond each rank's slot

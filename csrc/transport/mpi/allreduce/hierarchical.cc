@@ -26,7 +26,7 @@ constexpr int64_t kSplitChunkBytes = int64_t{1} << 20;
 }  // namespace
 
 bool HierarchicalAllreduce::AppliesTo(const AllreduceCall& call) const {
-  return LargeCall(comm_, call) && comm_->cross() != nullptr &&
+  return LargeCall(comm_->tuning(), call) && comm_->cross() != nullptr &&
          comm_->tuning().hierarchical.load(std::memory_order_relaxed) &&
          call.count >= comm_->local_size() && call.count <= INT_MAX;
 }

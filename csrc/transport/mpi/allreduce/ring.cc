@@ -24,7 +24,7 @@ constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
 }  // namespace
 
 bool RingAllreduce::AppliesTo(const AllreduceCall& call) const {
-  return comm_->size() > 1 && LargeCall(comm_, call) && call.count >= comm_->size();
+  return comm_->size() > 1 && LargeCall(comm_->tuning(), call) && call.count >= comm_->size();
 }
 
 // The reduce-scatter moves each segment in chunks of kRingChunkBytes received into one

@@ -15,9 +15,12 @@
 
 namespace bluefog {
 
+class Communicator;
+
 class LocalRounds {
  public:
-  // Collective over `comm` (an MPI_Comm in an opaque word) whose `size` ranks share one host.
+  // Collective over every rank of `comm`, all of which share one host (set up through its
+  // Broadcast and Allgatherv, whichever backend it is).
   // Rank 0 makes an anonymous segment (memfd: no name, nothing left behind by a killed job) and
   // the others open it through /proc; it is used only if every rank mapped it and found the
   // token rank 0 wrote there, otherwise (a kernel that refuses, ranks in other PID namespaces)
@@ -25,7 +28,7 @@ class LocalRounds {
   // data area (the staged allreduce's; 0: none), touched by its owner here so that no call
   // takes its page faults. `heap_bytes` per rank of the same segment, mapped separately, make
   // heap() (0: none); its pages are touched only when a block of them is first used.
-  static std::unique_ptr<LocalRounds> Create(void* comm, int rank, int size, size_t slot_bytes,
+  static std::unique_ptr<LocalRounds> Create(Communicator* comm, size_t slot_bytes,
                                              size_t data_bytes = 0, size_t heap_bytes = 0);
   ~LocalRounds();
   LocalRounds(const LocalRounds&) = delete;

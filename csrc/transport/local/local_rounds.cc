@@ -1,8 +1,7 @@
-#include "transport/mpi/local_rounds.h"
+#include "transport/local/local_rounds.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <mpi.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -14,8 +13,9 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
-#include "transport/mpi/comm_handle.h"
+#include "transport/communicator.h"
 
 namespace bluefog {
 
@@ -55,8 +55,10 @@ size_t DataOffset(int size, size_t slot_bytes) {
 
 }  // namespace
 
-std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size, size_t slot_bytes,
+std::unique_ptr<LocalRounds> LocalRounds::Create(Communicator* comm, size_t slot_bytes,
                                                  size_t data_bytes, size_t heap_bytes) {
+  const int rank = comm->rank();
+  const int size = comm->size();
   static_assert(sizeof(Header) <= kHeaderBytes, "header too large");
   data_bytes = (data_bytes + 63) / 64 * 64;  // every area starts on a cache line
   heap_bytes = (heap_bytes + kPage - 1) / kPage * kPage;
@@ -94,7 +96,7 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
                static_cast<uint64_t>(st.st_ino), offer.token};
     }
   }
-  MPI_Bcast(&offer, sizeof(Offer), MPI_BYTE, 0, AsComm(comm));
+  comm->Broadcast(&offer, sizeof(Offer), 0);
   int ok = offer.fd >= 0 ? 1 : 0;
   if (rank != 0 && ok) {
     ok = 0;
@@ -116,7 +118,10 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(void* comm, int rank, int size,
     }
     if (theirs >= 0) close(theirs);
   }
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, AsComm(comm));
+  // Every rank's verdict, so that all of them keep the segment or none does.
+  std::vector<int> oks(static_cast<size_t>(size));
+  comm->Allgatherv(&ok, oks.data(), std::vector<int64_t>(static_cast<size_t>(size), sizeof(int)));
+  for (int r : oks) ok = ok && r;
   if (fd >= 0) close(fd);  // every rank that could open it has; the mappings keep it alive
   if (!ok) {
     if (base != MAP_FAILED) munmap(base, bytes);

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "core/reduce_kernels.h"
-#include "transport/mpi/allreduce/algorithms.h"
-#include "transport/mpi/mpi_communicator.h"
+#include "transport/local/algorithms.h"
+#include "transport/local/local_host.h"
 #include "transport/shared_heap.h"
 
 namespace bluefog {
@@ -28,11 +28,11 @@ namespace bluefog {
 // buffer only after the sync that follows the peer's copy of it into its area.
 void SharedAllreduce(DataAreas* areas, const AllreduceCall& call, const uint64_t* gathered,
                      bool staged_first) {
-  MpiCommunicator* comm = areas->comm();
-  LocalRounds* rounds = comm->local_rounds();
+  LocalHost* host = areas->host();
+  LocalRounds* rounds = host->rounds();
   const int64_t elem = static_cast<int64_t>(ElementSize(call.dtype));
-  const int n = comm->size();
-  const int rank = comm->rank();
+  const int n = host->size();
+  const int rank = host->rank();
   const int64_t step = areas->StepElements(elem);
   const SharedHeap& heap = *rounds->heap();
   std::vector<char*>& outputs = areas->peer_outputs;  // every rank's output, in this mapping

@@ -10,34 +10,34 @@
 // (docs/benchmarks.md), so each size class is decided by timing both, apart for the three kinds
 // of call, and decided again now and then and whenever the path taken becomes slower than the
 // other was.
-#include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 
-#include "transport/mpi/allreduce/algorithms.h"
-#include "transport/mpi/mpi_communicator.h"
+#include "transport/local/algorithms.h"
+#include "transport/local/local_host.h"
 #include "transport/shared_heap.h"
 
 namespace bluefog {
 
-OneHostAllreduce::OneHostAllreduce(MpiCommunicator* comm, DirectAllreduce* direct)
-    : comm_(comm),
+OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct)
+    : host_(host),
       direct_(direct),
-      areas_(comm),
-      chooser_(comm->rank(), comm->size(), {"", "outputs in the shared heap", "in place"},
-               [comm](const double* mine, int n, double* all) {
-                 comm->SmallAllgather(mine, n * sizeof(double), all);
+      areas_(host),
+      chooser_(host->rank(), host->size(), {"", "outputs in the shared heap", "in place"},
+               [host](const double* mine, int n, double* all) {
+                 host->SmallAllgather(mine, n * sizeof(double), all);
                }) {}
 
 bool OneHostAllreduce::AppliesTo(const AllreduceCall& call) const {
-  return OneHostCall(comm_, call) && comm_->size() > 1 && areas_.enabled();
+  return OneHostCall(host_->tuning(), host_->size(), call) && host_->size() > 1 && areas_.enabled();
 }
 
 void OneHostAllreduce::Run(const AllreduceCall& call) {
-  const int n = comm_->size();
+  const int n = host_->size();
   const int64_t elem = static_cast<int64_t>(ElementSize(call.dtype));
-  const std::shared_ptr<SharedHeap>& heap = comm_->local_rounds()->heap();
-  Tuning& tuning = comm_->tuning();
+  const std::shared_ptr<SharedHeap>& heap = host_->rounds()->heap();
+  Tuning& tuning = host_->tuning();
   const int64_t offset = tuning.shared.load(std::memory_order_relaxed) && heap
                              ? heap->OffsetOf(call.out, static_cast<size_t>(call.bytes))
                              : -1;
@@ -52,7 +52,9 @@ void OneHostAllreduce::Run(const AllreduceCall& call) {
   // then: the same history of agreed paths on all. When some output is not in the heap the
   // copy was for nothing, and harmless: nobody reads the areas until a path fills them again.
   const bool small = call.bytes <= kAreasMaxBytes;
-  const double start = can_choose && (small || offset >= 0) ? MPI_Wtime() : 0.0;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start =
+      can_choose && (small || offset >= 0) ? Clock::now() : Clock::time_point();
   const bool staged_first = offset >= 0 && areas_.free && next(kShared) == 0;
   if (staged_first)
     areas_.StageSegments(static_cast<const char*>(call.in),
@@ -60,7 +62,7 @@ void OneHostAllreduce::Run(const AllreduceCall& call) {
   const uint64_t mine[3] = {reinterpret_cast<uint64_t>(call.in),
                             reinterpret_cast<uint64_t>(call.out), static_cast<uint64_t>(offset)};
   buffers_.resize(3 * static_cast<size_t>(n));
-  comm_->SmallAllgather(mine, sizeof(mine), buffers_.data());
+  host_->SmallAllgather(mine, sizeof(mine), buffers_.data());
   bool all_shared = true, all_in_place = true;
   for (int r = 0; r < n; ++r) {
     all_shared = all_shared && static_cast<int64_t>(buffers_[3 * r + 2]) >= 0;
@@ -79,7 +81,9 @@ void OneHostAllreduce::Run(const AllreduceCall& call) {
   } else {
     StagedAllreduce(&areas_, call, true);
   }
-  if (timed) chooser_.Record(kind, call.bytes, path, MPI_Wtime() - start);
+  if (timed)
+    chooser_.Record(kind, call.bytes, path,
+                    std::chrono::duration<double>(Clock::now() - start).count());
   tuning.one_host_calls.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -1,6 +1,5 @@
 // The direct allreduce among ranks of one host: each rank reads its peers' buffers with Linux
 // cross-memory attach (process_vm_readv) instead of passing messages. See docs/design.md.
-#include <mpi.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -14,9 +13,8 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
-#include "transport/mpi/allreduce/algorithms.h"
-#include "transport/mpi/comm_handle.h"
-#include "transport/mpi/mpi_communicator.h"
+#include "transport/local/algorithms.h"
+#include "transport/local/local_host.h"
 
 namespace bluefog {
 namespace {
@@ -55,8 +53,8 @@ std::string CopyPeer(bool write, int pid, uint64_t remote, void* local, int64_t 
 // reading itself, which would otherwise sum its own buffer twice.
 void DirectAllreduce::Probe() {
   std::random_device entropy;
-  const int rank = comm_->rank();
-  const int size = comm_->size();
+  const int rank = host_->rank();
+  const int size = host_->size();
   token_ =
       (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ (static_cast<uint64_t>(rank) << 48);
   struct Who {
@@ -65,9 +63,7 @@ void DirectAllreduce::Probe() {
     uint64_t token;
   } mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(&token_), token_};
   std::vector<Who> all(size);
-  const MPI_Comm comm = CommOf(comm_->comm());
-  comm_->Check(MPI_Allgather(&mine, sizeof(Who), MPI_BYTE, all.data(), sizeof(Who), MPI_BYTE, comm),
-               "MPI_Allgather");
+  host_->SmallAllgather(&mine, sizeof(Who), all.data());
   int ok = 1;
   pids_.resize(size);
   for (int r = 0; r < size; ++r) {
@@ -80,16 +76,17 @@ void DirectAllreduce::Probe() {
         !CopyPeer(true, pids_[r], all[r].address, &value, sizeof(value)).empty())
       ok = 0;
   }
-  comm_->Check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
-  ok_ = ok == 1;
+  std::vector<int> oks(static_cast<size_t>(size));
+  host_->SmallAllgather(&ok, sizeof(ok), oks.data());
+  ok_ = *std::min_element(oks.begin(), oks.end()) == 1;
 }
 
 bool DirectAllreduce::enabled() const {
-  return ok_ && comm_->tuning().direct.load(std::memory_order_relaxed);
+  return ok_ && host_->tuning().direct.load(std::memory_order_relaxed);
 }
 
 bool DirectAllreduce::AppliesTo(const AllreduceCall& call) const {
-  return LargeCall(comm_, call) && enabled() && call.count >= comm_->size();
+  return LargeCall(host_->tuning(), call) && enabled() && call.count >= host_->size();
 }
 
 // All ranks on one host. Rank r owns segment r: it reads segment r of every peer's input
@@ -108,22 +105,22 @@ void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
   const DataType dtype = call.dtype;
   const ReduceOp op = call.op;
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
-  const int n = comm_->size();
-  const int rank = comm_->rank();
+  const int n = host_->size();
+  const int rank = host_->rank();
   if (gathered == nullptr) {  // else OneHostAllreduce just did, into the same layout
     const uint64_t mine[3] = {reinterpret_cast<uint64_t>(call.in),
                               reinterpret_cast<uint64_t>(call.out), ~uint64_t{0}};
     buffers_.resize(3 * static_cast<size_t>(n));
-    comm_->SmallAllgather(mine, sizeof(mine), buffers_.data());
+    host_->SmallAllgather(mine, sizeof(mine), buffers_.data());
     gathered = buffers_.data();
   }
   auto begin = [&](int k) { return count * k / n; };
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
-  char* scratch = comm_->Scratch(chunk * elem);
+  char* scratch = host_->Scratch(chunk * elem);
   const char* src = static_cast<const char*>(call.in);
   char* dst = static_cast<char*>(call.out);
   const int64_t end = begin(rank + 1);
-  const int64_t fault = comm_->tuning().direct_fault_rank.load(std::memory_order_relaxed);
+  const int64_t fault = host_->tuning().direct_fault_rank.load(std::memory_order_relaxed);
   std::string failure;
   // A read from (or write into) a peer's memory; on failure `failure` says which and why.
   auto reach = [&](bool write, int peer, uint64_t remote, char* local, int64_t bytes) {
@@ -160,10 +157,10 @@ void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
 // A barrier that also finds the lowest rank whose reads or writes failed, if any; then every rank
 // turns the direct path off (later allreduces take the ring) and fails this allreduce.
 void DirectAllreduce::Agree(const std::string& failure) {
-  const int rank = comm_->rank();
+  const int rank = host_->rank();
   const int mine = failure.empty() ? INT_MAX : rank;
-  agree_.resize(comm_->size());
-  comm_->SmallAllgather(&mine, sizeof(mine), agree_.data());
+  agree_.resize(host_->size());
+  host_->SmallAllgather(&mine, sizeof(mine), agree_.data());
   const int first = *std::min_element(agree_.begin(), agree_.end());
   if (first == INT_MAX) return;
   ok_ = false;

@@ -1,10 +1,11 @@
-// The one-host allreduces of MpiCommunicator (direct, staged, shared; the path chooser) (peers'
-// buffers read in place) over real MPI on one host, without the runtime: run under mpirun with 3
-// ranks. Expected values are closed-form functions of (rank, size, index).
+// The one-host transport (transport/local/: the direct, staged and shared allreduces, the path
+// chooser, the shared heap) over either backend's communicator on one host, without the
+// runtime: under mpirun (the MPI backend) or tests/cpp/gloo_launch.sh (the Gloo backend), at 2
+// and 3 ranks. Expected values are closed-form functions of (rank, size, index).
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -15,15 +16,29 @@
 
 #include "core/path_chooser.h"
 #include "core/status.h"
-#include "transport/mpi/allreduce/algorithms.h"
-#include "transport/mpi/mpi_communicator.h"
+#include "transport/allreduce_algorithm.h"
+#include "transport/local/algorithms.h"
+#include "transport/local/local_host.h"
 #include "transport/shared_heap.h"
+#ifdef BLUEFOG_HAVE_MPI
+#include "transport/mpi/mpi_communicator.h"
+#endif
+#ifdef BLUEFOG_HAVE_GLOO
+#include "transport/gloo/gloo_communicator.h"
+#include "transport/gloo/tcp_store.h"
+#endif
 
 namespace bluefog {
 namespace {
 
-MpiCommunicator* transport = nullptr;
+Communicator* transport = nullptr;
 TransportInfo info;
+
+// The path the one-host allreduces of `bytes` of `kind` take (0 through the areas, 1 direct, -1
+// still timing both).
+int Choice(int64_t bytes, int kind = OneHostAllreduce::kOutOfPlace) {
+  return transport->local_host()->choice(bytes, kind);
+}
 
 // Sum over ranks r of (i % 17 + r): n * (i % 17) + n (n - 1) / 2, exact in float32.
 float Expected(int64_t i) {
@@ -35,8 +50,8 @@ float Expected(int64_t i) {
 void ExpectChosenAlike(int choice) {
   EXPECT_TRUE(choice == 0 || choice == 1) << choice;
   int lowest = choice, highest = choice;
-  MPI_Allreduce(&choice, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&choice, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  transport->Allreduce(&choice, &lowest, 1, DataType::kInt32, ReduceOp::kMin);
+  transport->Allreduce(&choice, &highest, 1, DataType::kInt32, ReduceOp::kMax);
   EXPECT_EQ(lowest, highest);
 }
 
@@ -106,22 +121,22 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
   const int64_t count = (int64_t{1} << 21) + 5;  // 8 MiB + 20 bytes: no other test uses this class
   std::vector<float> in = Input(count), out(count, 0.0f);
   for (int call = 0; call < PathChooser::kChooseCalls; ++call) {
-    EXPECT_EQ(transport->local_choice(count * 4), -1) << call;
+    EXPECT_EQ(Choice(count * 4), -1) << call;
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << call << " " << i;
   }
-  ExpectChosenAlike(transport->local_choice(count * 4));
+  ExpectChosenAlike(Choice(count * 4));
   transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
   // Decided again after set calls (2048 outside tests), again alike on every rank.
   transport->tuning().recheck_calls = 4;
   for (int call = 0; call < 3; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
-  EXPECT_EQ(transport->local_choice(count * 4), -1);
+  EXPECT_EQ(Choice(count * 4), -1);
   for (int call = 0; call < 4 * PathChooser::kBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
-  ExpectChosenAlike(transport->local_choice(count * 4));
+  ExpectChosenAlike(Choice(count * 4));
   transport->tuning().recheck_calls = 2048;
   // Every output in the heap: the class is timed apart (shared path against direct), and every
   // rank again takes the same.
@@ -133,12 +148,12 @@ TEST(TransportDirect, EveryRankChoosesTheSamePath) {
       EXPECT_EQ(transport->tuning().shared_calls.load() - shared_before,
                 uint64_t{PathChooser::kStartCalls});
     }
-    EXPECT_EQ(transport->local_choice(count * 4, OneHostAllreduce::kShared), -1) << call;
+    EXPECT_EQ(Choice(count * 4, OneHostAllreduce::kShared), -1) << call;
     transport->AllreduceSum(in.data(), block.data, count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97)
       ASSERT_EQ(block.data[i], Expected(i)) << call << " " << i;
   }
-  ExpectChosenAlike(transport->local_choice(count * 4, OneHostAllreduce::kShared));
+  ExpectChosenAlike(Choice(count * 4, OneHostAllreduce::kShared));
 }
 
 // After a choice, a watch every PathChooser::kWatchCalls calls: when the path taken has become
@@ -150,18 +165,18 @@ TEST(TransportDirect, AChoiceThatGotSlowerIsMadeAgainOnEveryRank) {
   std::vector<float> in = Input(count), out(count, 0.0f);
   for (int call = 0; call < PathChooser::kChooseCalls; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
-  ASSERT_NE(transport->local_choice(count * 4), -1);
+  ASSERT_NE(Choice(count * 4), -1);
   // The slowest rank's medians decide the watch's reference, so an unforced watch may fire too
   // on a noisy machine; forcing it on one rank must make every rank start the trials again.
   if (info.rank == info.size - 1) transport->tuning().worse = 0.0;
   for (int call = 0; call < PathChooser::kWatchCalls; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
   transport->tuning().worse = PathChooser::kWorse;
-  EXPECT_EQ(transport->local_choice(count * 4), -1);
+  EXPECT_EQ(Choice(count * 4), -1);
   for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(out[i], Expected(i)) << i;
   for (int call = 0; call < 4 * PathChooser::kBlock; ++call)
     transport->AllreduceSum(in.data(), out.data(), count, DataType::kFloat32);
-  ExpectChosenAlike(transport->local_choice(count * 4));
+  ExpectChosenAlike(Choice(count * 4));
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], Expected(i)) << i;
 }
 
@@ -255,14 +270,14 @@ TEST(TransportDirect, InPlaceCallsAreTimedApart) {
   const int64_t count = int64_t{1} << 22;
   std::vector<float> buf(count), in = Input(count), out(count);
   for (int call = 0; call < PathChooser::kChooseCalls; ++call) {
-    EXPECT_EQ(transport->local_choice(count * 4, OneHostAllreduce::kInPlace), -1) << call;
+    EXPECT_EQ(Choice(count * 4, OneHostAllreduce::kInPlace), -1) << call;
     std::copy(in.begin(), in.end(), buf.begin());
     transport->AllreduceSum(buf.data(), buf.data(), count, DataType::kFloat32);
     for (int64_t i = 0; i < count; i += 97) ASSERT_EQ(buf[i], Expected(i)) << call << " " << i;
   }
-  ExpectChosenAlike(transport->local_choice(count * 4, OneHostAllreduce::kInPlace));
-  EXPECT_EQ(transport->local_choice(count * 4), -1);
-  EXPECT_EQ(transport->local_choice(count * 4, OneHostAllreduce::kShared), -1);
+  ExpectChosenAlike(Choice(count * 4, OneHostAllreduce::kInPlace));
+  EXPECT_EQ(Choice(count * 4), -1);
+  EXPECT_EQ(Choice(count * 4, OneHostAllreduce::kShared), -1);
   // In place on rank 0 only.
   std::copy(in.begin(), in.end(), buf.begin());
   float* result = info.rank == 0 ? buf.data() : out.data();
@@ -309,9 +324,52 @@ TEST(TransportDirect, StreamingStoresGiveTheSameResults) {
   transport->tuning().streaming_store_bytes = saved;
 }
 
-// A rank whose reads fail on the direct path (here: a bad address) fails the allreduce on every
-// rank, naming itself, without hanging; the transport then passes messages, with the same results.
-TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
+// Every algorithm in the backend's list (the one-host ones first, then the backend's own: ring
+// and mpi for MPI, gloo for Gloo), reached by name and run on its own rather than through the
+// list's choice: a sum out of place and in place, a max and an integer average, over one step
+// of the areas and several with uneven segments; exact on every rank.
+TEST(AlgorithmByName, EveryAlgorithmOfTheListExact) {
+  const std::vector<AllreduceAlgorithm*> list = transport->allreduce_algorithms();
+  std::vector<std::string> names;
+  for (AllreduceAlgorithm* a : list) names.push_back(a->name());
+  ASSERT_GE(names.size(), 3u);
+  EXPECT_EQ(names[0], "one-host");
+  EXPECT_EQ(names[1], "direct");
+  EXPECT_EQ(names.back(), transport->backend());  // the backend's own, which takes every call
+  const int n = info.size;
+  for (AllreduceAlgorithm* algorithm : list) {
+    const std::string name = algorithm->name();
+    if (name == "hierarchical") continue;  // several hosts only
+    for (int64_t count : {(int64_t{1} << 18) + 1, (int64_t{1} << 20) + 2 * n + 1}) {
+      std::vector<float> in = Input(count), out(count, -1.0f), buf = Input(count);
+      const int64_t bytes = count * 4;
+      const AllreduceCall sum{in.data(),      out.data(), count, DataType::kFloat32,
+                              ReduceOp::kSum, 1,          bytes};
+      ASSERT_TRUE(algorithm->AppliesTo(sum)) << name << " " << count;
+      algorithm->Run(sum);
+      algorithm->Run({buf.data(), buf.data(), count, DataType::kFloat32, ReduceOp::kSum, 1, bytes});
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[i], Expected(i)) << name << " " << count << " " << i;
+        ASSERT_EQ(buf[i], Expected(i)) << name << " " << count << " " << i;
+      }
+      EXPECT_EQ(in, Input(count)) << name;
+      algorithm->Run({in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kMax, 1, bytes});
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(out[i], static_cast<float>(i % 17 + n - 1)) << name << " " << i;
+      std::vector<int32_t> ints(count);
+      for (int64_t i = 0; i < count; ++i) ints[i] = static_cast<int32_t>((i % 5) * 3 + info.rank);
+      algorithm->Run({ints.data(), ints.data(), count, DataType::kInt32, ReduceOp::kSum, n, bytes});
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(ints[i], static_cast<int32_t>((n * (i % 5) * 3 + n * (n - 1) / 2) / n))
+            << name << " " << i;
+    }
+  }
+}
+
+// Last (it turns the direct path off for good): a rank whose reads fail on the direct path (here:
+// a bad address) fails the allreduce on every rank, naming itself, without hanging; the
+// transport then passes messages, with the same results.
+TEST(TransportDirectLast, FailedReadFailsEveryRankThenTheRingRuns) {
   const int64_t count = int64_t{1} << 19;
   std::vector<float> in = Input(count), out(count, 0.0f);
   transport->tuning().staged = false;
@@ -337,13 +395,42 @@ TEST(TransportDirect, FailedReadFailsEveryRankThenTheRingRuns) {
 }  // namespace
 }  // namespace bluefog
 
+namespace {
+
+// The backend the launcher implies: gloo_launch.sh sets MASTER_ADDR and no MPI rank.
+std::unique_ptr<bluefog::Communicator> MakeTransport(const bluefog::TransportOptions& options) {
+#ifdef BLUEFOG_HAVE_GLOO
+  if (std::getenv("MASTER_ADDR") != nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
+    bluefog::GlooSetup setup;
+    setup.master_addr = std::getenv("MASTER_ADDR");
+    setup.master_port = std::stoi(std::getenv("MASTER_PORT"));
+    setup.rank = std::stoi(std::getenv("RANK"));
+    setup.size = std::stoi(std::getenv("WORLD_SIZE"));
+    setup.timeout = std::chrono::seconds(60);
+    setup.token = bluefog::JobToken("", setup.master_addr, setup.master_port, setup.size);
+    auto t = std::make_unique<bluefog::GlooCommunicator>(setup, options);
+    bluefog::info = t->Init();
+    return t;
+  }
+#endif
+#ifdef BLUEFOG_HAVE_MPI
+  auto t = std::make_unique<bluefog::MpiCommunicator>(options);
+  bluefog::info = t->Init();
+  return t;
+#else
+  std::fprintf(stderr, "no MPI in this build: run through tests/cpp/gloo_launch.sh\n");
+  std::exit(2);
+#endif
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   bluefog::TransportOptions options;
   options.shared_heap_bytes = int64_t{64} << 20;
-  bluefog::MpiCommunicator t(options);
-  bluefog::transport = &t;
-  bluefog::info = t.Init();
+  std::unique_ptr<bluefog::Communicator> t = MakeTransport(options);
+  bluefog::transport = t.get();
   // Only rank 0 prints the per-test lines.
   if (bluefog::info.rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
@@ -352,12 +439,12 @@ int main(int argc, char** argv) {
   const int result = RUN_ALL_TESTS();
   int worst = result;
   // Every rank's verdict decides the exit status of each.
-  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  t->Allreduce(&result, &worst, 1, bluefog::DataType::kInt32, bluefog::ReduceOp::kMax);
   // A block still out when the transport shuts down (a tensor TensorFlow still holds) stays
   // mapped and writable; the retired heap hands out no more and is no longer the current one.
-  std::shared_ptr<bluefog::SharedHeap> heap = t.shared_heap();
+  std::shared_ptr<bluefog::SharedHeap> heap = t->shared_heap();
   void* kept = heap ? heap->Take(4096) : nullptr;
-  t.Shutdown();
+  t->Shutdown();
   if (kept == nullptr) {
     std::fprintf(stderr, "no shared heap block before shutdown\n");
     return 1;

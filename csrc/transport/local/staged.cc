@@ -6,14 +6,14 @@
 #include <cstring>
 
 #include "core/reduce_kernels.h"
-#include "transport/mpi/allreduce/algorithms.h"
-#include "transport/mpi/mpi_communicator.h"
+#include "transport/local/algorithms.h"
+#include "transport/local/local_host.h"
 
 namespace bluefog {
 
-int DataAreas::comm_size() const { return comm_->size(); }
-int DataAreas::comm_rank() const { return comm_->rank(); }
-char* DataAreas::Scratch(int64_t bytes) { return comm_->Scratch(bytes); }
+int DataAreas::host_size() const { return host_->size(); }
+int DataAreas::host_rank() const { return host_->rank(); }
+char* DataAreas::Scratch(int64_t bytes) { return host_->Scratch(bytes); }
 
 void DataAreas::Put(bool stream, void* dst, const void* src, size_t bytes) {
   if (stream) {
@@ -24,25 +24,25 @@ void DataAreas::Put(bool stream, void* dst, const void* src, size_t bytes) {
 }
 
 bool DataAreas::enabled() const {
-  const LocalRounds* rounds = comm_->local_rounds();
-  return comm_->tuning().staged.load(std::memory_order_relaxed) && rounds != nullptr &&
+  const LocalRounds* rounds = host_->rounds();
+  return host_->tuning().staged.load(std::memory_order_relaxed) && rounds != nullptr &&
          rounds->data_bytes() > 0;
 }
 
 int64_t DataAreas::StepElements(int64_t elem) const {
-  return std::max<int64_t>(comm_->size(),
-                           static_cast<int64_t>(comm_->local_rounds()->data_bytes()) / elem);
+  return std::max<int64_t>(host_->size(),
+                           static_cast<int64_t>(host_->rounds()->data_bytes()) / elem);
 }
 
 bool DataAreas::Streams(const void* in, const void* out, int64_t bytes) const {
-  const int64_t from = comm_->tuning().streaming_store_bytes.load(std::memory_order_relaxed);
+  const int64_t from = host_->tuning().streaming_store_bytes.load(std::memory_order_relaxed);
   return in != out && from > 0 && bytes >= from;
 }
 
 void DataAreas::StageSegments(const char* src, int64_t m, int64_t elem) {
-  const int n = comm_->size();
-  const int rank = comm_->rank();
-  char* mine = comm_->local_rounds()->data(rank);
+  const int n = host_->size();
+  const int rank = host_->rank();
+  char* mine = host_->rounds()->data(rank);
   for (int k = 1; k < n; ++k) {
     const int s = (rank + k) % n;
     const int64_t lo = m * s / n, hi = m * (s + 1) / n;
@@ -52,10 +52,10 @@ void DataAreas::StageSegments(const char* src, int64_t m, int64_t elem) {
 
 void DataAreas::ReduceWithAreas(const char* own, char* out, int64_t at, int64_t len, DataType dtype,
                                 ReduceOp op, int64_t divisor) {
-  const int n = comm_->size();
-  const int rank = comm_->rank();
+  const int n = host_->size();
+  const int rank = host_->rank();
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
-  LocalRounds* rounds = comm_->local_rounds();
+  LocalRounds* rounds = host_->rounds();
   for (int k = 1; k < n; ++k) {
     const char* theirs = rounds->data((rank + k) % n) + at * elem;
     const char* acc = k == 1 ? own : out;
@@ -84,11 +84,11 @@ void DataAreas::ReduceWithAreas(const char* own, char* out, int64_t at, int64_t 
 // Each segment is reduced by one rank only, so every rank gets the same bits; in place is safe,
 // as a rank overwrites a segment of its buffer only after copying it in.
 void StagedAllreduce(DataAreas* areas, const AllreduceCall& call, bool synced) {
-  MpiCommunicator* comm = areas->comm();
-  LocalRounds* rounds = comm->local_rounds();
+  LocalHost* host = areas->host();
+  LocalRounds* rounds = host->rounds();
   const int64_t elem = static_cast<int64_t>(ElementSize(call.dtype));
-  const int n = comm->size();
-  const int rank = comm->rank();
+  const int n = host->size();
+  const int rank = host->rank();
   const int64_t step = areas->StepElements(elem);
   const char* src = static_cast<const char*>(call.in);
   char* dst = static_cast<char*>(call.out);

@@ -1,0 +1,51 @@
+// One allreduce algorithm behind one small interface: whether it applies to a call, and running
+// it. A backend asks its ordered list (the one-host algorithms of transport/local/ first where
+// the ranks share a host, then its own) and runs the first that applies; each algorithm lives
+// in a file of its own.
+#pragma once
+
+#include <cstdint>
+
+#include "core/types.h"
+#include "transport/options.h"
+
+namespace bluefog {
+
+struct AllreduceCall {
+  const void* in;  // may equal `out` (in place); otherwise only read
+  void* out;
+  int64_t count;
+  DataType dtype;
+  ReduceOp op;
+  int64_t divisor;  // > 1: divide the sum by it (kSum only)
+  int64_t bytes;    // count * the element's size
+};
+
+class AllreduceAlgorithm {
+ public:
+  virtual ~AllreduceAlgorithm() = default;
+  // What BLUEFOG_ALLREDUCE_ALGORITHM and the tests call it.
+  virtual const char* name() const = 0;
+  // Decided from what every rank knows alike (sizes, switches, the job's layout), so every
+  // rank picks the same algorithm for the same call.
+  virtual bool AppliesTo(const AllreduceCall& call) const = 0;
+  virtual void Run(const AllreduceCall& call) = 0;
+};
+
+// Whether `call` is large enough for bluefog's own algorithms (BLUEFOG_RING_THRESHOLD).
+inline bool LargeCall(const Tuning& tuning, const AllreduceCall& call) {
+  const int64_t threshold = tuning.ring_threshold_bytes.load(std::memory_order_relaxed);
+  return threshold > 0 && call.bytes >= threshold;
+}
+
+// Whether `call`, among `size` ranks, is large enough for the one-host paths: large, or at
+// least BLUEFOG_ONE_HOST_THRESHOLD bytes with an element per rank (BLUEFOG_RING_THRESHOLD 0:
+// never).
+inline bool OneHostCall(const Tuning& tuning, int size, const AllreduceCall& call) {
+  if (LargeCall(tuning, call)) return true;
+  const int64_t threshold = tuning.one_host_threshold_bytes.load(std::memory_order_relaxed);
+  return threshold > 0 && call.bytes >= threshold && call.count >= size &&
+         tuning.ring_threshold_bytes.load(std::memory_order_relaxed) > 0;
+}
+
+}  // namespace bluefog
