@@ -125,7 +125,9 @@ class OneHostAllreduce : public AllreduceAlgorithm {
   // The kinds of call the choice is made for apart (their best path differs): every output in
   // the shared heap; otherwise every rank in place (input == output), or not.
   enum Kind { kOutOfPlace = 0, kShared = 1, kInPlace = 2 };
-  OneHostAllreduce(LocalHost* host, DirectAllreduce* direct);
+  // `every_size`: take every call with an element per rank, not only those OneHostCall finds
+  // large enough (for a backend whose own allreduce is slower at every size on one host).
+  OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, bool every_size);
   const char* name() const override { return "one-host"; }
   bool AppliesTo(const AllreduceCall& call) const override;
   void Run(const AllreduceCall& call) override;
@@ -139,6 +141,7 @@ class OneHostAllreduce : public AllreduceAlgorithm {
  private:
   LocalHost* host_;
   DirectAllreduce* direct_;
+  bool every_size_;
   DataAreas areas_;
   PathChooser chooser_;
   std::vector<uint64_t> buffers_;  // every rank's (input, output, heap offset)

@@ -14,7 +14,7 @@ LocalHost::LocalHost(Communicator* comm, std::shared_ptr<Tuning> tuning)
 LocalHost::~LocalHost() = default;
 
 std::unique_ptr<LocalHost> LocalHost::Create(Communicator* comm, std::shared_ptr<Tuning> tuning,
-                                             const TransportOptions& options) {
+                                             const TransportOptions& options, bool every_size) {
   std::unique_ptr<LocalHost> host(new LocalHost(comm, std::move(tuning)));
   host->direct_ = std::make_unique<DirectAllreduce>(host.get());
   host->direct_->Probe();
@@ -24,7 +24,7 @@ std::unique_ptr<LocalHost> LocalHost::Create(Communicator* comm, std::shared_ptr
         comm, kExchangeSlotTotal, static_cast<size_t>(staged),
         staged > 0 ? static_cast<size_t>(std::max<int64_t>(options.shared_heap_bytes, 0)) : 0);
   }
-  host->one_host_ = std::make_unique<OneHostAllreduce>(host.get(), host->direct_.get());
+  host->one_host_ = std::make_unique<OneHostAllreduce>(host.get(), host->direct_.get(), every_size);
   return host;
 }
 

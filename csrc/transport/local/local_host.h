@@ -28,8 +28,12 @@ class LocalHost {
   // `options.local_rounds` is off (rounds then nullptr: the algorithms that need them do not
   // apply). `comm` carries the set-up's messages and the few syncs taken without rounds; it
   // must outlive this object. `tuning` is the backend's (shared with its subsets).
+  // `every_size`: the backend's own allreduce is slower than the data areas at every size on
+  // one host (Gloo's TCP loopback), so the one-host allreduce takes calls of any size, not
+  // only from BLUEFOG_ONE_HOST_THRESHOLD (where MPI's shared-memory MPI_Allreduce stops being
+  // the faster).
   static std::unique_ptr<LocalHost> Create(Communicator* comm, std::shared_ptr<Tuning> tuning,
-                                           const TransportOptions& options);
+                                           const TransportOptions& options, bool every_size);
   ~LocalHost();
   LocalHost(const LocalHost&) = delete;
   LocalHost& operator=(const LocalHost&) = delete;

@@ -20,9 +20,10 @@
 
 namespace bluefog {
 
-OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct)
+OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, bool every_size)
     : host_(host),
       direct_(direct),
+      every_size_(every_size),
       areas_(host),
       chooser_(host->rank(), host->size(), {"", "outputs in the shared heap", "in place"},
                [host](const double* mine, int n, double* all) {
@@ -30,7 +31,13 @@ OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct)
                }) {}
 
 bool OneHostAllreduce::AppliesTo(const AllreduceCall& call) const {
-  return OneHostCall(host_->tuning(), host_->size(), call) && host_->size() > 1 && areas_.enabled();
+  // BLUEFOG_RING_THRESHOLD=0 keeps every call on the backend's own allreduce, as on MPI.
+  const Tuning& tuning = host_->tuning();
+  const bool sized = every_size_
+                         ? call.count >= host_->size() &&
+                               tuning.ring_threshold_bytes.load(std::memory_order_relaxed) > 0
+                         : OneHostCall(tuning, host_->size(), call);
+  return sized && host_->size() > 1 && areas_.enabled();
 }
 
 void OneHostAllreduce::Run(const AllreduceCall& call) {

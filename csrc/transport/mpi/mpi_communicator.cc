@@ -219,7 +219,8 @@ void MpiCommunicator::SetUp(bool one_host) {
   // LocalHost's set-up takes this communicator's Broadcast and Allgatherv, which call MPI
   // directly, so it may come before the list.
   if (one_host) {
-    local_ = LocalHost::Create(this, tuning_, options_);
+    // Below BLUEFOG_ONE_HOST_THRESHOLD, MPI_Allreduce through Open MPI's shared memory wins.
+    local_ = LocalHost::Create(this, tuning_, options_, /*every_size=*/false);
     if (local_->heap()) SharedHeap::SetCurrent(local_->heap());
   }
   allreduce_ = MakeAllreduceList(this, local_.get(), &own_allreduce_);
