@@ -6,6 +6,7 @@
 
 #include "core/op_rules.h"
 #include "runtime/runtime.h"
+#include "transport/registry.h"
 
 namespace {
 
@@ -69,13 +70,7 @@ const char* bluefog_backend(void) {
   const bluefog::Runtime& rt = bluefog::Runtime::Get();
   return rt.running() ? rt.backend() : nullptr;
 }
-int bluefog_gloo_built(void) {
-#ifdef BLUEFOG_HAVE_GLOO
-  return 1;
-#else
-  return 0;
-#endif
-}
+int bluefog_gloo_built(void) { return bluefog::FindBackend("gloo") != nullptr ? 1 : 0; }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
 
 int bluefog_start_timeline(const char* path) {

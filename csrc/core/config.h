@@ -96,6 +96,9 @@ struct Config {
   // launcher and the four rendezvous variables set. Throws BluefogError naming the variable
   // when BLUEFOG_BACKEND=gloo lacks one of them.
   bool UseGloo() const;
+  // The backend this job asks for: "gloo" when UseGloo(), else "mpi" (transport/registry.h
+  // finds it among those built).
+  std::string BackendName() const { return UseGloo() ? "gloo" : "mpi"; }
 
   // Reads the variables through `lookup` (getenv in production, a map in tests).
   // Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.

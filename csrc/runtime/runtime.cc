@@ -10,13 +10,8 @@
 #include "core/logging.h"
 #include "core/op_rules.h"
 #include "core/validation.h"
-#ifdef BLUEFOG_HAVE_MPI
-#include "transport/mpi/mpi_communicator.h"
-#endif
-#ifdef BLUEFOG_HAVE_GLOO
-#include "transport/gloo/gloo_communicator.h"
-#include "transport/gloo/tcp_store.h"
-#endif
+#include "transport/options.h"
+#include "transport/registry.h"
 
 namespace bluefog {
 namespace {
@@ -28,51 +23,6 @@ std::mutex& InitMutex() {
 
 std::string RanksText(const std::vector<int>& ranks) {
   return ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end()));
-}
-
-// Open MPI busy-polls while a rank waits inside MPI. With more ranks on a host than cores, a
-// waiting rank then keeps a core from the rank it waits for until the scheduler preempts it
-// (milliseconds): measured at 4 ranks on 2 cores, a 4-byte eager allreduce took 10-25 ms that
-// way against 0.5-1.7 ms with Open MPI yielding the core while it polls. So when Open MPI
-// says this host has more ranks than this process may use cores, and the user has not chosen,
-// polling yields (mpi_yield_when_idle, which MPI_Init reads from the environment).
-[[maybe_unused]] void YieldWhenOversubscribed(const Config& config) {
-  if (config.mpi_yield_chosen || config.launcher_local_size == 0) return;
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return;
-  if (config.launcher_local_size > CPU_COUNT(&cpus)) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-}
-
-// The Gloo communicator over the job's rendezvous variables (Config::UseGloo).
-std::unique_ptr<Communicator> MakeGloo(const Config& config, TransportInfo* info) {
-#ifdef BLUEFOG_HAVE_GLOO
-  GlooSetup setup;
-  setup.master_addr = config.master_addr;
-  setup.master_port = config.master_port;
-  setup.rank = config.env_rank;
-  setup.size = config.env_world_size;
-  setup.local_rank = config.env_local_rank;
-  setup.local_size = config.env_local_size;
-  setup.token =
-      JobToken(config.job_token, config.master_addr, config.master_port, config.env_world_size);
-  setup.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.gloo_timeout_seconds * 1000.0));
-  setup.prefix = config.gloo_prefix;
-  setup.external_store = config.gloo_external_store;
-  auto gloo = std::make_unique<GlooCommunicator>(setup, TransportOptions::FromConfig(config));
-  *info = gloo->Init();
-  return gloo;
-#else
-  (void)info;
-  throw BluefogError(
-      StatusCode::kPrecondition,
-      Concat("rank ", config.env_rank,
-             ": this process was started for the Gloo backend (BLUEFOG_BACKEND=",
-             config.backend.empty() ? "unset" : config.backend,
-             ", MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set, no MPI launcher), "
-             "but bluefog was built without Gloo. Install libgloo-dev and "
-             "reinstall bluefog, or start the job with mpirun (BLUEFOG_BACKEND=mpi)"));
-#endif
 }
 
 }  // namespace
@@ -103,12 +53,13 @@ void Runtime::Init() {
   std::lock_guard<std::mutex> guard(InitMutex());
   if (started_) {
     if (world_->running()) return;
-    if (std::string(transport_->backend()) != "gloo")
-      throw BluefogError(StatusCode::kPrecondition,
-                         Concat("bluefog was shut down in this process (", world_->stop_reason(),
-                                ") and cannot be initialized again, because MPI cannot be "
-                                "restarted. Start a new process (or run on the Gloo backend, "
-                                "which can be initialized again)."));
+    if (!transport_->capabilities().reinitializable)
+      throw BluefogError(
+          StatusCode::kPrecondition,
+          Concat("bluefog was shut down in this process (", world_->stop_reason(),
+                 ") and cannot be initialized again, because its backend (", transport_->backend(),
+                 ") cannot be restarted. Start a new process (or run on the Gloo "
+                 "backend, which can be initialized again)."));
     ResetEndedJob();
   }
   config_ = Config::FromEnvironment();
@@ -155,25 +106,7 @@ void Runtime::Shutdown() {
 
 void Runtime::Main(std::promise<void>* started) {
   try {
-    if (config_.UseGloo()) {
-      transport_ = MakeGloo(config_, &info_);
-    } else {
-#ifdef BLUEFOG_HAVE_MPI
-      YieldWhenOversubscribed(config_);
-      auto mpi = std::make_unique<MpiCommunicator>(TransportOptions::FromConfig(config_));
-      info_ = mpi->Init();
-      transport_ = std::move(mpi);
-#else
-      throw BluefogError(
-          StatusCode::kPrecondition,
-          Concat("this process was started for the MPI backend (BLUEFOG_BACKEND=",
-                 config_.backend.empty() ? "unset" : config_.backend,
-                 ", or an MPI launcher's variables), but bluefog was built without MPI. "
-                 "Install Open MPI (apt-get install libopenmpi-dev openmpi-bin) and reinstall "
-                 "bluefog, or start the job without an MPI launcher on Gloo (MASTER_ADDR, "
-                 "MASTER_PORT, RANK, WORLD_SIZE; BLUEFOG_BACKEND=gloo)"));
-#endif
-    }
+    transport_ = RequireBackend(config_).make(config_, &info_);
     inline_threshold_ = config_.inline_threshold_bytes;
   } catch (...) {
     started->set_exception(std::current_exception());
@@ -231,13 +164,13 @@ void Runtime::Main(std::promise<void>* started) {
       (void)set.transport.release();
     }
   }
-  // Gloo's calls are synchronous: nothing is pending after a failed one, and closing its
-  // connections now is what makes the peers still waiting on this rank fail at once rather
-  // than after BLUEFOG_GLOO_TIMEOUT (their error in turn reaches theirs).
-  const bool gloo = std::string(transport_->backend()) == "gloo";
-  windows_->Stop(reason, clean || gloo);
+  // A backend that fails fast (Gloo: its calls are synchronous) has nothing pending after a
+  // failed call, and closing its connections now is what makes the peers still waiting on
+  // this rank fail at once rather than after their timeout (their error in turn reaches theirs).
+  const bool fails_fast = transport_->capabilities().fails_fast;
+  windows_->Stop(reason, clean || fails_fast);
   timeline_.Close();
-  if (clean || gloo) transport_->Shutdown();
+  if (clean || fails_fast) transport_->Shutdown();
 }
 
 Status Runtime::Enqueue(Request request, Drive drive) {

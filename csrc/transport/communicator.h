@@ -47,6 +47,19 @@ struct TransportPaths {
   bool local_rounds = false;  // negotiation rounds through shared memory
 };
 
+// What a backend can do, asked by the runtime instead of its name. Every field defaults to
+// "cannot": a backend states what it offers.
+struct Capabilities {
+  // Init may run again in this process after Shutdown (MPI cannot be restarted).
+  bool reinitializable = false;
+  // A failed call leaves nothing pending, so shutting down at once after one is safe, and is
+  // what makes the peers still waiting on this rank fail at once rather than after their
+  // timeout.
+  bool fails_fast = false;
+  // CreateWindowLink gives the window service its connections (one-sided window ops).
+  bool windows = false;
+};
+
 // A buffer sent to or received from one peer (NeighborExchange).
 struct PeerBuffer {
   int rank;
@@ -62,6 +75,7 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual TransportPaths paths() const = 0;
+  virtual Capabilities capabilities() const { return Capabilities(); }
   // The switches benches and tests turn at run time, shared with every subset made from this
   // communicator (options.h).
   virtual Tuning& tuning() = 0;

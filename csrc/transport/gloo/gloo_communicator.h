@@ -81,6 +81,9 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   TransportPaths paths() const override { return LocalPaths(local_.get()); }
+  Capabilities capabilities() const override {
+    return {/*reinitializable=*/true, /*fails_fast=*/true, /*windows=*/true};
+  }
   Tuning& tuning() override { return *tuning_; }
   std::shared_ptr<SharedHeap> shared_heap() const override {
     return local_ ? local_->heap() : nullptr;

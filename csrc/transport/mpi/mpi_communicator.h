@@ -33,6 +33,9 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   TransportPaths paths() const override;
+  Capabilities capabilities() const override {
+    return {/*reinitializable=*/false, /*fails_fast=*/false, /*windows=*/true};
+  }
   Tuning& tuning() override { return *tuning_; }
   std::shared_ptr<SharedHeap> shared_heap() const override {
     return local_ ? local_->heap() : nullptr;
