@@ -1,4 +1,4 @@
-"""Gloo vs MPI: bf.allreduce of 1-64 MiB float32 at 2 ranks (`make bench-gloo`, `make
+"""Gloo vs MPI: bf.allreduce of 64 KiB-64 MiB float32 at 2 and 3 ranks (`make bench-gloo`, `make
 bench-gloo-netns`).
 
 The driver launches the same worker alternately with `bfrun --gloo` and `mpirun` (--rounds
@@ -8,7 +8,7 @@ Gloo is slower), the range of the per-round ratios and each backend's worst laun
 of its slowest launch). The worker (this file with --worker) times eager calls of one tensor per
 size after warm-up; a call's time is the slower rank's.
 
-Without --netns both ranks run on this host. With ``--netns RATE [RATE ...]`` (root) each rank
+Without --netns every rank runs on this host, for each rank count of --np (2 and 3). With ``--netns RATE [RATE ...]`` (root) each rank
 runs on its own pretend host: two network namespaces made by bench/netns/hosts.sh (prefix bfgv,
 10.213.79.0/24, so as not to meet other users of hosts.sh) whose link is shaped to RATE
 (``none``: not shaped; ``1gbit``, ``250mbit``: tc tbf), reached through bench/netns/rsh.sh by
@@ -25,13 +25,13 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZES_MIB = (1, 4, 16, 64)
+SIZES_KIB = (64, 256, 1024, 4096, 16384, 65536)
 NETNS = os.path.join(REPO, "bench", "netns")
 NETNS_ENV = {"BF_NETNS_PREFIX": "bfgv", "BF_NETNS_NET": "10.213.79"}
 NETNS_HOSTS = [f"{NETNS_ENV['BF_NETNS_NET']}.{i}" for i in (1, 2)]
 
 
-def worker(calls: int) -> None:
+def worker(calls: int, sizes_kib) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
@@ -42,9 +42,9 @@ def worker(calls: int) -> None:
 
     bf.init()
     out = {}
-    for mib in SIZES_MIB:
-        t = tf.constant(np.ones(mib * 262144, np.float32))
-        name = f"bench_{mib}"
+    for kib in sizes_kib:
+        t = tf.constant(np.ones(int(kib * 256), np.float32))
+        name = f"bench_{kib}"
         for _ in range(2):
             bf.allreduce(t, average=False, name=name)
         times = []
@@ -54,7 +54,7 @@ def worker(calls: int) -> None:
             bf.allreduce(t, average=False, name=name)
             took = time.perf_counter() - start
             times.append(float(bf.allreduce(tf.constant([took]), op=bf.Max).numpy()[0]))
-        out[mib] = times
+        out[kib] = times
     import socket
 
     # Where the ranks ran: one host name per rank (the netns mode checks there are two).
@@ -66,19 +66,25 @@ def worker(calls: int) -> None:
                                       "local_size": bf.local_size()}), flush=True)
 
 
-def launch(backend: str, calls: int, netns: bool = False) -> dict:
+def size_text(kib: float) -> str:
+    return f"{kib / 1024:g} MiB" if kib >= 1024 else f"{kib:g} KiB"
+
+
+def launch(backend: str, calls: int, netns: bool = False, np_: int = 2,
+           sizes_kib=SIZES_KIB) -> dict:
     py = sys.executable
-    me = [py, os.path.abspath(__file__), "--worker", "--calls", str(calls)]
+    me = [py, os.path.abspath(__file__), "--worker", "--calls", str(calls), "--sizes-kib",
+          *map(str, sizes_kib)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(NETNS_ENV if netns else {}))
     agent = os.path.join(NETNS, "rsh.sh")
     hosts = ",".join(f"{h}:1" for h in NETNS_HOSTS)
     if backend == "gloo":
-        cmd = [py, "-m", "bluefog.run", "--gloo", "-np", "2"]
+        cmd = [py, "-m", "bluefog.run", "--gloo", "-np", str(np_)]
         if netns:
             cmd += ["-H", hosts, "--rsh-agent", agent]
         cmd += me
     else:
-        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2"]
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         if netns:
@@ -105,38 +111,44 @@ def link_bits_per_s(rate: str) -> float:
     return 0.0
 
 
-def measure(args, netns_rate: str = "") -> None:
+def measure(args, netns_rate: str = "", np_: int = 2) -> float:
+    """Prints the table; returns the worst Gloo / MPI ratio of any size (one host)."""
     netns = bool(netns_rate)
-    # times[backend][mib]: one list of call times per launch, in launch order.
-    times = {"gloo": {m: [] for m in SIZES_MIB}, "mpi": {m: [] for m in SIZES_MIB}}
+    # times[backend][kib]: one list of call times per launch, in launch order.
+    sizes = args.sizes_kib
+    times = {"gloo": {k: [] for k in sizes}, "mpi": {k: [] for k in sizes}}
     for r in range(args.rounds):
         for backend in (("gloo", "mpi") if r % 2 == 0 else ("mpi", "gloo")):
-            res = launch(backend, args.calls, netns)
+            res = launch(backend, args.calls, netns, np_, sizes)
             assert res["backend"] == backend, res["backend"]
-            assert (len(res["hosts"]), res["local_size"]) == ((2, 1) if netns else (1, 2)), res
-            for mib, ts in res["times"].items():
-                times[backend][int(mib)].append(ts)
+            assert (len(res["hosts"]), res["local_size"]) == ((2, 1) if netns else (1, np_)), res
+            for kib, ts in res["times"].items():
+                times[backend][float(kib)].append(ts)
     where = (f"2 pretend hosts, 1 rank each, link {netns_rate}" if netns else
-             "2 ranks on one host")
+             f"{np_} ranks on one host")
     print(f"\nbf.allreduce, {where}, median of {args.rounds} launches x {args.calls} calls "
           "per backend")
     bits = link_bits_per_s(netns_rate) if netns else 0.0
     floor_head = " | link floor" if bits else ""
     print(f"| size | Gloo | MPI | Gloo / MPI | per round | worst launch Gloo / MPI{floor_head} |")
     print("|---|---|---|---|---|---|" + ("---|" if bits else ""))
-    for mib in SIZES_MIB:
-        g = statistics.median([t for ts in times["gloo"][mib] for t in ts])
-        m = statistics.median([t for ts in times["mpi"][mib] for t in ts])
+    worst_ratio = 0.0
+    for kib in sizes:
+        g = statistics.median([t for ts in times["gloo"][kib] for t in ts])
+        m = statistics.median([t for ts in times["mpi"][kib] for t in ts])
         per_round = [statistics.median(a) / statistics.median(b)
-                     for a, b in zip(times["gloo"][mib], times["mpi"][mib])]
-        worst_g = max(statistics.median(ts) for ts in times["gloo"][mib])
-        worst_m = max(statistics.median(ts) for ts in times["mpi"][mib])
+                     for a, b in zip(times["gloo"][kib], times["mpi"][kib])]
+        worst_g = max(statistics.median(ts) for ts in times["gloo"][kib])
+        worst_m = max(statistics.median(ts) for ts in times["mpi"][kib])
+        worst_ratio = max(worst_ratio, worst_g / worst_m)
         # At 2 ranks each rank sends (and receives) the whole buffer once: half in the
         # reduce-scatter, half in the allgather.
-        floor = f" | {mib * 8 * 2**20 / bits * 1e3:.0f} ms" if bits else ""
-        print(f"| {mib} MiB | {g * 1e3:.1f} ms | {m * 1e3:.1f} ms | {g / m:.2f} | "
+        floor = f" | {kib * 8 * 2**10 / bits * 1e3:.0f} ms" if bits else ""
+        print(f"| {size_text(kib)} | {g * 1e3:.2f} ms | {m * 1e3:.2f} ms | {g / m:.2f} | "
               f"{min(per_round):.2f}-{max(per_round):.2f} | "
-              f"{worst_g * 1e3:.1f} / {worst_m * 1e3:.1f} ms{floor} |", flush=True)
+              f"{worst_g * 1e3:.2f} / {worst_m * 1e3:.2f} ms ({worst_g / worst_m:.2f}){floor} |",
+              flush=True)
+    return worst_ratio
 
 
 def hosts_sh(*args: str) -> None:
@@ -149,15 +161,22 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--calls", type=int, default=8, help="timed calls per size and launch")
     p.add_argument("--rounds", type=int, default=2, help="launches per backend, interleaved")
+    p.add_argument("--sizes-kib", type=float, nargs="+", default=list(SIZES_KIB),
+                   help="tensor sizes in KiB (default 64 KiB to 64 MiB)")
+    p.add_argument("--np", type=int, nargs="+", default=[2, 3],
+                   help="ranks on one host, each count measured in turn (without --netns)")
     p.add_argument("--netns", nargs="+", metavar="RATE",
                    help="one rank on each of 2 pretend hosts, for each link RATE (none: not "
                         "shaped; 1gbit, 250mbit...); needs root")
     args = p.parse_args()
     if args.worker:
-        worker(args.calls)
+        worker(args.calls, args.sizes_kib)
         return
     if not args.netns:
-        measure(args)
+        worst = {n: measure(args, np_=n) for n in args.np}
+        print(f"\nworst launch Gloo / MPI over {size_text(min(args.sizes_kib))}-"
+              f"{size_text(max(args.sizes_kib))}: " +
+              ", ".join(f"{n} ranks {w:.2f}" for n, w in worst.items()))
         return
     if os.geteuid() != 0:
         raise SystemExit("gloo_vs_mpi.py --netns: needs root (it makes network namespaces)")
