@@ -1,10 +1,11 @@
 """TF_CONFIG as a Gloo rendezvous: a job that a TensorFlow launcher (a Kubernetes operator,
-Vertex AI, a hand-written TF_CONFIG) started gets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE from
-it, so ``bf.init()`` runs on Gloo without mpirun (docs/design.md, "Without mpirun").
+Vertex AI, SageMaker, a hand-written TF_CONFIG) started gets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
+from it, so ``bf.init()`` runs on Gloo without mpirun (docs/design.md, "Without mpirun").
 
-Every bluefog process is a worker: worker 0's address is the rendezvous, the task index is the
-rank, the number of workers the world size. A chief, parameter server or evaluator task has no
-place in such a job and is refused with an error that says so.
+The ranks follow MultiWorkerMirroredStrategy's order: the chief (when ``cluster.chief`` lists one)
+is rank 0 and worker i is rank i + 1; without a chief, worker i is rank i. Rank 0's address is the
+rendezvous. A parameter server or evaluator has no place in such a job: a cluster that lists one
+is refused on every process, with the same message, so that no subset of it starts a job alone.
 """
 
 from __future__ import annotations
@@ -31,27 +32,67 @@ def rendezvous_from_tf_config(env: Mapping[str, str]) -> Optional[Dict[str, str]
         task = config.get("task") or {}
     except (ValueError, AttributeError) as e:
         raise ValueError(f"TF_CONFIG is not a JSON object with 'cluster' and 'task': {e}") from e
+    for name, value in (("cluster", cluster), ("task", task)):
+        if not isinstance(value, dict):
+            raise ValueError(f"TF_CONFIG's {name!r} is {_json_kind(value)}, not an object: "
+                             f"{_EXAMPLE}")
+    others = sorted(str(k) for k, tasks in cluster.items() if k not in _ROLES and tasks)
+    if others:
+        raise ValueError(
+            f"TF_CONFIG's cluster lists {', '.join(repr(k) for k in others)}: bluefog runs every "
+            f"process as a chief or worker (no parameter servers or evaluator; each rank trains "
+            f"and they average among themselves). Start only a chief and workers, listed under "
+            f"cluster.chief and cluster.worker, or set MASTER_ADDR, MASTER_PORT, RANK and "
+            f"WORLD_SIZE yourself")
+    chiefs = _addresses(cluster, "chief")
+    workers = _addresses(cluster, "worker")
+    if len(chiefs) > 1:
+        raise ValueError(f"TF_CONFIG lists {len(chiefs)} tasks in cluster.chief; there is at "
+                         f"most one chief (rank 0), the others belong under cluster.worker")
+    ranks = chiefs + workers
+    if not ranks:
+        raise ValueError("TF_CONFIG has no cluster.worker list (host:port of every worker)")
+    duplicates = sorted({str(w) for w in ranks if ranks.count(w) > 1})
+    if duplicates:
+        raise ValueError(f"TF_CONFIG lists task(s) {', '.join(duplicates)} more than once in "
+                         f"cluster.chief and cluster.worker; each task needs an address of its own")
     kind = task.get("type")
-    if kind != "worker":
+    if kind not in _ROLES:
         raise ValueError(
             f"TF_CONFIG says this process is task type {kind!r}: bluefog runs every process as "
-            f"a worker (no chief, parameter servers or evaluator; each rank trains and they "
-            f"average among themselves). Start only workers, listed under cluster.worker, or "
-            f"set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE yourself")
-    workers = cluster.get("worker")
-    if not isinstance(workers, list) or not workers:
-        raise ValueError("TF_CONFIG has no cluster.worker list (host:port of every worker)")
-    duplicates = sorted({str(w) for w in workers if workers.count(w) > 1})
-    if duplicates:
-        raise ValueError(f"TF_CONFIG lists worker(s) {', '.join(duplicates)} more than once in "
-                         f"cluster.worker; each worker needs an address of its own")
+            f"a chief or worker (no parameter servers or evaluator; each rank trains and they "
+            f"average among themselves). Start only a chief and workers, or set MASTER_ADDR, "
+            f"MASTER_PORT, RANK and WORLD_SIZE yourself")
+    members = chiefs if kind == "chief" else workers
     index = task.get("index")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
-        raise ValueError(f"TF_CONFIG task.index {index!r} is not a position in cluster.worker "
-                         f"({len(workers)} workers)")
-    host, sep, port = str(workers[0]).rpartition(":")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(members):
+        raise ValueError(f"TF_CONFIG task.index {index!r} is not a position in cluster.{kind} "
+                         f"({len(members)} {kind}s)")
+    rank = index + (len(chiefs) if kind == "worker" else 0)
+    first = "chief[0]" if chiefs else "worker[0]"
+    host, sep, port = str(ranks[0]).rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"TF_CONFIG cluster.worker[0] = {workers[0]!r} is not host:port; "
-                         f"worker 0's address is the rendezvous")
-    return {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port, "RANK": str(index),
-            "WORLD_SIZE": str(len(workers))}
+        raise ValueError(f"TF_CONFIG cluster.{first} = {ranks[0]!r} is not host:port; "
+                         f"rank 0's address is the rendezvous")
+    return {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port, "RANK": str(rank),
+            "WORLD_SIZE": str(len(ranks))}
+
+
+_ROLES = ("chief", "worker")  # MultiWorkerMirroredStrategy's order: the chief is rank 0
+_EXAMPLE = ('TF_CONFIG=\'{"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
+            '"task": {"type": "worker", "index": 0}}\'')
+
+
+def _addresses(cluster: Mapping[str, object], role: str) -> list:
+    tasks = cluster.get(role)
+    if tasks is None:
+        return []
+    if not isinstance(tasks, list):
+        raise ValueError(f"TF_CONFIG cluster.{role} is {_json_kind(tasks)}, not a list of "
+                         f"host:port: {_EXAMPLE}")
+    return tasks
+
+
+def _json_kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value), "a value")

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from typing import Dict, List, Optional, Sequence
 
 from bluefog.run import (
@@ -34,6 +35,7 @@ from bluefog.run import (
     gloo_elastic,
     gloo_launch,
     horovod_flags,
+    mpirun_output,
 )
 from bluefog.run.timeline_files import merge_timeline, timeline_to_merge
 
@@ -173,13 +175,21 @@ def build_command(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) ->
     return cmd
 
 
-def _run_then_merge(mpirun: str, cmd: List[str], env: Dict[str, str], path: str,
-                    np_: int) -> int:
-    """Runs mpirun as a child (not in bfrun's place), merges the timeline when it ends, and
-    returns mpirun's status. SIGTERM and SIGHUP are passed on to mpirun; so is SIGINT unless
-    bfrun runs in the terminal's foreground (where Ctrl-C reaches mpirun directly)."""
-    proc = subprocess.Popen(cmd, env=env, executable=mpirun,
+def _run_child(mpirun: str, cmd: List[str], env: Dict[str, str], path: Optional[str],
+               np_: int, whole_lines: bool) -> int:
+    """Runs mpirun as a child (not in bfrun's place) and returns its status; merges the
+    timeline at ``path`` when it ends, and with ``whole_lines`` passes its output through
+    ``mpirun_output`` (mpirun tags each chunk a rank writes; bfrun prints whole lines). SIGTERM
+    and SIGHUP are passed on to mpirun; so is SIGINT unless bfrun runs in the terminal's
+    foreground (where Ctrl-C reaches mpirun directly)."""
+    pipe = subprocess.PIPE if whole_lines else None
+    proc = subprocess.Popen(cmd, env=env, executable=mpirun, stdout=pipe, stderr=pipe,
                             preexec_fn=elastic_driver.end_with(os.getpid()))
+    pumps = [threading.Thread(target=mpirun_output.pump, args=(stream, sink), daemon=True)
+             for stream, sink in ((proc.stdout, sys.stdout.buffer),
+                                  (proc.stderr, sys.stderr.buffer)) if stream is not None]
+    for t in pumps:
+        t.start()
 
     def forward(signum, _frame):
         if signum == signal.SIGINT:
@@ -195,10 +205,13 @@ def _run_then_merge(mpirun: str, cmd: List[str], env: Dict[str, str], path: str,
     old = {s: signal.signal(s, forward) for s in handled}
     try:
         code = proc.wait()
+        for t in pumps:
+            t.join()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    merge_timeline(path, np_)
+    if path:
+        merge_timeline(path, np_)
     return 128 - code if code < 0 else code
 
 
@@ -288,8 +301,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     merged = timeline_to_merge(args, env)
-    if merged:
-        return _run_then_merge(mpirun, cmd, env, merged, args.np)
+    # mpirun's --tag-output tags chunks, not lines (a traceback comes out shredded): bfrun
+    # reads its output and prints whole lines. Not with timestamps, whose format is mpirun's.
+    whole_lines = bool(args.tag_output) and not args.timestamp_output
+    if merged or whole_lines:
+        return _run_child(mpirun, cmd, env, merged, args.np, whole_lines)
     try:
         # mpirun takes bfrun's place: signals (Ctrl-C) reach it directly, and its exit status,
         # non-zero when a rank fails, is bfrun's.

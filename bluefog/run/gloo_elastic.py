@@ -43,7 +43,7 @@ from typing import Dict, List, Optional, Sequence
 
 from bluefog.common import elastic_rounds, gloo_store
 from bluefog.run import elastic_hosts as eh
-from bluefog.run import gloo_launch
+from bluefog.run import gloo_launch, horovod_flags
 
 # How long the driver waits, after a worker reported a failed collective, for the death that
 # explains it before it re-forms the job with the same workers anyway.
@@ -395,6 +395,12 @@ def main(args, forwarded_env) -> int:
             print(f"bfrun: -x {name}: the variable is not set", file=sys.stderr)
             return 2
         extra.append(name)
+    notices = horovod_flags.apply_gloo(args, env)
+    if args.timeline:
+        notices.append("--timeline-filename: ignored (in-place elastic training renumbers the "
+                       "ranks each time the job re-forms)")
+    for line in notices:
+        print(f"bfrun: {line}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     return GlooElasticDriver(args, env, extra, forwarded_env).run()

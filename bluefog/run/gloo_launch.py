@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from bluefog.run import elastic_hosts
+from bluefog.run import elastic_hosts, horovod_flags
 from bluefog.run.timeline_files import merge_timeline, timeline_to_merge
 
 # Variables an MPI launcher sets: a rank that inherits them would take itself for an MPI rank.
@@ -299,6 +299,8 @@ def main(args: argparse.Namespace,
             print(f"bfrun: -x {name}: the variable is not set", file=sys.stderr)
             return 2
         extra.append(name)
+    for line in horovod_flags.apply_gloo(args, env):
+        print(f"bfrun: {line}", file=sys.stderr)
     if args.timeline:
         env["BLUEFOG_TIMELINE"] = args.timeline
     try:

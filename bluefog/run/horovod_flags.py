@@ -3,7 +3,9 @@
 A Horovod launch line (``horovodrun -np 4 -H a:2,b:2 --fusion-threshold-mb 32 python train.py``)
 runs unchanged with ``bfrun``. Each option either maps to what it means here (an mpirun
 option or a ``BLUEFOG_*`` variable for every rank), or is accepted and ignored with a notice
-that says why (``IGNORED``). Options bfrun already has under the same name (``-np``, ``-H``,
+that says why (``IGNORED``). With ``--gloo`` (and elastic ``--gloo``) the same options mean the
+same: the same variables, the ssh options given to ssh, and a notice for what only mpirun does
+(``GLOO_IGNORED``). Options bfrun already has under the same name (``-np``, ``-H``,
 ``--hostfile``, ``--timeline-filename``, ``-x``, ``--mpi-args``, ``--verbose``, the elastic
 ones) are not repeated here.
 """
@@ -11,6 +13,7 @@ ones) are not repeated here.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from typing import Dict, List, Tuple
 
@@ -38,6 +41,30 @@ IGNORED: Dict[str, str] = {
 }
 
 
+# Why an option has no effect when bfrun starts the ranks itself (``--gloo``, elastic
+# ``--gloo``): IGNORED's reasons that name mpirun replaced, and mpirun's own options added.
+# Every other horovodrun option means there what it means on mpirun: the same BLUEFOG_*
+# variable, or (``--ssh-port``, ``--ssh-identity-file``) the same ssh options.
+GLOO_IGNORED: Dict[str, str] = {
+    **IGNORED,
+    "start_timeout": "bfrun --gloo starts the ranks without checks; the rendezvous waits "
+                     "--gloo-timeout-seconds for them",
+    "thread_affinity": "bfrun --gloo starts the ranks unpinned; pin them in the command "
+                       "(taskset)",
+    "mpi_threads_disable": "the Gloo backend does not use MPI",
+    "tcp": "the Gloo backend always runs over TCP",
+    "mpi": "--gloo starts the ranks without mpirun",
+    "jsrun": "--gloo starts the ranks without jsrun or mpirun",
+    "network_interface": "the Gloo backend connects from the interface whose route reaches "
+                         "MASTER_ADDR",
+    "output_filename": "bfrun --gloo prints every rank's output, tagged with its rank",
+    "timestamp_output": "bfrun --gloo tags each line with its rank only",
+    "binding_args": "bfrun --gloo starts the ranks unbound, without mpirun",
+    "mpi_args": "bfrun --gloo starts the ranks without mpirun",
+}
+_FLAGS = {"timestamp_output": "--prefix-output-with-timestamp"}  # where not --DEST
+
+
 def add_to(p: argparse.ArgumentParser) -> None:
     """Adds horovodrun's options that bfrun does not already have to the parser ``p``."""
     h = p.add_argument_group("horovodrun's options (docs/training.md, 'Coming from Horovod')")
@@ -45,15 +72,17 @@ def add_to(p: argparse.ArgumentParser) -> None:
     h.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="print which frameworks, controllers and tensor operations are built")
     h.add_argument("-p", "--ssh-port", dest="ssh_port", type=int,
-                   help="SSH port on the other hosts (mpirun's plm_rsh_args)")
+                   help="SSH port on the other hosts (mpirun's plm_rsh_args; with --gloo, "
+                        "ssh -p)")
     h.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
-                   help="SSH identity file for the other hosts (mpirun's plm_rsh_args)")
+                   help="SSH identity file for the other hosts (mpirun's plm_rsh_args; with "
+                        "--gloo, ssh -i)")
     h.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
                    help="comma-separated network interfaces to use (mpirun's "
-                        "btl_tcp_if_include and oob_tcp_if_include)")
+                        "btl_tcp_if_include and oob_tcp_if_include; ignored with --gloo)")
     h.add_argument("--output-filename", dest="output_filename",
                    help="write each rank's output under this folder (mpirun's "
-                        "--output-filename)")
+                        "--output-filename; ignored with --gloo)")
     h.add_argument("--log-level", dest="log_level",
                    help="bluefog's log level (trace, debug, info, warning, error, fatal; any "
                         "case): BLUEFOG_LOG_LEVEL")
@@ -79,7 +108,8 @@ def add_to(p: argparse.ArgumentParser) -> None:
     h.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=float,
                    help="BLUEFOG_GLOO_TIMEOUT")
     h.add_argument("--binding-args", dest="binding_args",
-                   help="extra mpirun binding arguments, as one quoted string")
+                   help="extra mpirun binding arguments, as one quoted string (ignored with "
+                        "--gloo)")
     h.add_argument("--tag-output", dest="tag_output", action="store_true", default=True,
                    help="prefix each output line with its rank, as horovodrun does: "
                         "[1,RANK]<stdout>: (mpirun's --tag-output), [RANK]<stdout>: with "
@@ -88,7 +118,8 @@ def add_to(p: argparse.ArgumentParser) -> None:
                    help="print the ranks' output lines as they are, untagged")
     h.add_argument("--prefix-output-with-timestamp", dest="timestamp_output",
                    action="store_true", help="prefix each output line with the time "
-                                             "(mpirun's --timestamp-output)")
+                                             "(mpirun's --timestamp-output; ignored with "
+                                             "--gloo)")
     h.add_argument("--config-file", dest="config_file",
                    help="Horovod's YAML config file (params, timeline, stall_check, "
                         "library_options); needs PyYAML")
@@ -147,13 +178,12 @@ def read_config_file(path: str, args: argparse.Namespace) -> List[str]:
     return notices
 
 
-def apply(args: argparse.Namespace, env: Dict[str, str]) -> Tuple[List[str], List[str]]:
-    """The mpirun arguments for the horovodrun options in ``args`` and the notices to print;
-    sets their ``BLUEFOG_*`` variables in ``env`` (forwarded to every rank)."""
+def _set_variables(args: argparse.Namespace, env: Dict[str, str]) -> List[str]:
+    """Sets the ``BLUEFOG_*`` variables of the horovodrun options in ``args`` (and of its
+    config file) in ``env``, the same on every backend; returns the config file's notices."""
     notices = []
     if getattr(args, "config_file", None):
         notices += read_config_file(args.config_file, args)
-    mpi: List[str] = []
     if args.fusion_threshold_mb is not None:
         env["BLUEFOG_FUSION_THRESHOLD"] = str(int(float(args.fusion_threshold_mb) * 1024 * 1024))
     if args.cycle_time_ms is not None:
@@ -174,11 +204,28 @@ def apply(args: argparse.Namespace, env: Dict[str, str]) -> Tuple[List[str], Lis
         env["BLUEFOG_GLOO_TIMEOUT"] = str(float(args.gloo_timeout_seconds))
     if args.log_level is not None:
         env["BLUEFOG_LOG_LEVEL"] = normalize_log_level(str(args.log_level))
+    return notices
+
+
+def _ssh_options(args: argparse.Namespace) -> List[str]:
     rsh = []
     if args.ssh_port is not None:
         rsh += ["-p", str(args.ssh_port)]
     if args.ssh_identity_file:
         rsh += ["-i", args.ssh_identity_file]
+    return rsh
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    return getattr(args, dest, None) not in (None, False, "")
+
+
+def apply(args: argparse.Namespace, env: Dict[str, str]) -> Tuple[List[str], List[str]]:
+    """The mpirun arguments for the horovodrun options in ``args`` and the notices to print;
+    sets their ``BLUEFOG_*`` variables in ``env`` (forwarded to every rank)."""
+    notices = _set_variables(args, env)
+    mpi: List[str] = []
+    rsh = _ssh_options(args)
     if rsh:
         mpi += ["--mca", "plm_rsh_args", " ".join(rsh)]
     if args.network_interface:
@@ -193,9 +240,31 @@ def apply(args: argparse.Namespace, env: Dict[str, str]) -> Tuple[List[str], Lis
     if args.binding_args:
         mpi += shlex.split(args.binding_args)
     for dest, why in IGNORED.items():
-        if getattr(args, dest, None) not in (None, False):
+        if _given(args, dest):
             notices.append(f"--{dest.replace('_', '-')}: ignored ({why})")
     return mpi, notices
+
+
+def apply_gloo(args: argparse.Namespace, env: Dict[str, str]) -> List[str]:
+    """``apply`` for ``bfrun --gloo`` and elastic ``--gloo``, which start the ranks without
+    mpirun: sets the same ``BLUEFOG_*`` variables in ``env``, puts ``--ssh-port`` and
+    ``--ssh-identity-file`` into the remote shell (``args.rsh_agent``) when that is ssh, and
+    returns the notices to print: one "ignored (why)" per option given that has no effect."""
+    notices = _set_variables(args, env)
+    rsh = _ssh_options(args)
+    if rsh:
+        agent = args.rsh_agent or env.get("BLUEFOG_RSH_AGENT") or "ssh"
+        words = shlex.split(agent)
+        if words and os.path.basename(words[0]) == "ssh":
+            args.rsh_agent = shlex.join(words + rsh)
+        else:
+            notices.append(f"--ssh-port, --ssh-identity-file: ignored (the remote shell is "
+                           f"{agent!r}, not ssh: give them in --rsh-agent)")
+    for dest, why in GLOO_IGNORED.items():
+        if _given(args, dest):
+            flag = _FLAGS.get(dest, f"--{dest.replace('_', '-')}")
+            notices.append(f"{flag}: ignored ({why})")
+    return notices
 
 
 # Never forwarded: Open MPI's and the shell's own variables (forwarding OMPI_* of an outer

@@ -174,6 +174,52 @@ from bluefog.tensorflow.windows import (  # noqa: F401
     window_variable,
 )
 
+# The public names, and only those: `from bluefog.tensorflow import *`, `dir(bf)` and the
+# API reference (docs/api/tensorflow.md; tests/python/test_api_docs.py checks both ways) follow
+# it. The submodules that hold the implementation are not part of the API.
+__all__ = [
+    "Adasum", "Average", "BluefogError", "CommunicationType", "Compression",
+    "DistributedAdaptThenCombineOptimizer", "DistributedAdaptWithCombineOptimizer",
+    "DistributedAllreduceOptimizer", "DistributedGradientAllreduceOptimizer",
+    "DistributedGradientTape", "DistributedHierarchicalNeighborAllreduceOptimizer",
+    "DistributedNeighborAllreduceOptimizer", "DistributedOptimizer", "DistributedPushSumOptimizer",
+    "DistributedWinPutOptimizer", "ExponentialGraph", "ExponentialTwoGraph", "FullyConnectedGraph",
+    "GetDynamicOnePeerSendRecvRanks", "GetExp2DynamicSendRecvMachineRanks",
+    "GetInnerOuterExpo2DynamicSendRecvRanks", "GetInnerOuterRingDynamicSendRecvRanks",
+    "GetRecvWeights", "GetSendWeights", "Handle", "IsRegularGraph", "IsTopologyEquivalent", "Max",
+    "MeshGrid2DGraph", "Min", "PartialDistributedGradientTape", "PartialDistributedOptimizer",
+    "ProcessSet", "Product", "RingGraph", "StarGraph", "Sum", "SymmetricExponentialGraph",
+    "SyncBatchNormalization", "UnevenSplitError", "UnsupportedReductionError", "add_process_set",
+    "allgather", "allgather_nonblocking", "allgather_object", "allreduce", "allreduce_nonblocking",
+    "alltoall", "backend", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
+    "broadcast_nonblocking", "broadcast_object", "broadcast_parameters", "broadcast_variables",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "get_current_created_window_names", "get_win_version", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
+    "hierarchical_neighbor_allreduce", "hierarchical_neighbor_allreduce_nonblocking",
+    "in_neighbor_machine_ranks", "in_neighbor_ranks", "init", "is_homogeneous", "is_initialized",
+    "is_machine_topo_weighted", "is_topo_weighted", "join", "load_machine_topology",
+    "load_topology", "local_rank", "local_rank_op", "local_size", "local_size_op", "machine_rank",
+    "machine_size", "merge_timelines", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "neighbor_allgather", "neighbor_allgather_nonblocking", "neighbor_allreduce",
+    "neighbor_allreduce_nonblocking", "out_neighbor_machine_ranks", "out_neighbor_ranks", "poll",
+    "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
+    "rocm_built", "set_machine_topology", "set_topology", "shutdown", "size", "size_op",
+    "start_timeline", "stop_timeline", "synchronize", "timeline_context", "timeline_end_activity",
+    "timeline_start_activity", "turn_off_win_ops_with_associated_p",
+    "turn_on_win_ops_with_associated_p", "unified_mpi_window_model_supported", "wait",
+    "win_accumulate", "win_accumulate_nonblocking", "win_associated_p", "win_create", "win_free",
+    "win_get", "win_get_nonblocking", "win_mutex", "win_ops_with_associated_p", "win_poll",
+    "win_put", "win_put_nonblocking", "win_update", "win_update_then_collect", "win_wait",
+    "window_names", "window_variable",
+]
+# Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
+_SUBPACKAGES = ("elastic", "keras", "util")
+
+
+def __dir__():
+    return sorted(__all__ + list(_SUBPACKAGES))
+
 
 def __getattr__(name):
     # `bf.keras` (the Keras helpers and callbacks) without importing Keras on

@@ -4,7 +4,10 @@
 #include <cctype>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
 
@@ -49,6 +52,16 @@ LogLevel ParseLogLevel(const char* text) {
       StatusCode::kInvalidArgument,
       Concat("environment variable BLUEFOG_LOG_LEVEL='", text,
              "' is not one of trace, debug, info, warning, error, fatal (any case)"));
+}
+
+// "A", "A and B", "A, B and C".
+std::string Join(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " and " : ", ";
+    out += names[i];
+  }
+  return out;
 }
 
 }  // namespace
@@ -102,17 +115,24 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
                StatusCode::kInvalidArgument, "environment variable BLUEFOG_BACKEND='", v,
                "' is not one of mpi, gloo");
   }
-  auto whole = [&](const char* var, int* out) {
+  // Refused, not wrapped, when an int cannot hold it: RANK=4294967297 must not become rank 1.
+  auto whole = [&](const char* var, int* out, const char* meaning) {
     if (const char* v = lookup(var)) {
-      if (*v != '\0') *out = static_cast<int>(ParseBytes(var, v));
+      if (*v == '\0') return;
+      const int64_t value = ParseBytes(var, v);
+      BF_ENFORCE(value <= std::numeric_limits<int>::max(), StatusCode::kInvalidArgument,
+                 "environment variable ", var, "='", v, "' is out of range (at most ",
+                 std::numeric_limits<int>::max(), "); ", var, " is ", meaning);
+      *out = static_cast<int>(value);
     }
   };
   if (const char* v = lookup("MASTER_ADDR")) config.master_addr = v;
-  whole("MASTER_PORT", &config.master_port);
-  whole("RANK", &config.env_rank);
-  whole("WORLD_SIZE", &config.env_world_size);
-  whole("LOCAL_RANK", &config.env_local_rank);
-  whole("LOCAL_WORLD_SIZE", &config.env_local_size);
+  whole("MASTER_PORT", &config.master_port, "rank 0's TCP port for the rendezvous (1-65535)");
+  whole("RANK", &config.env_rank, "this process's rank, from 0 to WORLD_SIZE-1");
+  whole("WORLD_SIZE", &config.env_world_size, "the number of processes in the job");
+  whole("LOCAL_RANK", &config.env_local_rank, "this process's rank among those on its host");
+  whole("LOCAL_WORLD_SIZE", &config.env_local_size,
+        "the number of the job's processes on its host");
   if (const char* v = lookup("BLUEFOG_JOB_TOKEN")) config.job_token = v;
   if (const char* v = lookup("BLUEFOG_GLOO_TIMEOUT"))
     config.gloo_timeout_seconds = ParseDouble("BLUEFOG_GLOO_TIMEOUT", v, 0.001);
@@ -127,18 +147,42 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
 bool Config::UseGloo() const {
   if (backend == "mpi") return false;
   if (backend != "gloo") {
-    const bool rendezvous =
-        !master_addr.empty() && master_port >= 0 && env_rank >= 0 && env_world_size >= 0;
+    // Any of torchrun's variables means a launcher meant this process to join a job: with one
+    // of the four missing it is an error, never a job of one (N such processes would train N
+    // unrelated models).
+    const bool rendezvous = !master_addr.empty() || master_port >= 0 || env_rank >= 0 ||
+                            env_world_size >= 0 || env_local_rank >= 0;
     if (mpi_launched || !rendezvous) return false;
   }
-  const char* missing = master_addr.empty()  ? "MASTER_ADDR"
-                        : master_port < 0    ? "MASTER_PORT"
-                        : env_rank < 0       ? "RANK"
-                        : env_world_size < 0 ? "WORLD_SIZE"
-                                             : nullptr;
-  BF_ENFORCE(missing == nullptr, StatusCode::kInvalidArgument,
-             "BLUEFOG_BACKEND=gloo needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; ", missing,
-             " is not set");
+  std::vector<std::string> missing, set;
+  for (const auto& [var, is_set] :
+       {std::pair<const char*, bool>{"MASTER_ADDR", !master_addr.empty()},
+        {"MASTER_PORT", master_port >= 0},
+        {"RANK", env_rank >= 0},
+        {"WORLD_SIZE", env_world_size >= 0},
+        {"LOCAL_RANK", env_local_rank >= 0}}) {
+    if (is_set) {
+      set.push_back(var);
+    } else if (std::string(var) != "LOCAL_RANK") {
+      missing.push_back(var);
+    }
+  }
+  if (!missing.empty()) {
+    const std::string who = env_rank >= 0 ? Concat("rank ", env_rank) : "this process (no RANK)";
+    const std::string why =
+        backend == "gloo"
+            ? std::string(
+                  "BLUEFOG_BACKEND=gloo needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE")
+            : Concat(Join(set), set.size() == 1 ? " is" : " are",
+                     " set, so this process was started to join a job without mpirun, which "
+                     "needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (torchrun's variables)");
+    throw BluefogError(
+        StatusCode::kInvalidArgument,
+        Concat(who, ": ", why, "; ", Join(missing), missing.size() == 1 ? " is" : " are",
+               " not set. Set ", missing.size() == 1 ? "it" : "them",
+               " on every process, or unset the others to run without a rendezvous (one process, "
+               "or under mpirun), or set BLUEFOG_BACKEND=mpi to ignore them"));
+  }
   BF_ENFORCE(
       env_world_size >= 1 && env_rank < env_world_size && master_port > 0 && master_port < 65536,
       StatusCode::kInvalidArgument, "RANK=", env_rank, " WORLD_SIZE=", env_world_size,

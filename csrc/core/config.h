@@ -93,8 +93,9 @@ struct Config {
   bool mpi_launched = false;
 
   // Whether the runtime runs on Gloo: BLUEFOG_BACKEND=gloo, or no BLUEFOG_BACKEND, no MPI
-  // launcher and the four rendezvous variables set. Throws BluefogError naming the variable
-  // when BLUEFOG_BACKEND=gloo lacks one of them.
+  // launcher and the four rendezvous variables set. Throws BluefogError naming the missing
+  // variables when BLUEFOG_BACKEND=gloo lacks one of them, or when, without BLUEFOG_BACKEND and
+  // an MPI launcher, some of them (or LOCAL_RANK) are set and others not.
   bool UseGloo() const;
   // The backend this job asks for: "gloo" when UseGloo(), else "mpi" (transport/registry.h
   // finds it among those built).

@@ -61,9 +61,61 @@ TEST(Config, BackendChoice) {
     FromMap({{"BLUEFOG_BACKEND", "gloo"}, {"MASTER_ADDR", "h"}}).UseGloo();
     FAIL() << "no error";
   } catch (const BluefogError& e) {
-    EXPECT_NE(std::string(e.what()).find("MASTER_PORT is not set"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MASTER_PORT, RANK and WORLD_SIZE are not set"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(with({{"RANK", "2"}}).UseGloo(), BluefogError);
+}
+
+// Any of torchrun's variables without the rest is an error naming what is missing, never a job
+// of one; an MPI launcher or BLUEFOG_BACKEND=mpi still ignores them.
+TEST(Config, PartialRendezvousIsNamed) {
+  auto message = [](const std::map<std::string, std::string>& vars) -> std::string {
+    try {
+      FromMap(vars).UseGloo();
+    } catch (const BluefogError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(message({{"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}}),
+            "rank 1: MASTER_ADDR, MASTER_PORT and RANK are set, so this process was started to "
+            "join a job without mpirun, which needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
+            "(torchrun's variables); WORLD_SIZE is not set. Set it on every process, or unset the "
+            "others to run without a rendezvous (one process, or under mpirun), or set "
+            "BLUEFOG_BACKEND=mpi to ignore them");
+  EXPECT_NE(
+      message({{"LOCAL_RANK", "0"}})
+          .find("this process (no RANK): LOCAL_RANK is set, so this process was started to join"),
+      std::string::npos);
+  EXPECT_NE(message({{"LOCAL_RANK", "0"}})
+                .find("MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are not set"),
+            std::string::npos);
+  EXPECT_NE(message({{"WORLD_SIZE", "2"}}).find("MASTER_ADDR, MASTER_PORT and RANK are not set"),
+            std::string::npos);
+  EXPECT_FALSE(FromMap({{"RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());
+  EXPECT_FALSE(FromMap({{"RANK", "1"}, {"BLUEFOG_BACKEND", "mpi"}}).UseGloo());
+  EXPECT_FALSE(FromMap({{"RANK", ""}}).UseGloo());  // empty: unset
+}
+
+// A value past an int is refused naming the variable, not wrapped (4294967297 -> 1).
+TEST(Config, RendezvousValuesDoNotWrap) {
+  for (auto [var, value] :
+       std::map<std::string, std::string>{{"RANK", "4294967297"},
+                                          {"MASTER_PORT", "4294996796"},
+                                          {"WORLD_SIZE", "4294967298"},
+                                          {"LOCAL_RANK", "4294967296"},
+                                          {"LOCAL_WORLD_SIZE", "99999999999999999999999"}}) {
+    try {
+      FromMap({{var, value}});
+      ADD_FAILURE() << var << "=" << value << " accepted";
+    } catch (const BluefogError& e) {
+      EXPECT_NE(std::string(e.what()).find(var + "='" + value + "' is"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(FromMap({{"RANK", "2147483647"}}).env_rank, 2147483647);
   EXPECT_THROW(FromMap({{"BLUEFOG_BACKEND", "nccl"}}), BluefogError);
 }
 

@@ -43,10 +43,14 @@ def _resolve(dotted: str):
     raise ImportError(dotted)
 
 
-def _public(module_name: str) -> dict:
+def _public(module_name: str, scan: bool = False) -> dict:
+    """The module's public names: its ``__all__`` when it has one (the API is what it lists),
+    else (or with ``scan``) what its namespace holds."""
     mod = importlib.import_module(module_name)
+    if hasattr(mod, "__all__") and not scan:
+        return {name: getattr(mod, name) for name in mod.__all__}
     names = {}
-    for name in list(dir(mod)) + list(LAZY.get(module_name, ())):
+    for name in list(vars(mod)) + list(LAZY.get(module_name, ())):
         if name.startswith("_"):
             continue
         obj = getattr(mod, name)
@@ -122,6 +126,33 @@ def test_public_names_are_in_the_reference(module_name, documented):
     assert not missing, (f"{module_name}: these public names are missing from the reference "
                          f"(docs/api/*.md): {missing}. Add a `::: {module_name}.NAME` line to "
                          "the page and group where it belongs.")
+
+
+def test_tensorflow_all_is_the_public_names_only():
+    """``bluefog.tensorflow.__all__`` lists every public name once and nothing else, and
+    ``dir(bf)`` shows it and the public subpackages, none of the implementation's submodules."""
+    import bluefog.tensorflow as bf
+
+    assert len(bf.__all__) == len(set(bf.__all__)), "a name is listed twice in __all__"
+    assert set(bf.__all__) == set(_public("bluefog.tensorflow", scan=True)), (
+        set(bf.__all__) ^ set(_public("bluefog.tensorflow", scan=True)))
+    modules = [n for n in dir(bf) if inspect.ismodule(getattr(bf, n))]
+    assert sorted(modules) == ["elastic", "keras", "util"], modules
+    assert set(dir(bf)) == set(bf.__all__) | {"elastic", "keras", "util"}
+    namespace: dict = {}
+    exec("from bluefog.tensorflow import *", namespace)  # noqa: S102 - what users may write
+    assert set(namespace) - {"__builtins__"} == set(bf.__all__)
+
+
+def test_every_name_in_tensorflow_all_is_documented(documented):
+    """Each name of ``bluefog.tensorflow.__all__`` has a `::: ` entry in docs/api/*.md that
+    resolves to the same object."""
+    import bluefog.tensorflow as bf
+
+    missing = [name for name in bf.__all__
+               if not any(o is getattr(bf, name) for _, o in documented)]
+    assert not missing, (f"bluefog.tensorflow.__all__ names missing from docs/api/*.md: "
+                         f"{missing}. Add a `::: bluefog.tensorflow.NAME` line to the page.")
 
 
 def test_every_directive_resolves(documented):

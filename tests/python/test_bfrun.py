@@ -234,3 +234,41 @@ def test_merge_timelines_reads_a_file_cut_mid_event(tmp_path):
     assert [(e["ph"], e["pid"], e.get("ts")) for e in events] == [
         ("M", 0, None), ("M", 1, None), ("X", 1, 3), ("X", 0, 5)]
     assert sorted(os.listdir(tmp_path)) == ["t.json"]
+
+
+CHUNKED = """
+import os, sys, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+# As Python prints a traceback to an unbuffered stderr: a line in several writes, and the
+# ranks' writes interleaved.
+parts = ["    ", "import keras", "\\n", "second line\\nthird", " line\\n", "no newline"]
+for part in parts if rank == 0 else [p.upper() for p in parts[:-1]]:
+    sys.stderr.write(part)
+    sys.stderr.flush()
+    time.sleep(0.05)
+sys.stdout.write("a")
+sys.stdout.flush()
+time.sleep(0.05)
+sys.stdout.write("b\\n")
+sys.stdout.flush()
+time.sleep(0.5 * rank)  # rank 0 is done when rank 1 fails the job
+raise SystemExit(3 if rank == 1 else 0)
+"""
+
+
+@needs_mpirun
+def test_rank_tags_are_on_whole_lines():
+    """mpirun tags each write; bfrun prints each rank's line whole, tagged once (a line left
+    without a newline at the end too), mpirun's own messages and the failing rank's status
+    kept."""
+    result = bfrun(["-np", "2", sys.executable, "-c", CHUNKED], env={"PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 3, result.stderr[-3000:]
+    for r, text in ((0, ["    import keras", "second line", "third line", "no newline"]),
+                    (1, ["    IMPORT KERAS", "SECOND LINE", "THIRD LINE"])):
+        lines = [f"[1,{r}]<stderr>:{t}" for t in text]
+        for line in lines:
+            assert line in result.stderr.splitlines(), (line, result.stderr)
+        assert f"[1,{r}]<stdout>:ab" in result.stdout.splitlines(), result.stdout
+    for line in result.stderr.splitlines() + result.stdout.splitlines():
+        assert len(re.findall(r"\[1,\d\]<std(?:out|err)>:", line)) <= 1, line
+    assert "exited on signal" in result.stderr or "non-zero status" in result.stderr

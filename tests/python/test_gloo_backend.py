@@ -165,28 +165,50 @@ def test_lost_rank_ends_the_job(mode):
 
 
 def test_tf_config_starts_a_gloo_job(tmp_path):
-    """Only TF_CONFIG (two workers, this one's index): bf.init() derives the rendezvous from
-    it; a chief task is refused at init with an error saying why."""
+    """Only TF_CONFIG: bf.init() derives the rendezvous from it. Two workers make a job of 2;
+    Vertex AI's layout (the chief in worker pool 0, then two workers) a job of 3 with the chief as
+    rank 0 (MultiWorkerMirroredStrategy's order); a cluster that also lists a parameter server
+    is refused on every process of it, with one message."""
     job = _script(tmp_path, """
+        import json, os
         import tensorflow as tf
         import bluefog.tensorflow as bf
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
         bf.init()
         x = bf.allreduce(tf.constant([float(bf.rank())]), average=False)
-        print("TFCONFIG", bf.backend(), bf.rank(), bf.size(), x.numpy()[0])
+        print("TFCONFIG", task["type"], task["index"], bf.backend(), bf.rank(), bf.size(),
+              x.numpy()[0])
         """)
 
-    def tf_config(kind):
+    def tf_config(roles):
+        """The harness's process r is task roles[r]; the chief (or worker 0) serves the port."""
         def rank_env(rank, port):
-            workers = [f"127.0.0.1:{port}", "127.0.0.1:1"]
-            return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
-                                             "task": {"type": kind, "index": rank}})}
+            cluster = {}
+            for r, (kind, _) in enumerate(roles):
+                cluster.setdefault(kind, []).append(f"127.0.0.1:{port + r}")
+            kind, index = roles[rank]
+            return {"TF_CONFIG": json.dumps({"cluster": cluster, "environment": "cloud",
+                                             "task": {"type": kind, "index": index}})}
         return rank_env
 
-    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S, rank_env=tf_config("worker"))
+    workers = [("worker", 0), ("worker", 1)]
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S, rank_env=tf_config(workers))
     assert result.returncode == 0 and not result.timed_out, result.tail()
-    assert "TFCONFIG gloo 0 2 1.0" in result.output and "TFCONFIG gloo 1 2 1.0" in result.output
-    result = run_gloo_job([PYTHON, job], 1, JOB_TIMEOUT_S, rank_env=tf_config("chief"))
-    assert result.returncode != 0 and "task type 'chief'" in result.output, result.tail()
+    assert "TFCONFIG worker 0 gloo 0 2 1.0" in result.output, result.tail()
+    assert "TFCONFIG worker 1 gloo 1 2 1.0" in result.output, result.tail()
+
+    vertex = [("chief", 0), ("worker", 0), ("worker", 1)]
+    result = run_gloo_job([PYTHON, job], 3, JOB_TIMEOUT_S, rank_env=tf_config(vertex))
+    assert result.returncode == 0 and not result.timed_out, result.tail()
+    for line in ("chief 0 gloo 0 3 3.0", "worker 0 gloo 1 3 3.0", "worker 1 gloo 2 3 3.0"):
+        assert f"TFCONFIG {line}" in result.output, result.tail()
+
+    with_ps = vertex + [("ps", 0)]
+    result = run_gloo_job([PYTHON, job], 4, JOB_TIMEOUT_S, rank_env=tf_config(with_ps))
+    assert result.returncode != 0 and not result.timed_out, result.tail()
+    assert "TFCONFIG" not in result.output, result.tail()
+    refusals = re.findall(r"TF_CONFIG's cluster lists 'ps': [^\n]*", result.output)
+    assert len(refusals) == 4 and len(set(refusals)) == 1, result.tail()
 
 
 @pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
