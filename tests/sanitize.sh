@@ -34,7 +34,7 @@ for arg in "$@"; do
 done
 [ ${#configs[@]} -gt 0 ] || configs=(asan tsan)
 
-# CI's subset (`make sanitize-ci`): the ctest jobs (tests/cpp/CMakeLists.txt) run 5 test
+# CI's subset (`make sanitize-ci`): the ctest jobs (tests/cpp/CMakeLists.txt) run 6 test
 # programs, most of them several times under different settings, and every job already runs
 # unsanitized in `make test`; what the sanitizers add is per code path, so CI runs each family
 # of paths under at least one of them, not every setting under both:

@@ -104,6 +104,7 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
     config.stall_shutdown_seconds = ParseDouble("BLUEFOG_STALL_SHUTDOWN_TIME", v, 0.0);
   if (const char* v = lookup("BLUEFOG_LOG_LEVEL")) config.log_level = ParseLogLevel(v);
   if (const char* v = lookup("BLUEFOG_TIMELINE")) config.timeline_prefix = v;
+  if (const char* v = lookup("BLUEFOG_ALLREDUCE_ALGORITHM")) config.allreduce_algorithm = v;
   // Open MPI's own: never an error here (a value it would refuse is its to report).
   if (const char* v = lookup("OMPI_COMM_WORLD_LOCAL_SIZE"))
     config.launcher_local_size = std::max(0, std::atoi(v));

@@ -70,6 +70,10 @@ struct Config {
   int launcher_local_size = 0;
   bool mpi_yield_chosen = false;
   std::string timeline_prefix;  // empty: no timeline
+  // BLUEFOG_ALLREDUCE_ALGORITHM: the allreduce algorithm every call it applies to takes
+  // (transport/allreduce_algorithm.h); empty: each call the first of the backend's list that
+  // applies.
+  std::string allreduce_algorithm;
 
   // The backend (BLUEFOG_BACKEND): "mpi", "gloo", or empty to choose by the launcher (see
   // UseGloo). Gloo's rendezvous is read from the variables torchrun and most schedulers set:

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/types.h"
 #include "transport/options.h"
@@ -47,5 +49,15 @@ inline bool OneHostCall(const Tuning& tuning, int size, const AllreduceCall& cal
   return threshold > 0 && call.bytes >= threshold && call.count >= size &&
          tuning.ring_threshold_bytes.load(std::memory_order_relaxed) > 0;
 }
+
+// The list a backend asks, given BLUEFOG_ALLREDUCE_ALGORITHM (`forced`): empty, `list` as it
+// is; else the algorithm of `list` called so, then the list's last (the backend's own, which
+// takes every call: the calls the forced one does not apply to, too small for it or with fewer
+// elements than ranks). Where none is called so, `must` (the job's world communicator) throws
+// an error naming `rank`, the value, why it cannot run here and the algorithms there are;
+// otherwise (a process set whose ranks lack what it needs) `list` as it is.
+std::vector<AllreduceAlgorithm*> ForceAllreduce(std::vector<AllreduceAlgorithm*> list,
+                                                const std::string& forced, bool must, int rank,
+                                                const char* backend);
 
 }  // namespace bluefog

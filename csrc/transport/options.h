@@ -21,6 +21,7 @@ struct TransportOptions {
   int64_t shared_heap_bytes = Config().shared_outputs_bytes;
   int64_t streaming_store_bytes = Config().streaming_store_bytes;
   int64_t graph_join_us = Config().graph_join_us;
+  std::string allreduce_algorithm;  // BLUEFOG_ALLREDUCE_ALGORITHM (allreduce_algorithm.h)
 
   static TransportOptions FromConfig(const Config& config) {
     TransportOptions o;
@@ -33,6 +34,7 @@ struct TransportOptions {
     o.shared_heap_bytes = config.shared_outputs_bytes;
     o.streaming_store_bytes = config.streaming_store_bytes;
     o.graph_join_us = config.graph_join_us;
+    o.allreduce_algorithm = config.allreduce_algorithm;
     return o;
   }
 };

@@ -16,17 +16,11 @@
 
 #include "core/path_chooser.h"
 #include "core/status.h"
+#include "launched_transport.h"
 #include "transport/allreduce_algorithm.h"
 #include "transport/local/algorithms.h"
 #include "transport/local/local_host.h"
 #include "transport/shared_heap.h"
-#ifdef BLUEFOG_HAVE_MPI
-#include "transport/mpi/mpi_communicator.h"
-#endif
-#ifdef BLUEFOG_HAVE_GLOO
-#include "transport/gloo/gloo_communicator.h"
-#include "transport/gloo/tcp_store.h"
-#endif
 
 namespace bluefog {
 namespace {
@@ -395,41 +389,11 @@ TEST(TransportDirectLast, FailedReadFailsEveryRankThenTheRingRuns) {
 }  // namespace
 }  // namespace bluefog
 
-namespace {
-
-// The backend the launcher implies: gloo_launch.sh sets MASTER_ADDR and no MPI rank.
-std::unique_ptr<bluefog::Communicator> MakeTransport(const bluefog::TransportOptions& options) {
-#ifdef BLUEFOG_HAVE_GLOO
-  if (std::getenv("MASTER_ADDR") != nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
-    bluefog::GlooSetup setup;
-    setup.master_addr = std::getenv("MASTER_ADDR");
-    setup.master_port = std::stoi(std::getenv("MASTER_PORT"));
-    setup.rank = std::stoi(std::getenv("RANK"));
-    setup.size = std::stoi(std::getenv("WORLD_SIZE"));
-    setup.timeout = std::chrono::seconds(60);
-    setup.token = bluefog::JobToken("", setup.master_addr, setup.master_port, setup.size);
-    auto t = std::make_unique<bluefog::GlooCommunicator>(setup, options);
-    bluefog::info = t->Init();
-    return t;
-  }
-#endif
-#ifdef BLUEFOG_HAVE_MPI
-  auto t = std::make_unique<bluefog::MpiCommunicator>(options);
-  bluefog::info = t->Init();
-  return t;
-#else
-  std::fprintf(stderr, "no MPI in this build: run through tests/cpp/gloo_launch.sh\n");
-  std::exit(2);
-#endif
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   bluefog::TransportOptions options;
   options.shared_heap_bytes = int64_t{64} << 20;
-  std::unique_ptr<bluefog::Communicator> t = MakeTransport(options);
+  std::unique_ptr<bluefog::Communicator> t = bluefog::LaunchedTransport(options, &bluefog::info);
   bluefog::transport = t.get();
   // Only rank 0 prints the per-test lines.
   if (bluefog::info.rank != 0) {

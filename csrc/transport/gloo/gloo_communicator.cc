@@ -237,6 +237,8 @@ void GlooCommunicator::Connect(const std::string& prefix, const std::vector<std:
   allreduce_.clear();
   if (local_) allreduce_ = local_->algorithms();
   allreduce_.push_back(ring_.get());
+  allreduce_ = ForceAllreduce(allreduce_, options_.allreduce_algorithm,
+                              /*must=*/prefix == "bluefog/world", world_ranks_[rank_], backend());
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<int>& ranks,

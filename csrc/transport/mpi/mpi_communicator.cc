@@ -146,7 +146,15 @@ TransportInfo MpiCommunicator::Init() {
     Check(MPI_Comm_free(&AsComm(cross)), "MPI_Comm_free");
   }
 
-  SetUp(size_ > 1 && info.local_size == size_);
+  try {
+    SetUp(size_ > 1 && info.local_size == size_, /*world=*/true);
+  } catch (...) {
+    // A set-up every rank refused alike (BLUEFOG_ALLREDUCE_ALGORITHM): free what Init made and
+    // finalize MPI, so the process ends cleanly after reporting it.
+    initialized_ = true;
+    Shutdown();
+    throw;
+  }
   initialized_ = true;
   info.rank = rank_;
   info.size = size_;
@@ -197,7 +205,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::Adopt(void* comm) {
   } else {
     t->host_of_.assign(1, 0);
   }
-  t->SetUp(one_host);
+  t->SetUp(one_host, /*world=*/false);
   t->initialized_ = true;
   return t;
 }
@@ -211,7 +219,7 @@ void MpiCommunicator::MapHosts(void* shared) {
   same_host_ = static_cast<int>(std::count(host_of_.begin(), host_of_.end(), first));
 }
 
-void MpiCommunicator::SetUp(bool one_host) {
+void MpiCommunicator::SetUp(bool one_host, bool world) {
   exchange_send_.assign(kExchangeSlotTotal, 0);
   exchange_recv_.assign(kExchangeSlotTotal * static_cast<size_t>(size_), 0);
   counts_.assign(size_, 0);
@@ -223,7 +231,8 @@ void MpiCommunicator::SetUp(bool one_host) {
     local_ = LocalHost::Create(this, tuning_, options_, /*every_size=*/false);
     if (local_->heap()) SharedHeap::SetCurrent(local_->heap());
   }
-  allreduce_ = MakeAllreduceList(this, local_.get(), &own_allreduce_);
+  allreduce_ = ForceAllreduce(MakeAllreduceList(this, local_.get(), &own_allreduce_),
+                              options_.allreduce_algorithm, world, rank_, backend());
 }
 
 void MpiCommunicator::Shutdown() {

@@ -86,8 +86,9 @@ class MpiCommunicator : public Communicator {
   // A communicator over `comm` (an MPI_Comm this process owns), which it frees at Shutdown.
   std::unique_ptr<MpiCommunicator> Adopt(void* comm);
   // The algorithms and the exchange's buffers; the host's transport (LocalHost) set up when
-  // `one_host`.
-  void SetUp(bool one_host);
+  // `one_host`. `world`: the job's communicator, where a BLUEFOG_ALLREDUCE_ALGORITHM that
+  // cannot run is an error (ForceAllreduce).
+  void SetUp(bool one_host, bool world);
   // exchange_send_ from every rank into exchange_recv_, over MPI: posted, then waited for at
   // most `limit` (negative: without one); false when that ran out.
   void StartExchangeSlots();
