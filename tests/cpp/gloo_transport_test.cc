@@ -135,6 +135,31 @@ TEST(GlooTransport, ReduceScatterUnevenSlices) {
     EXPECT_EQ(out[i], Expected(ReduceOp::kSum, offset + i)) << i;
 }
 
+// The ring reduce-scatter with every op, the average, a rank with an empty slice and slices of
+// several MiB (each rank's slice r * 1 MiB + 5 elements, rank 0's empty).
+TEST(GlooTransport, ReduceScatterOpsAverageAndEmptySlice) {
+  std::vector<int64_t> counts(info.size);
+  int64_t total = 0, offset = 0;
+  for (int r = 0; r < info.size; ++r) {
+    counts[r] = r == 0 ? 0 : r * (int64_t{1} << 18) + 5;
+    if (r == info.rank) offset = total;
+    total += counts[r];
+  }
+  std::vector<double> in(total), out(counts[info.rank] + 1, -7.0);
+  for (int64_t i = 0; i < total; ++i) in[i] = Value(info.rank, i);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    transport->ReduceScatter(in.data(), out.data(), counts, DataType::kFloat64, op);
+    for (int64_t i = 0; i < counts[info.rank]; ++i)
+      ASSERT_DOUBLE_EQ(out[i], Expected(op, offset + i)) << ReduceOpName(op) << " " << i;
+    EXPECT_EQ(out[counts[info.rank]], -7.0);  // nothing written past the slice
+  }
+  transport->ReduceScatter(in.data(), out.data(), counts, DataType::kFloat64, ReduceOp::kSum,
+                           info.size);
+  for (int64_t i = 0; i < counts[info.rank]; ++i)
+    ASSERT_DOUBLE_EQ(out[i], Expected(ReduceOp::kSum, offset + i) / info.size) << i;
+  for (int64_t i = 0; i < total; ++i) ASSERT_EQ(in[i], Value(info.rank, i));  // input kept
+}
+
 TEST(GlooTransport, AllgathervUnevenAndEmpty) {
   // Rank r sends r * 3 bytes (rank 0 nothing), each byte its rank.
   std::vector<int64_t> bytes(info.size);
