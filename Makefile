@@ -149,7 +149,7 @@ bench: build cpp-build
 bench-horovod: build
 	$(PY) bench/vs_horovod.py
 
-# bf.allreduce 1-64 MiB at 2 ranks: bfrun --gloo against mpirun, launches interleaved.
+# bf.allreduce 64 KiB-64 MiB at 2 and 3 ranks: bfrun --gloo against mpirun, launches interleaved.
 bench-gloo: build
 	$(PY) bench/gloo_vs_mpi.py
 
