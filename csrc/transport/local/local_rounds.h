@@ -1,7 +1,7 @@
 // Negotiation rounds among ranks that share one host, through a shared-memory segment instead of
 // MPI messages: each rank writes its slot, and the last to arrive wakes the others through a
 // futex, so a waiting rank sleeps in the kernel and leaves its core to the ranks still working
-// (what matters when ranks outnumber cores). See docs/design.md, "Rounds on one host".
+// (what matters when ranks outnumber cores). See docs/design.md, "One host".
 #pragma once
 
 #include <atomic>
