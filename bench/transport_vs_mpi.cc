@@ -11,7 +11,9 @@
 // out of place and in place ("_in_place"), and raw in-place MPI_Allreduce ("mpi_s"); and the
 // out-of-place staged and shared paths with outputs always written with streaming stores
 // ("_streamed") and always with plain ones ("_plain"), BLUEFOG_STREAMING_STORES deciding for
-// the others.
+// the others. And the memory-traffic bound ("copy_s"): every rank copying a buffer of the
+// size into another at once, which moves what any allreduce must at least move (each rank
+// reads its input and writes its output once), interleaved with the rest.
 #include <mpi.h>
 
 #include <algorithm>
@@ -101,18 +103,23 @@ int main() {
       }
     }
     std::vector<float> mpi_buf(count, 0.0f);
+    const int kCopy = kNumVariants + 1;  // the bound's batch
+    std::vector<float> copy_in(count, 1.0f), copy_out(count, 0.0f);
     const int iters = static_cast<int>(std::clamp(200e6 / bytes, 3.0, 200.0));
-    std::vector<std::vector<double>> times(kNumVariants + 1);
+    std::vector<std::vector<double>> times(kNumVariants + 2);
     for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up all
       // A fresh order each repetition (the same on every rank): a batch runs slower after
       // some others (their dirty buffers in cache), so no variant always follows the same one.
-      std::vector<int> order(kNumVariants + 1);
-      for (int v = 0; v <= kNumVariants; ++v) order[v] = v;
+      std::vector<int> order(kNumVariants + 2);
+      for (int v = 0; v <= kCopy; ++v) order[v] = v;
       std::shuffle(order.begin(), order.end(), std::mt19937(rep));
       for (int which : order) {
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
-        if (which == kNumVariants) {
+        if (which == kCopy) {
+          for (int i = 0; i < iters; ++i)
+            std::copy(copy_in.begin(), copy_in.end(), copy_out.begin());
+        } else if (which == kNumVariants) {
           for (int i = 0; i < iters; ++i)
             MPI_Allreduce(MPI_IN_PLACE, mpi_buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                           MPI_COMM_WORLD);
@@ -151,11 +158,14 @@ int main() {
     if (info.rank != 0) continue;
     std::string line = "{\"impl\":\"transport\",\"ranks\":" + std::to_string(info.size) +
                        ",\"bytes\":" + std::to_string(bytes);
-    for (int v = 0; v <= kNumVariants; ++v) {
+    for (int v = 0; v <= kCopy; ++v) {
       std::sort(times[v].begin(), times[v].end());
       char field[96];
       std::snprintf(field, sizeof(field), ",\"%s_s\":%.9g",
-                    v == kNumVariants ? "mpi" : kVariants[v].name, times[v][kReps / 2]);
+                    v == kCopy          ? "copy"
+                    : v == kNumVariants ? "mpi"
+                                        : kVariants[v].name,
+                    times[v][kReps / 2]);
       line += field;
     }
     line += std::string(",\"direct\":") + (direct_possible ? "true" : "false") +
