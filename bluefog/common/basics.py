@@ -144,7 +144,7 @@ def init(process_sets=None, comm=None) -> None:
     Horovod's ``init(process_sets=...)`` does.
 
     Without mpirun, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set (or a TF_CONFIG
-    that lists the workers), it runs on Gloo instead (docs/design.md, "Without mpirun").
+    that lists the workers), it runs on Gloo instead (docs/launching.md, "Without mpirun").
     """
     global _atexit_registered
     if comm is None and mpi4py_interop.communicator(process_sets) is not None:
@@ -267,7 +267,7 @@ def is_homogeneous() -> bool:
 
 def backend() -> str:
     """The backend running the job: ``"mpi"`` (started by mpirun, bfrun or srun) or ``"gloo"``
-    (started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; docs/design.md)."""
+    (started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; docs/launching.md)."""
     name = _load().bluefog_backend() if _lib is not None else None
     if name is None:
         raise ValueError("bluefog is not initialized (or was shut down): call bf.init() before "

@@ -32,7 +32,7 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    """Whether Gloo runs this job (started without an MPI launcher; docs/design.md)."""
+    """Whether Gloo runs this job (started without an MPI launcher; docs/launching.md)."""
     return _running_backend() == "gloo"
 
 

@@ -1,6 +1,6 @@
 """TF_CONFIG as a Gloo rendezvous: a job that a TensorFlow launcher (a Kubernetes operator,
 Vertex AI, SageMaker, a hand-written TF_CONFIG) started gets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
-from it, so ``bf.init()`` runs on Gloo without mpirun (docs/design.md, "Without mpirun").
+from it, so ``bf.init()`` runs on Gloo without mpirun (docs/launching.md, "Without mpirun").
 
 The ranks follow MultiWorkerMirroredStrategy's order: the chief (when ``cluster.chief`` lists one)
 is rank 0 and worker i is rank i + 1; without a chief, worker i is rank i. Rank 0's address is the

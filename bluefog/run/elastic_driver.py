@@ -18,7 +18,8 @@ launch with one SIGTERM (what Open MPI reads as "end the job": a SIGINT followed
 makes it abort without stopping its ranks); and it gets SIGTERM from the kernel when the
 driver dies, SIGKILL included, so no launch outlives its driver.
 
-docs/design.md says why it is built this way (Open MPI 4.1 cannot shrink a running job).
+docs/elastic.md, "How it works", says why it is built this way (Open MPI 4.1 cannot shrink a
+running job).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 // segment (the rounds' memfd, LocalRounds) that every rank has mapped whole. Large allreduce
 // outputs are taken from here (the TF layer's output pool), so that a peer can push its
 // reduced part straight into them with plain stores (the shared allreduce,
-// transport/local/shared.cc). See docs/design.md, step 5 of "One request, end to end".
+// transport/local/shared.cc). See docs/design.md, step 2 of "One request, end to end".
 #pragma once
 
 #include <cstddef>

@@ -3,7 +3,7 @@
 ``TensorFlowState``, ``KerasState`` (also as ``TensorFlowKerasState``),
 ``HostsUpdatedInterrupt``, ``BluefogInternalError`` (also as ``HorovodInternalError``) and the
 Keras callbacks.
-docs/elastic.md shows how to use it; docs/design.md how it works."""
+docs/elastic.md shows how to use it and, under "How it works", why it is built so."""
 
 from bluefog.common import elastic_env as _env
 from bluefog.common.basics import BluefogInternalError, HorovodInternalError  # noqa: F401
