@@ -43,11 +43,11 @@ class Pool {
 
 }  // namespace
 
-OutputBlock TakeOutputBlock(size_t bytes) {
+OutputBlock TakeOutputBlock(size_t bytes, std::shared_ptr<SharedHeap> heap) {
   OutputBlock block;
   block.capacity = (bytes + kPage - 1) / kPage * kPage;
   if (block.capacity == 0) block.capacity = kPage;
-  block.heap = SharedHeap::Current();
+  block.heap = std::move(heap);
   if (block.heap) block.data = block.heap->Take(block.capacity);
   if (block.data == nullptr) {
     block.heap.reset();

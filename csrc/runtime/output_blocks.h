@@ -24,9 +24,10 @@ struct OutputBlock {
   std::shared_ptr<SharedHeap> heap;  // the heap it is from (kept mapped while it is out), or none
 };
 
-// A block of at least `bytes` bytes: a freed one of the same page-rounded capacity if there is
-// one, else a new one.
-OutputBlock TakeOutputBlock(size_t bytes);
+// A block of at least `bytes` bytes: from `heap` (the running job's shared heap,
+// Runtime::shared_heap(); may be nullptr) when it has room, else a freed one of the same
+// page-rounded capacity if there is one, else a new one.
+OutputBlock TakeOutputBlock(size_t bytes, std::shared_ptr<SharedHeap> heap);
 // Back to where it came from; the private pool keeps at most 512 MiB of freed blocks.
 void GiveOutputBlock(const OutputBlock& block);
 

@@ -108,6 +108,8 @@ void Runtime::Main(std::promise<void>* started) {
   try {
     transport_ = RequireBackend(config_).make(config_, &info_);
     inline_threshold_ = config_.inline_threshold_bytes;
+    std::lock_guard<std::mutex> lock(heap_mutex_);
+    heap_ = transport_->shared_heap();
   } catch (...) {
     started->set_exception(std::current_exception());
     return;
@@ -170,7 +172,16 @@ void Runtime::Main(std::promise<void>* started) {
   const bool fails_fast = transport_->capabilities().fails_fast;
   windows_->Stop(reason, clean || fails_fast);
   timeline_.Close();
+  {
+    std::lock_guard<std::mutex> lock(heap_mutex_);
+    heap_.reset();  // blocks still out keep the mapping; the transport retires the heap
+  }
   if (clean || fails_fast) transport_->Shutdown();
+}
+
+std::shared_ptr<SharedHeap> Runtime::shared_heap() const {
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  return heap_;
 }
 
 Status Runtime::Enqueue(Request request, Drive drive) {

@@ -19,6 +19,7 @@
 #include "runtime/channel.h"
 #include "runtime/window_service.h"
 #include "transport/communicator.h"
+#include "transport/shared_heap.h"
 
 namespace bluefog {
 
@@ -53,6 +54,9 @@ class Runtime {
   const char* backend() const { return transport_->backend(); }
   // The switches benches and tests turn at run time (transport/options.h); while running.
   Tuning& tuning() { return transport_->tuning(); }
+  // The running job's shared heap (large outputs every rank of the host can write into:
+  // transport/shared_heap.h), or nullptr; any thread.
+  std::shared_ptr<SharedHeap> shared_heap() const;
   // Requests of every rank's channel completed from the bytes sent in a negotiation round
   // (Executor::CompleteInline) so far; for tests.
   size_t completed_inline() const { return world_ ? world_->completed_inline() : 0; }
@@ -123,7 +127,9 @@ class Runtime {
 
   Config config_;
   TransportInfo info_;
-  std::unique_ptr<Communicator> transport_;   // set by the background thread before Init returns
+  std::unique_ptr<Communicator> transport_;  // set by the background thread before Init returns
+  mutable std::mutex heap_mutex_;
+  std::shared_ptr<SharedHeap> heap_;  // transport_'s, until it shuts down; under heap_mutex_
   std::atomic<int64_t> inline_threshold_{0};  // what SetTuning last set (config's at first)
   Timeline timeline_;
   std::unique_ptr<WindowService> windows_ = std::make_unique<WindowService>();

@@ -56,7 +56,7 @@ PyTypeObject* g_output_type = nullptr;
 // Takes `bytes` bytes into `out`; false when none could be had. Needs no GIL.
 bool TakeMemory(Output* out, size_t bytes) {
   if (bytes >= kPooledOutputBytes) {
-    out->block = TakeOutputBlock(bytes);
+    out->block = TakeOutputBlock(bytes, Runtime::Get().shared_heap());
     out->data = out->block.data;
   } else {
     out->data = ::operator new(bytes == 0 ? 1 : bytes, kAlign, std::nothrow);

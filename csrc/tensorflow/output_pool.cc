@@ -6,6 +6,8 @@
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/tensor.h"
 
+#include "runtime/runtime.h"
+
 namespace bluefog {
 namespace tf_bridge {
 namespace {
@@ -37,7 +39,7 @@ absl::Status AllocatePooledOutput(::tensorflow::OpKernelContext* ctx, int index,
                                   ::tensorflow::Tensor** output) {
   const size_t bytes =
       static_cast<size_t>(shape.num_elements()) * ::tensorflow::DataTypeSize(dtype);
-  OutputBlock block = TakeOutputBlock(bytes);
+  OutputBlock block = TakeOutputBlock(bytes, Runtime::Get().shared_heap());
   if (block.data == nullptr)
     return absl::ResourceExhaustedError("bluefog: could not allocate an output of " +
                                         std::to_string(bytes) + " bytes");

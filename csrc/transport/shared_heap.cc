@@ -3,19 +3,6 @@
 #include <sys/mman.h>
 
 namespace bluefog {
-namespace {
-
-std::mutex& CurrentMutex() {
-  static std::mutex* mutex = new std::mutex;  // never destroyed: tensors may outlive statics
-  return *mutex;
-}
-std::shared_ptr<SharedHeap>& CurrentHeap() {
-  static auto* heap = new std::shared_ptr<SharedHeap>;
-  return *heap;
-}
-
-}  // namespace
-
 SharedHeap::SharedHeap(void* base, size_t part_bytes, int rank, int size)
     : base_(static_cast<char*>(base)), part_bytes_(part_bytes), rank_(rank), size_(size) {}
 
@@ -49,16 +36,6 @@ int64_t SharedHeap::OffsetOf(const void* p, size_t bytes) const {
   if (c < mine || c > mine + part_bytes_ || bytes > static_cast<size_t>(mine + part_bytes_ - c))
     return -1;
   return c - mine;
-}
-
-std::shared_ptr<SharedHeap> SharedHeap::Current() {
-  std::lock_guard<std::mutex> lock(CurrentMutex());
-  return CurrentHeap();
-}
-
-void SharedHeap::SetCurrent(std::shared_ptr<SharedHeap> heap) {
-  std::lock_guard<std::mutex> lock(CurrentMutex());
-  CurrentHeap() = std::move(heap);
 }
 
 }  // namespace bluefog

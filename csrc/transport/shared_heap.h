@@ -35,11 +35,6 @@ class SharedHeap {
   int64_t OffsetOf(const void* p, size_t bytes) const;
   char* part(int rank) const { return base_ + static_cast<size_t>(rank) * part_bytes_; }
 
-  // The heap of the running job's global transport (nullptr when there is none): what the
-  // output pool takes blocks from.
-  static std::shared_ptr<SharedHeap> Current();
-  static void SetCurrent(std::shared_ptr<SharedHeap> heap);
-
  private:
   char* base_;
   size_t part_bytes_;

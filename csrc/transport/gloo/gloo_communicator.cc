@@ -214,7 +214,6 @@ TransportInfo GlooCommunicator::Init() {
   world_ranks_.resize(size_);
   for (int r = 0; r < size_; ++r) world_ranks_[r] = r;
   Connect("bluefog/world", hosts_);
-  if (local_ && local_->heap()) SharedHeap::SetCurrent(local_->heap());
   return info;
 }
 
@@ -299,7 +298,6 @@ void GlooCommunicator::Shutdown() {
   initialized_ = false;
   if (const std::shared_ptr<SharedHeap> heap = shared_heap()) {
     heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
-    if (SharedHeap::Current() == heap) SharedHeap::SetCurrent(nullptr);
   }
   allreduce_.clear();
   local_.reset();

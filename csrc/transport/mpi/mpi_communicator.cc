@@ -229,7 +229,6 @@ void MpiCommunicator::SetUp(bool one_host, bool world) {
   if (one_host) {
     // Below BLUEFOG_ONE_HOST_THRESHOLD, MPI_Allreduce through Open MPI's shared memory wins.
     local_ = LocalHost::Create(this, tuning_, options_, /*every_size=*/false);
-    if (local_->heap()) SharedHeap::SetCurrent(local_->heap());
   }
   allreduce_ = ForceAllreduce(MakeAllreduceList(this, local_.get(), &own_allreduce_),
                               options_.allreduce_algorithm, world, rank_, backend());
@@ -240,7 +239,6 @@ void MpiCommunicator::Shutdown() {
   initialized_ = false;
   if (const std::shared_ptr<SharedHeap> heap = shared_heap()) {
     heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
-    if (SharedHeap::Current() == heap) SharedHeap::SetCurrent(nullptr);
   }
   allreduce_.clear();
   local_.reset();
