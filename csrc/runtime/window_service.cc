@@ -167,15 +167,16 @@ int64_t WindowService::Queue(std::unique_ptr<Op> op, const std::shared_ptr<Entry
   return handle;
 }
 
-int64_t WindowService::Put(const std::string& name, const void* data, DataType dtype,
-                           const std::vector<int64_t>& shape, const std::vector<int32_t>& dsts,
-                           const std::vector<double>& weights, double self_weight, bool accumulate,
-                           bool require_mutex, bool with_p) {
-  const char* opname = accumulate ? "win_accumulate" : "win_put";
+int64_t WindowService::Put(const std::string& name, const WinTensor& tensor,
+                           const WinPutOptions& options) {
+  const char* opname = options.accumulate ? "win_accumulate" : "win_put";
+  const std::vector<int32_t>& dsts = options.dsts;
+  const bool with_p = options.with_p;
+  const void* data = tensor.data;
   std::shared_ptr<Entry> e = Find(opname, name);
-  CheckTensor(opname, *e, dtype, shape);
-  CheckRanks(opname, *e, dsts, weights, true);
-  CheckSelfWeight(opname, *e, self_weight);
+  CheckTensor(opname, *e, tensor.dtype, tensor.shape);
+  CheckRanks(opname, *e, dsts, options.weights, true);
+  CheckSelfWeight(opname, *e, options.self_weight);
   auto op = std::make_unique<Op>();
   op->name = opname;
   {
@@ -185,14 +186,14 @@ int64_t WindowService::Put(const std::string& name, const void* data, DataType d
   std::memcpy(op->payload->data(), data, e->window->bytes());
   op->with_p = with_p;
   op->p = e->window->associated_p();
-  e->window->Publish(data, self_weight, with_p ? self_weight : 1.0);
+  e->window->Publish(data, options.self_weight, with_p ? options.self_weight : 1.0);
   std::vector<int32_t> sorted = dsts;
   std::sort(sorted.begin(), sorted.end());
-  if (require_mutex && !dsts.empty()) {
+  if (options.require_mutex && !dsts.empty()) {
     op->steps.push_back({kLock, sorted, {}});
     op->release_at_end = true;
   }
-  op->steps.push_back({accumulate ? kAccumulate : kPut, dsts, weights});
+  op->steps.push_back({options.accumulate ? kAccumulate : kPut, dsts, options.weights});
   return Queue(std::move(op), e);
 }
 
@@ -230,15 +231,14 @@ int64_t WindowService::Mutex(const std::string& name, std::vector<int32_t> ranks
   return Queue(std::move(op), e);
 }
 
-void WindowService::Update(const std::string& name, const void* self, DataType dtype,
-                           const std::vector<int64_t>& shape, void* out, double self_weight,
-                           const std::vector<int32_t>& ranks, const std::vector<double>& weights,
-                           bool reset, bool publish, bool with_p) {
+void WindowService::Update(const std::string& name, const WinTensor& self, void* out,
+                           const WinUpdateOptions& o) {
   std::shared_ptr<Entry> e = Find("win_update", name);
-  CheckTensor("win_update", *e, dtype, shape);
-  CheckRanks("win_update", *e, ranks, weights, false);
-  CheckSelfWeight("win_update", *e, self_weight);
-  e->window->Update(self, out, self_weight, ranks, weights, reset, publish, with_p);
+  CheckTensor("win_update", *e, self.dtype, self.shape);
+  CheckRanks("win_update", *e, o.ranks, o.weights, false);
+  CheckSelfWeight("win_update", *e, o.self_weight);
+  e->window->Update(self.data, out, o.self_weight, o.ranks, o.weights, o.reset, o.publish,
+                    o.with_p);
 }
 
 std::vector<int32_t> WindowService::InRanks(const std::string& name) {

@@ -40,6 +40,35 @@ namespace window_internal {
 struct Header;
 }
 
+// This rank's tensor in a window call: checked against the window's dtype and shape.
+struct WinTensor {
+  const void* data;
+  DataType dtype;
+  std::vector<int64_t> shape;
+};
+
+// win_put / win_accumulate: this rank's tensor to the out-neighbours `dsts`, each scaled by its
+// weight; this rank's published value becomes the tensor scaled by `self_weight`.
+struct WinPutOptions {
+  std::vector<int32_t> dsts;
+  std::vector<double> weights;
+  double self_weight = 1.0;
+  bool accumulate = false;     // add into the targets' buffers instead of replacing them
+  bool require_mutex = false;  // hold every target's window mutex while writing there
+  bool with_p = false;         // carry the push-sum weight along
+};
+
+// win_update: out = self_weight * self + the in-neighbours' buffers (`ranks`) by `weights`
+// (Window::Update says the rest).
+struct WinUpdateOptions {
+  double self_weight = 1.0;
+  std::vector<int32_t> ranks;
+  std::vector<double> weights;
+  bool reset = false;   // zero the buffers read (and their weights)
+  bool publish = true;  // the result becomes this rank's published value
+  bool with_p = false;  // combine the associated push-sum weights too
+};
+
 class WindowService {
  public:
   WindowService();
@@ -66,18 +95,13 @@ class WindowService {
 
   // Any thread. Each checks the call (window, dtype, shape, neighbours, weights) and throws
   // BluefogError for a mistake, else queues the operation and returns its handle.
-  int64_t Put(const std::string& name, const void* data, DataType dtype,
-              const std::vector<int64_t>& shape, const std::vector<int32_t>& dsts,
-              const std::vector<double>& weights, double self_weight, bool accumulate,
-              bool require_mutex, bool with_p);
+  int64_t Put(const std::string& name, const WinTensor& tensor, const WinPutOptions& options);
   int64_t Get(const std::string& name, const std::vector<int32_t>& srcs,
               const std::vector<double>& weights, bool require_mutex);
   int64_t Mutex(const std::string& name, std::vector<int32_t> ranks, bool lock);
   // The local combination (Window::Update), after the same checks.
-  void Update(const std::string& name, const void* self, DataType dtype,
-              const std::vector<int64_t>& shape, void* out, double self_weight,
-              const std::vector<int32_t>& ranks, const std::vector<double>& weights, bool reset,
-              bool publish, bool with_p);
+  void Update(const std::string& name, const WinTensor& self, void* out,
+              const WinUpdateOptions& options);
   std::vector<int32_t> InRanks(const std::string& name);
   std::vector<int64_t> Versions(const std::string& name);
   double AssociatedP(const std::string& name);

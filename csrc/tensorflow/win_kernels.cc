@@ -159,10 +159,15 @@ class WinPutKernel : public OpKernel {
                 WinStatus(WinError(StatusCode::kInvalidArgument, op, name, "unsupported dtype")));
     int64_t handle = -1;
     Guarded(ctx, [&] {
-      handle = Runtime::Get().windows().Put(
-          name, tensor.tensor_data().data(), dtype, shape, VectorOf<int32_t>(ctx->input(2)),
-          VectorOf<double>(ctx->input(3)), ctx->input(4).scalar<double>()(), accumulate_,
-          require_mutex_, with_p_);
+      WinPutOptions options;
+      options.dsts = VectorOf<int32_t>(ctx->input(2));
+      options.weights = VectorOf<double>(ctx->input(3));
+      options.self_weight = ctx->input(4).scalar<double>()();
+      options.accumulate = accumulate_;
+      options.require_mutex = require_mutex_;
+      options.with_p = with_p_;
+      handle =
+          Runtime::Get().windows().Put(name, {tensor.tensor_data().data(), dtype, shape}, options);
     });
     if (ctx->status().ok()) ScalarOut(ctx, handle);
   }
@@ -270,10 +275,15 @@ class WinUpdateKernel : public OpKernel {
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, self.shape(), &output));
     Guarded(ctx, [&] {
-      Runtime::Get().windows().Update(name, self.tensor_data().data(), dtype, shape, DataOf(output),
-                                      ctx->input(2).scalar<double>()(),
-                                      VectorOf<int32_t>(ctx->input(3)),
-                                      VectorOf<double>(ctx->input(4)), reset_, publish_, with_p_);
+      WinUpdateOptions options;
+      options.self_weight = ctx->input(2).scalar<double>()();
+      options.ranks = VectorOf<int32_t>(ctx->input(3));
+      options.weights = VectorOf<double>(ctx->input(4));
+      options.reset = reset_;
+      options.publish = publish_;
+      options.with_p = with_p_;
+      Runtime::Get().windows().Update(name, {self.tensor_data().data(), dtype, shape},
+                                      DataOf(output), options);
     });
   }
 

@@ -17,6 +17,27 @@ using namespace testing_util;
 int Next() { return (Rank() + 1) % Size(); }
 int Prev() { return (Rank() + Size() - 1) % Size(); }
 
+WinPutOptions PutTo(std::vector<int32_t> dsts, std::vector<double> weights, bool accumulate = false,
+                    bool require_mutex = false) {
+  WinPutOptions o;
+  o.dsts = std::move(dsts);
+  o.weights = std::move(weights);
+  o.accumulate = accumulate;
+  o.require_mutex = require_mutex;
+  return o;
+}
+
+WinUpdateOptions UpdateFrom(double self_weight, std::vector<int32_t> ranks,
+                            std::vector<double> weights, bool reset, bool publish) {
+  WinUpdateOptions o;
+  o.self_weight = self_weight;
+  o.ranks = std::move(ranks);
+  o.weights = std::move(weights);
+  o.reset = reset;
+  o.publish = publish;
+  return o;
+}
+
 // Creates window `name` of `n` floats with value `value` on a directed ring (rank r writes to
 // r + 1): the agreed request, as bf.win_create submits it.
 Status CreateRingWindow(const std::string& name, const std::vector<float>& value) {
@@ -62,25 +83,26 @@ TEST(RuntimeWindow, PutAccumulateGetUpdateAndFree) {
   ASSERT_TRUE(CreateRingWindow("ring", mine).ok());
   // Put 2 * (rank + 1) into the next rank's buffer, then accumulate once more the same.
   std::vector<float> value(n, static_cast<float>(Rank() + 1));
-  ASSERT_TRUE(WaitHandle(win.Put("ring", value.data(), DataType::kFloat32, {n}, {Next()}, {2.0},
-                                 1.0, false, false, false))
-                  .ok());
-  ASSERT_TRUE(WaitHandle(win.Put("ring", value.data(), DataType::kFloat32, {n}, {Next()}, {1.0},
-                                 1.0, true, true, false))
-                  .ok());
+  ASSERT_TRUE(
+      WaitHandle(win.Put("ring", {value.data(), DataType::kFloat32, {n}}, PutTo({Next()}, {2.0})))
+          .ok());
+  ASSERT_TRUE(
+      WaitHandle(win.Put("ring", {value.data(), DataType::kFloat32, {n}},
+                         PutTo({Next()}, {1.0}, /*accumulate=*/true, /*require_mutex=*/true)))
+          .ok());
   Barrier();
   EXPECT_EQ(win.Versions("ring"), std::vector<int64_t>({2}));
   std::vector<float> out(n);
-  win.Update("ring", mine.data(), DataType::kFloat32, {n}, out.data(), 0.0, {Prev()}, {1.0}, false,
-             false, false);
+  win.Update("ring", {mine.data(), DataType::kFloat32, {n}}, out.data(),
+             UpdateFrom(0.0, {Prev()}, {1.0}, /*reset=*/false, /*publish=*/false));
   for (float v : out) ASSERT_EQ(v, 3.0f * (Prev() + 1));
   EXPECT_EQ(win.Versions("ring"), std::vector<int64_t>({0}));
   Barrier();
   // A get reads the previous rank's published value: the value it put last, (prev + 1).
   ASSERT_TRUE(WaitHandle(win.Get("ring", {Prev()}, {0.5}, true)).ok());
   Barrier();  // every get served before anyone publishes its update
-  win.Update("ring", mine.data(), DataType::kFloat32, {n}, out.data(), 1.0, {Prev()}, {1.0}, true,
-             true, false);
+  win.Update("ring", {mine.data(), DataType::kFloat32, {n}}, out.data(),
+             UpdateFrom(1.0, {Prev()}, {1.0}, /*reset=*/true, /*publish=*/true));
   for (float v : out) ASSERT_EQ(v, Rank() + 0.5f * (Prev() + 1));
   Barrier();
   ASSERT_TRUE(FreeWindow("ring").ok());
@@ -108,8 +130,9 @@ TEST(RuntimeWindow, RequireMutexInsideWinMutexIsRefusedAndKeepsIt) {
   ASSERT_TRUE(CreateRingWindow("nested", mine).ok());
   WindowService& win = Runtime::Get().windows();
   ASSERT_TRUE(WaitHandle(win.Mutex("nested", {Next()}, true)).ok());
-  Status put = WaitHandle(win.Put("nested", mine.data(), DataType::kFloat32, {4}, {Next()}, {1.0},
-                                  1.0, false, true, false));
+  Status put =
+      WaitHandle(win.Put("nested", {mine.data(), DataType::kFloat32, {4}},
+                         PutTo({Next()}, {1.0}, /*accumulate=*/false, /*require_mutex=*/true)));
   EXPECT_EQ(put.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(
       put.message().find(Concat("bluefog win_put of window 'nested': rank ", Rank(),
@@ -135,18 +158,15 @@ TEST(RuntimeWindow, MistakesFailOnTheCallingRank) {
     return std::string();
   };
   EXPECT_NE(message([&] {
-              win.Put("nope", mine.data(), DataType::kFloat32, {8}, {}, {}, 1.0, false, false,
-                      false);
+              win.Put("nope", {mine.data(), DataType::kFloat32, {8}}, PutTo({}, {}));
             }).find("there is no window of that name"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              win.Put("errors", mine.data(), DataType::kFloat32, {4, 2}, {}, {}, 1.0, false, false,
-                      false);
+              win.Put("errors", {mine.data(), DataType::kFloat32, {4, 2}}, PutTo({}, {}));
             }).find("of shape [4, 2], but the window holds float32 of shape [8]"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              win.Put("errors", mine.data(), DataType::kFloat32, {8}, {Rank()}, {1.0}, 1.0, false,
-                      false, false);
+              win.Put("errors", {mine.data(), DataType::kFloat32, {8}}, PutTo({Rank()}, {1.0}));
             }).find("is not an out-neighbor"),
             std::string::npos);
   // Creating it again fails on every rank.
