@@ -4,6 +4,9 @@
 #include <cctype>
 
 #include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -53,7 +56,7 @@ LogLevel ParseLogLevel(const char* text) {
 
 }  // namespace
 
-Config Config::FromLookup(const std::function<const char*(const char*)>& lookup) {
+Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
   Config config;
   if (const char* v = lookup("BLUEFOG_FUSION_THRESHOLD"))
     config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
@@ -119,8 +122,13 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
   if (const char* v = lookup("BLUEFOG_GLOO_PREFIX")) config.gloo_prefix = v;
   if (const char* v = lookup("BLUEFOG_GLOO_EXTERNAL_STORE"))
     config.gloo_external_store = std::string(v) == "1";
-  config.mpi_launched = lookup("OMPI_COMM_WORLD_SIZE") != nullptr ||
-                        lookup("PMI_SIZE") != nullptr || lookup("PMIX_RANK") != nullptr;
+  const Lookup& launcher = launcher_lookup ? launcher_lookup : lookup;
+  const char* ess = launcher("OMPI_MCA_ess");
+  // A singleton's variables inherited by a child of it are not a launcher's either.
+  const bool singleton = ess != nullptr && std::string(ess) == "singleton";
+  config.mpi_launched =
+      !singleton && (launcher("OMPI_COMM_WORLD_SIZE") != nullptr ||
+                     launcher("PMI_SIZE") != nullptr || launcher("PMIX_RANK") != nullptr);
   return config;
 }
 
@@ -149,7 +157,26 @@ bool Config::UseGloo() const {
 }
 
 Config Config::FromEnvironment() {
-  return FromLookup([](const char* name) -> const char* { return std::getenv(name); });
+  const auto live = [](const char* name) -> const char* { return std::getenv(name); };
+  // /proc/self/environ keeps the environment the process was exec'd with, whatever setenv did
+  // since; where it cannot be read (no /proc), the live environment is all there is.
+  static const std::optional<std::map<std::string, std::string>> initial = [] {
+    std::optional<std::map<std::string, std::string>> vars;
+    std::ifstream in("/proc/self/environ", std::ios::binary);
+    if (!in) return vars;
+    vars.emplace();
+    std::string entry;
+    while (std::getline(in, entry, '\0')) {
+      const auto eq = entry.find('=');
+      if (eq != std::string::npos) vars->emplace(entry.substr(0, eq), entry.substr(eq + 1));
+    }
+    return vars;
+  }();
+  if (!initial) return FromLookup(live);
+  return FromLookup(live, [](const char* name) -> const char* {
+    const auto it = initial->find(name);
+    return it == initial->end() ? nullptr : it->second.c_str();
+  });
 }
 
 }  // namespace bluefog

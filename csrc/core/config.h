@@ -89,7 +89,10 @@ struct Config {
   // in bfrun, which outlives every rank) instead of in rank 0.
   std::string gloo_prefix;
   bool gloo_external_store = false;
-  // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set: an MPI launcher started this process.
+  // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK was set when this process started (and
+  // OMPI_MCA_ess is not "singleton"): an MPI launcher started it. Read from the environment the
+  // process was started with, because MPI initialised inside the process without a launcher (a
+  // singleton: `import mpi4py` before bf.init()) sets PMIX_RANK=0 itself.
   bool mpi_launched = false;
 
   // Whether the runtime runs on Gloo: BLUEFOG_BACKEND=gloo, or no BLUEFOG_BACKEND, no MPI
@@ -97,9 +100,11 @@ struct Config {
   // when BLUEFOG_BACKEND=gloo lacks one of them.
   bool UseGloo() const;
 
-  // Reads the variables through `lookup` (getenv in production, a map in tests).
-  // Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
-  static Config FromLookup(const std::function<const char*(const char*)>& lookup);
+  // Reads the variables through `lookup` (getenv in production, a map in tests), and the MPI
+  // launcher's through `launcher_lookup` (the environment as the process started; `lookup`
+  // when null). Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
+  using Lookup = std::function<const char*(const char*)>;
+  static Config FromLookup(const Lookup& lookup, const Lookup& launcher_lookup = nullptr);
   static Config FromEnvironment();
 };
 

@@ -67,6 +67,32 @@ TEST(Config, BackendChoice) {
   EXPECT_THROW(FromMap({{"BLUEFOG_BACKEND", "nccl"}}), BluefogError);
 }
 
+TEST(Config, MpiLauncherReadFromTheStartingEnvironment) {
+  // MPI initialised inside the process as a singleton (mpi4py imported first) sets PMIX_RANK
+  // in the live environment; the environment the process started with decides.
+  const std::map<std::string, std::string> live = {
+      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "1"},
+      {"WORLD_SIZE", "2"},         {"PMIX_RANK", "0"},       {"OMPI_MCA_ess", "singleton"}};
+  auto from = [&](std::map<std::string, std::string> initial) {
+    return Config::FromLookup(
+        [&](const char* name) -> const char* {
+          auto it = live.find(name);
+          return it == live.end() ? nullptr : it->second.c_str();
+        },
+        [initial](const char* name) -> const char* {
+          auto it = initial.find(name);
+          return it == initial.end() ? nullptr : it->second.c_str();
+        });
+  };
+  EXPECT_TRUE(from({}).UseGloo());
+  EXPECT_FALSE(from({{"PMIX_RANK", "1"}}).UseGloo());  // srun --mpi=pmix, say
+  EXPECT_FALSE(from({{"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());
+  // The child of a singleton inherits its variables, the marker included.
+  EXPECT_TRUE(from({{"PMIX_RANK", "0"}, {"OMPI_MCA_ess", "singleton"}}).UseGloo());
+  // Without a separate starting environment, the one lookup decides (as in FromMap).
+  EXPECT_TRUE(FromMap(live).UseGloo());
+}
+
 TEST(Config, EagerInlineSwitch) {
   EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_INLINE", "0"}}).eager_inline);
   EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_INLINE", "sometimes"}}), BluefogError);
