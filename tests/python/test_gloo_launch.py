@@ -308,6 +308,74 @@ def test_run_returns_every_ranks_result_and_refuses_strays(run_env, capfd):
     assert "its job token differs from this job's" in err, err[-3000:]
 
 
+def _flood_then_process_set():
+    """Rank 0 runs with 48 descriptors to spare. Rank 1 sends its rendezvous server 1,100
+    garbage connections, then holds 200 idle ones and closes them: rank 0's descriptors and
+    threads come back to what they were, and a process set (new Gloo connections on every rank)
+    still forms after the flood."""
+    import os
+    import resource
+    import socket
+    import time
+
+    import tensorflow as tf
+
+    import bluefog.tensorflow as bf
+
+    def counts(pid):
+        return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
+
+    bf.init()
+    rank = bf.rank()
+    pid0 = int(bf.allreduce(tf.constant([os.getpid() if rank == 0 else 0], tf.int64),
+                            average=False).numpy()[0])
+    if rank == 0:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (counts(pid0)[0] + 48, hard))
+    bf.allreduce(tf.constant([0.0]))  # the limit is in place
+    report = None
+    if rank == 1:
+        addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        before = counts(pid0)
+        failed = 0
+        for _ in range(1100):
+            try:
+                with socket.create_connection(addr, timeout=2) as s:
+                    s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            except OSError:
+                failed += 1
+                if failed == 5:  # the server stopped accepting: no use waiting for each
+                    break
+        idle = []
+        for _ in range(200 if failed < 5 else 0):
+            try:
+                idle.append(socket.create_connection(addr, timeout=2))
+            except OSError:
+                failed += 1
+        for s in idle:
+            s.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            after = counts(pid0)
+            if after[0] <= before[0] + 5 and after[1] <= before[1] + 5:
+                break
+            time.sleep(0.1)
+        report = (before, after, failed)
+    bf.allreduce(tf.constant([0.0]))  # the flood is over
+    ps = bf.add_process_set([0, 1])
+    x = bf.allreduce(tf.constant([float(rank + 1)]), average=False, process_set=ps)
+    return float(x.numpy()[0]), report
+
+
+@needs_gloo
+def test_rendezvous_server_survives_a_flood(run_env):
+    results = bluefog.run(_flood_then_process_set, np=2, env=run_env, timeout=JOB_TIMEOUT_S)
+    assert [r[0] for r in results] == [3.0, 3.0], results
+    (fds, threads), (fds_after, threads_after), failed = results[1][1]
+    assert fds_after <= fds + 5 and threads_after <= threads + 5, results[1][1]
+    assert failed == 0, results[1][1]
+
+
 def _fails_on_rank_one(n):
     import os
     import time
