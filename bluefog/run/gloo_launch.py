@@ -143,7 +143,7 @@ class Job:
     """The ranks of one job: started, their output forwarded, ended together."""
 
     def __init__(self, ranks: List[Rank], commands: List[List[str]], envs: List[Dict[str, str]],
-                 on_line: Optional[Callable[[int, bool, bytes], bool]] = None,
+                 on_line: Optional[Callable[[int, bool, bytes], Optional[bytes]]] = None,
                  out=None, err=None, tag: bool = True):
         self.ranks = ranks
         self.on_line = on_line
@@ -180,8 +180,12 @@ class Job:
     def _forward(self, rank: int, stream, is_err: bool) -> None:
         prefix = f"[{rank}]<{'stderr' if is_err else 'stdout'}>:".encode() if self.tag else b""
         for line in iter(stream.readline, b""):
-            if self.on_line is not None and self.on_line(rank, is_err, line):
-                continue
+            if self.on_line is not None:
+                kept = self.on_line(rank, is_err, line)
+                if kept is not None:
+                    if not kept:
+                        continue
+                    line = kept
             sink = self.err if is_err else self.out
             with self.lock:
                 sink.write(prefix + line)

@@ -394,6 +394,28 @@ def test_run_raises_naming_the_rank(run_env):
     assert time.time() - started < 60
 
 
+def _prints_without_newline(n):
+    import os
+    import sys
+
+    me = os.environ.get("RANK") or os.environ["BLUEFOG_ELASTIC_WORKER"]  # elastic: no RANK yet
+    sys.stdout.write(f"partial line of rank {me}")  # no newline after it
+    return n * 2
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_run_result_after_output_without_newline(run_env, capfd, elastic):
+    """The function's last output has no newline: its result still comes back, and the text
+    is still printed."""
+    extra = {"min_num_proc": 1, "hosts": "localhost:2"} if elastic else {}
+    results = bluefog.run(_prints_without_newline, args=(21,), np=2, env=run_env,
+                          timeout=JOB_TIMEOUT_S, **extra)
+    assert results == [42, 42]
+    out = capfd.readouterr().out
+    assert "partial line of rank 0" in out and "partial line of rank 1" in out, out
+    assert "bluefog-run-result-" not in out, out
+
+
 def test_run_lambda_results_in_rank_order(run_env):
     offset = 10
     # use_gloo / use_mpi as Horovod's examples pass them (horovod.run(..., use_gloo=True)).
