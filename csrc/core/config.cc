@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +20,20 @@ double ParseDouble(const char* var, const char* text, double min_value) {
   double value = std::strtod(text, &end);
   BF_ENFORCE(end != text && *end == '\0' && value >= min_value, StatusCode::kInvalidArgument,
              "environment variable ", var, "='", text, "' is not a number >= ", min_value);
+  return value;
+}
+
+// A duration that timers hold as whole milliseconds, microseconds and nanoseconds: finite, and
+// small enough for all of them (int64 nanoseconds end at ~292 years; inf or 1e10 s would wrap
+// to a negative timeout).
+double ParseSeconds(const char* var, const char* text, double min_value, double max_value) {
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  BF_ENFORCE(end != text && *end == '\0' && std::isfinite(value) && value >= min_value &&
+                 value <= max_value,
+             StatusCode::kInvalidArgument, "environment variable ", var, "='", text,
+             "' is not a number of seconds from ", min_value, " to ",
+             static_cast<int64_t>(max_value));
   return value;
 }
 
@@ -118,7 +133,8 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
   whole("LOCAL_WORLD_SIZE", &config.env_local_size);
   if (const char* v = lookup("BLUEFOG_JOB_TOKEN")) config.job_token = v;
   if (const char* v = lookup("BLUEFOG_GLOO_TIMEOUT"))
-    config.gloo_timeout_seconds = ParseDouble("BLUEFOG_GLOO_TIMEOUT", v, 0.001);
+    config.gloo_timeout_seconds =
+        ParseSeconds("BLUEFOG_GLOO_TIMEOUT", v, 0.001, kMaxGlooTimeoutSeconds);
   if (const char* v = lookup("BLUEFOG_GLOO_PREFIX")) config.gloo_prefix = v;
   if (const char* v = lookup("BLUEFOG_GLOO_EXTERNAL_STORE"))
     config.gloo_external_store = std::string(v) == "1";

@@ -82,7 +82,9 @@ struct Config {
   int env_local_rank = -1;
   int env_local_size = -1;
   std::string job_token;  // BLUEFOG_JOB_TOKEN; empty: derived from the rendezvous address
-  double gloo_timeout_seconds = 300.0;  // BLUEFOG_GLOO_TIMEOUT
+  double gloo_timeout_seconds = 300.0;  // BLUEFOG_GLOO_TIMEOUT, 0.001 to kMaxGlooTimeoutSeconds
+  // About 11.6 days: longer than any wait a job means, far below where a timer overflows.
+  static constexpr double kMaxGlooTimeoutSeconds = 1e6;
   // Set by an elastic `bfrun --gloo` for each round of the job: the prefix of every key this
   // rank writes in the store (BLUEFOG_GLOO_PREFIX), so that rounds never read each other's
   // keys; and whether the store's server runs outside the ranks (BLUEFOG_GLOO_EXTERNAL_STORE=1:

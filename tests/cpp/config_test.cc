@@ -56,6 +56,20 @@ TEST(Config, BackendChoice) {
   EXPECT_FALSE(with({{"BLUEFOG_BACKEND", "mpi"}}).UseGloo());
   EXPECT_TRUE(with({{"BLUEFOG_BACKEND", "gloo"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());
   EXPECT_EQ(with({{"BLUEFOG_GLOO_TIMEOUT", "2.5"}}).gloo_timeout_seconds, 2.5);
+  EXPECT_EQ(with({{"BLUEFOG_GLOO_TIMEOUT", "1e6"}}).gloo_timeout_seconds, 1e6);
+  // Values a timer cannot hold (inf, 1e10 s wrapped to negative timeouts) or not positive are
+  // refused at once, naming the variable and the range.
+  for (const char* bad : {"inf", "-inf", "nan", "1e10", "9.3e15", "1000000.5", "0", "-1", "5s"}) {
+    try {
+      with({{"BLUEFOG_GLOO_TIMEOUT", bad}});
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const BluefogError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("BLUEFOG_GLOO_TIMEOUT='") + bad +
+                                           "' is not a number of seconds from 0.001 to 1000000"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Asked for Gloo without a rendezvous, or with a rank outside the job: named.
   try {
     FromMap({{"BLUEFOG_BACKEND", "gloo"}, {"MASTER_ADDR", "h"}}).UseGloo();

@@ -189,6 +189,26 @@ def test_tf_config_starts_a_gloo_job(tmp_path):
     assert result.returncode != 0 and "task type 'chief'" in result.output, result.tail()
 
 
+@pytest.mark.parametrize("value", ["inf", "1e10"])
+def test_unusable_gloo_timeout_is_refused_at_init(tmp_path, value):
+    """BLUEFOG_GLOO_TIMEOUT beyond what a timer can hold fails bf.init() at once on every rank,
+    naming the variable and the accepted range (tests/cpp/config_test.cc: the other values)."""
+    job = _script(tmp_path, """
+        import bluefog.tensorflow as bf
+        try:
+            bf.init()
+        except Exception as e:
+            print("REFUSED", e)
+        else:
+            print("ACCEPTED")
+        """)
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S, env={"BLUEFOG_GLOO_TIMEOUT": value})
+    assert not result.timed_out, result.tail()
+    assert result.output.count(f"REFUSED environment variable BLUEFOG_GLOO_TIMEOUT='{value}' "
+                               "is not a number of seconds from 0.001 to 1000000") == 2, \
+        result.tail()
+
+
 @pytest.mark.parametrize("bootstrap", ["torchrun", "tf_config", "child_of_singleton"])
 def test_mpi4py_imported_first_still_one_job(tmp_path, bootstrap):
     """mpi4py imported before bf.init() makes MPI's singleton set PMIX_RANK=0 (and more) inside
