@@ -143,6 +143,7 @@ class GlooElasticDriver:
             env, stdin = self.env, subprocess.PIPE
         proc = subprocess.Popen(command, env=env, stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, preexec_fn=gloo_launch._die_with_parent)
+        gloo_launch.janitor().watch(proc)
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             threading.Thread(target=self._forward, args=(wid, stream, sink), daemon=True).start()
         return proc

@@ -139,6 +139,57 @@ def _die_with_parent() -> None:
         pass
 
 
+class Janitor:
+    """Ends the ranks' process groups if this process dies without ending them: a process of
+    its own session (bluefog/run/janitor.py) reading the groups from a pipe that only this
+    process writes, so the pipe's end is this process's death. PR_SET_PDEATHSIG alone reaches
+    only a rank's first process, not what a wrapper script it runs started."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        try:
+            self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+                [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              "janitor.py"), str(GRACE_S)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            self.proc = None  # PDEATHSIG still ends each rank's first process
+
+    def _send(self, line: str) -> None:
+        if self.proc is None:
+            return
+        with self.lock:
+            try:
+                self.proc.stdin.write(f"{line}\n".encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def watch(self, proc: subprocess.Popen) -> None:
+        """Ends `proc`'s process group (its pid: started with setsid) if this process dies
+        first; forgets it once it has been reaped."""
+        self._send(f"+{proc.pid}")
+
+        def reaped():
+            proc.wait()
+            self._send(f"-{proc.pid}")
+
+        threading.Thread(target=reaped, daemon=True).start()
+
+
+_janitor: Optional[Janitor] = None
+_janitor_lock = threading.Lock()
+
+
+def janitor() -> Janitor:
+    """This process's janitor, started at its first rank."""
+    global _janitor
+    with _janitor_lock:
+        if _janitor is None:
+            _janitor = Janitor()
+        return _janitor
+
+
 class Job:
     """The ranks of one job: started, their output forwarded, ended together."""
 
@@ -165,6 +216,7 @@ class Job:
                 raise LaunchError(f"cannot start rank {r.rank} on {r.host}: {cmd[0]}: "
                                   f"{e.strerror or e}") from e
             self.procs.append(p)
+            janitor().watch(p)
             for stream, is_err in ((p.stdout, False), (p.stderr, True)):
                 t = threading.Thread(target=self._forward, args=(r.rank, stream, is_err),
                                      daemon=True)

@@ -148,6 +148,45 @@ def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
     assert not any(alive(p) for p in pids), "a rank outlived bfrun"
 
 
+@pytest.mark.parametrize("elastic", [False, True])
+def test_bfrun_gloo_sigkilled_ends_ranks_under_a_wrapper_script(tmp_path, no_mpirun_env,
+                                                                 elastic):
+    """bfrun --gloo ./train.sh, the script starting Python as a child (no exec): SIGKILL of bfrun
+    reaches the script alone (PDEATHSIG), yet the ranks' Python processes end too."""
+    job = _script(tmp_path, """
+        import os, time
+        print("PID", os.getpid(), flush=True)
+        time.sleep(300)
+        """)
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f"#!/bin/sh\n{PYTHON} {job}\necho after\n")
+    wrapper.chmod(0o755)
+    extra = ["--min-np", "1", "-H", "localhost:2"] if elastic else []
+    proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", *extra,
+                             str(wrapper)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=no_mpirun_env, start_new_session=True)
+    pids = []
+    deadline = time.time() + 60
+    try:
+        while len(pids) < 2 and time.time() < deadline:
+            found = re.search(r"PID (\d+)", proc.stdout.readline())
+            if found:
+                pids.append(int(found.group(1)))
+        assert len(pids) == 2, "the ranks did not start"
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.time() + 15
+        while any(alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        left = [p for p in pids if alive(p)]
+    finally:
+        proc.kill()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    assert not left, f"rank process(es) {left} outlived a SIGKILLed bfrun"
+
+
 @needs_gloo
 def test_bfrun_gloo_three_ranks_and_a_failing_rank(tmp_path, no_mpirun_env):
     """3 ranks allreduce; then rank 2 dies (exit status 3, without shutting bluefog down) while
