@@ -118,11 +118,19 @@ def remote_command(agent: Sequence[str], host: str, env: Dict[str, str], names: 
                    command: Sequence[str]) -> List[str]:
     """AGENT HOST 'cd CWD && env K=V... sh -c ...': the command runs in bfrun's folder, and ends
     when the remote shell's input closes (bfrun ended it or died), since ssh does not pass
-    signals on."""
+    signals on. Where the host has setsid(1), the command runs in a process group of its own
+    and the whole group is ended, so that a wrapper script's children end with it."""
     assigns = " ".join(shlex.quote(f"{k}={env[k]}") for k in names if k in env)
     # A background job's input is /dev/null unless redirected: fd 3 keeps the remote input.
-    inner = ("exec 3<&0; " + " ".join(shlex.quote(c) for c in command) + " </dev/null & p=$!; "
-             "{ cat <&3 >/dev/null 2>&1; kill -TERM $p 2>/dev/null; } & w=$!; "
+    # A background job of a shell without job control is no group leader, so setsid(1) execs
+    # in place (no fork): $p is then the group's id.
+    # A signal to this shell (a stand-in for ssh that keeps it in bfrun's rank group) is passed
+    # on to that group.
+    inner = ("exec 3<&0; g=; command -v setsid >/dev/null 2>&1 && g=setsid; "
+             "$g " + " ".join(shlex.quote(c) for c in command) + " </dev/null & p=$!; "
+             "end() { kill -TERM -$p 2>/dev/null || kill -TERM $p 2>/dev/null; }; "
+             "trap 'end; exit 143' TERM; trap 'end; exit 130' INT; trap 'end; exit 129' HUP; "
+             "{ cat <&3 >/dev/null 2>&1; end; } & w=$!; "
              "wait $p; s=$?; kill $w 2>/dev/null; exit $s")
     line = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec env {assigns} "
             f"sh -c {shlex.quote(inner)}")

@@ -47,8 +47,9 @@ def no_mpirun_env(tmp_path):
     """The environment of a bfrun --gloo run whose PATH has no mpirun."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sh", "env", "cat", "kill", "sleep"):
-        os.symlink(shutil.which(tool), bin_dir / tool)
+    for tool in ("sh", "env", "cat", "kill", "sleep", "setsid"):
+        if shutil.which(tool):
+            os.symlink(shutil.which(tool), bin_dir / tool)
     env = job_env({"PATH": str(bin_dir), "BLUEFOG_GLOO_TIMEOUT": "60",
                    "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"})
     env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
@@ -148,11 +149,13 @@ def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
     assert not any(alive(p) for p in pids), "a rank outlived bfrun"
 
 
-@pytest.mark.parametrize("elastic", [False, True])
-def test_bfrun_gloo_sigkilled_ends_ranks_under_a_wrapper_script(tmp_path, no_mpirun_env,
-                                                                 elastic):
+@pytest.mark.parametrize("mode", ["plain", "elastic", "remote"])
+def test_bfrun_gloo_sigkilled_ends_ranks_under_a_wrapper_script(tmp_path, no_mpirun_env, mode):
     """bfrun --gloo ./train.sh, the script starting Python as a child (no exec): SIGKILL of bfrun
-    reaches the script alone (PDEATHSIG), yet the ranks' Python processes end too."""
+    reaches the script alone (PDEATHSIG), yet the ranks' Python processes end too; also on a
+    "remote" host (a stand-in for ssh that, as sshd, runs the rank in a session of its own)."""
+    if mode == "remote" and not shutil.which("setsid"):
+        pytest.skip("needs setsid (util-linux)")
     job = _script(tmp_path, """
         import os, time
         print("PID", os.getpid(), flush=True)
@@ -161,10 +164,12 @@ def test_bfrun_gloo_sigkilled_ends_ranks_under_a_wrapper_script(tmp_path, no_mpi
     wrapper = tmp_path / "train.sh"
     wrapper.write_text(f"#!/bin/sh\n{PYTHON} {job}\necho after\n")
     wrapper.chmod(0o755)
-    extra = ["--min-np", "1", "-H", "localhost:2"] if elastic else []
+    extra = {"plain": [], "elastic": ["--min-np", "1", "-H", "localhost:2"],
+             "remote": ["-H", "localhost:1,elsewhere:1", "--rsh-agent", FAKE_RSH]}[mode]
     proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", *extra,
                              str(wrapper)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=no_mpirun_env, start_new_session=True)
+                            text=True, env={**no_mpirun_env, "FAKE_RSH_SESSION": "1"},
+                            start_new_session=True)
     pids = []
     deadline = time.time() + 60
     try:
