@@ -214,6 +214,7 @@ def test_mpi4py_imported_first_still_one_job(tmp_path, bootstrap):
     """mpi4py imported before bf.init() makes MPI's singleton set PMIX_RANK=0 (and more) inside
     each process; that is not a launcher, so the two processes still form one Gloo job. Nor is
     a child that inherited those variables from a parent that imported mpi4py."""
+    pytest.importorskip("mpi4py")
     job = _script(tmp_path, """
         from mpi4py import MPI
         import tensorflow as tf
