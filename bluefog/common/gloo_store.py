@@ -14,8 +14,10 @@ set, the value's length (u64) and the value. A set is answered ``K``; a get ``Y`
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
+import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -24,6 +26,14 @@ _MAGIC = b"BFG1"
 _MAX_KEY = 4096
 _MAX_VALUE = 64 << 20
 _MAX_TOKEN = 256
+# Connections that are not a rank's must not take the server's descriptors or threads (as in
+# tcp_store.cc): the whole handshake within this many seconds, at most this many waiting for
+# theirs at once (a new one closes the oldest, so a rank still gets in during a flood).
+HANDSHAKE_TIMEOUT_S = 10.0
+MAX_UNAUTHENTICATED = 64
+# accept() errors that mean "out of descriptors or memory for now", not "the socket is gone".
+_OUT_OF_ROOM = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_LOGGED_REFUSALS = 10
 
 
 def _fnv(text: bytes, h: int) -> int:
@@ -40,9 +50,16 @@ def job_token(secret: str) -> str:
     return f"{_fnv(text, 14695981039346656037):016x}{_fnv(text, 0x9e3779b97f4a7c15):016x}"
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
+    """n bytes; with a deadline (time.monotonic()), all of them by then (a peer dripping one
+    byte at a time is held to the deadline of the whole read, not to a timeout per byte)."""
     chunks = []
     while n > 0:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionError("timed out")
+            sock.settimeout(left)
         b = sock.recv(n)
         if not b:
             raise ConnectionError("connection closed")
@@ -67,8 +84,11 @@ class StoreServer:
         self.port = self.sock.getsockname()[1]
         self.refused = 0
         self._stopping = False
-        self._clients: List[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True, name="bluefog-store").start()
+        # Open connections, each with when it came and whether it presented the token.
+        self._clients: Dict[socket.socket, List] = {}
+        self._accepting = threading.Thread(target=self._accept, daemon=True,
+                                           name="bluefog-store")
+        self._accepting.start()
 
     def set(self, key: str, value: bytes) -> None:
         with self.lock:
@@ -89,40 +109,112 @@ class StoreServer:
         except OSError:
             pass
         with self.lock:
-            clients, self._clients = self._clients, []
+            clients, self._clients = list(self._clients), {}
         for c in clients:
             try:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
+    def open_connections(self) -> int:
+        """Connections open now (tests)."""
+        with self.lock:
+            return len(self._clients)
+
+    def _evict_oldest(self) -> bool:
+        """Shuts down the connection waiting longest for its handshake (its thread closes it);
+        False when none waits. Caller holds the lock."""
+        waiting = [(since, c) for c, (since, authenticated, evicted) in self._clients.items()
+                   if not authenticated and not evicted]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda w: w[0])[1]
+        self._clients[oldest][2] = True
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
+
+    def _refuse(self, why: str) -> None:
+        with self.lock:
+            self.refused += 1
+            n = self.refused
+        if n <= _LOGGED_REFUSALS:
+            more = (" (further refused connections are counted, not logged)"
+                    if n == _LOGGED_REFUSALS else "")
+            print(f"bluefog: the elastic job's store refused a connection: {why}{more}",
+                  file=sys.stderr, flush=True)
+
     def _accept(self) -> None:
+        told_full = False
         while not self._stopping:
             try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self.lock:
-                self._clients.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+                conn, peer = self.sock.accept()
+            except OSError as e:
+                if self._stopping or self.sock.fileno() < 0:
+                    return
+                if e.errno in _OUT_OF_ROOM:
+                    # Out of descriptors: make room from a stranger's connection (never a
+                    # rank's) and try again, instead of ending the store for good.
+                    if not told_full:
+                        print(f"bluefog: the elastic job's store cannot accept ({e.strerror}); "
+                              f"closing connections that have not presented a token",
+                              file=sys.stderr, flush=True)
+                        told_full = True
+                    with self.lock:
+                        evicted = self._evict_oldest()
+                    if not evicted:
+                        time.sleep(0.05)
+                continue
+            told_full = False
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with self.lock:
+                    waiting = sum(1 for _, a, e in self._clients.values() if not a and not e)
+                    if waiting >= MAX_UNAUTHENTICATED:
+                        self._evict_oldest()
+                    self._clients[conn] = [time.monotonic(), False, False]
+                threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            except (OSError, RuntimeError) as e:  # no thread to be had: this one is refused
+                with self.lock:
+                    self._clients.pop(conn, None)
+                conn.close()
+                self._refuse(f"{e}")
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer=None) -> None:
         rank = -1
         prefix = ""
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         try:
-            if _read(conn, 4) != _MAGIC:
-                raise ConnectionError("not bluefog's handshake")
-            (n,) = struct.unpack("=I", _read(conn, 4))
-            if n > _MAX_TOKEN:
-                raise ConnectionError("token too long")
-            token = _read(conn, n)
-            (rank,) = struct.unpack("=i", _read(conn, 4))
+            try:
+                if _read(conn, 4, deadline) != _MAGIC:
+                    raise ConnectionError("it did not open with bluefog's handshake")
+                (n,) = struct.unpack("=I", _read(conn, 4, deadline))
+                if n > _MAX_TOKEN:
+                    raise ConnectionError("its token is too long")
+                token = _read(conn, n, deadline)
+                (rank,) = struct.unpack("=i", _read(conn, 4, deadline))
+            except (ConnectionError, OSError) as e:
+                rank = -1
+                with self.lock:
+                    evicted = self._clients.get(conn, [0, False, False])[2]
+                self._refuse(f"from {peer}: " + (
+                    f"closed to make room (more than {MAX_UNAUTHENTICATED} connections waiting "
+                    f"for their handshake, or out of descriptors)" if evicted else
+                    f"no complete handshake within {HANDSHAKE_TIMEOUT_S:g} s"
+                    if time.monotonic() >= deadline else str(e)))
+                return
             if token != self.token:
-                self.refused += 1
+                self._refuse(f"from {peer}: its job token differs from this job's")
                 conn.sendall(b"N")
                 rank = -1
                 return
+            # A rank: its connection stays open, idle between requests, for the whole job.
+            conn.settimeout(None)
+            with self.lock:
+                if conn in self._clients:
+                    self._clients[conn][1] = True
             conn.sendall(b"Y")
             prefix = self.gone_prefix() if self.gone_prefix else ""
             while True:
@@ -151,8 +243,7 @@ class StoreServer:
             except OSError:
                 pass
             with self.lock:
-                if conn in self._clients:
-                    self._clients.remove(conn)
+                self._clients.pop(conn, None)
             if self.gone_prefix and rank >= 0 and not self._stopping:
                 self.set(f"{prefix}bluefog/gone/{rank}", b"")
 

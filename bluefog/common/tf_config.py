@@ -17,6 +17,14 @@ _RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 _MPI_LAUNCHER = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
 
+def _mpi_launched(env: Mapping[str, str]) -> bool:
+    """Whether an MPI launcher started the process, as the core decides (Config::mpi_launched):
+    a singleton's variables (OMPI_MCA_ess=singleton, inherited from a parent that imported
+    mpi4py) are not a launcher's. ``os.environ`` is the environment Python started with, so the
+    variables MPI_Init sets inside this process are not in it."""
+    return env.get("OMPI_MCA_ess") != "singleton" and any(v in env for v in _MPI_LAUNCHER)
+
+
 def rendezvous_from_tf_config(env: Mapping[str, str]) -> Optional[Dict[str, str]]:
     """The rendezvous variables TF_CONFIG implies, or None when it does not apply: no TF_CONFIG,
     BLUEFOG_BACKEND=mpi, an MPI launcher started the process, or any of the four variables is
@@ -24,7 +32,7 @@ def rendezvous_from_tf_config(env: Mapping[str, str]) -> Optional[Dict[str, str]
     text = env.get("TF_CONFIG")
     if not text or env.get("BLUEFOG_BACKEND") == "mpi":
         return None
-    if any(v in env for v in _MPI_LAUNCHER) or any(v in env for v in _RENDEZVOUS):
+    if _mpi_launched(env) or any(v in env for v in _RENDEZVOUS):
         return None
     try:
         config = json.loads(text)

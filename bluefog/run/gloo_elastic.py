@@ -90,8 +90,8 @@ class GlooElasticDriver:
         self.blacklist = eh.Blacklist(tuple(cooldown) if cooldown else None)
         self.reset_limit: Optional[int] = getattr(args, "reset_limit", None)
         self.resets = 0
-        # on_line(worker id, is_stderr, line) -> True to take the line out of the output
-        # (bluefog.run takes its result lines).
+        # on_line(worker id, is_stderr, line) -> None to print the line as it is, else what to
+        # print instead (b"": nothing): bluefog.run takes its result out of the line.
         self.on_line = None
 
     # -- hosts ---------------------------------------------------------------------------------
@@ -143,6 +143,7 @@ class GlooElasticDriver:
             env, stdin = self.env, subprocess.PIPE
         proc = subprocess.Popen(command, env=env, stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, preexec_fn=gloo_launch._die_with_parent)
+        gloo_launch.janitor().watch(proc)
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             threading.Thread(target=self._forward, args=(wid, stream, sink), daemon=True).start()
         return proc
@@ -161,8 +162,12 @@ class GlooElasticDriver:
         prefix = f"[{wid}]".encode()
         is_err = sink is sys.stderr.buffer
         for line in iter(stream.readline, b""):
-            if self.on_line is not None and self.on_line(wid, is_err, line):
-                continue
+            if self.on_line is not None:
+                kept = self.on_line(wid, is_err, line)
+                if kept is not None:
+                    if not kept:
+                        continue
+                    line = kept
             with self.out_lock:
                 sink.write(prefix + (b" " if line.strip() else b"") + line)
                 if not line.endswith(b"\n"):

@@ -118,11 +118,19 @@ def remote_command(agent: Sequence[str], host: str, env: Dict[str, str], names: 
                    command: Sequence[str]) -> List[str]:
     """AGENT HOST 'cd CWD && env K=V... sh -c ...': the command runs in bfrun's folder, and ends
     when the remote shell's input closes (bfrun ended it or died), since ssh does not pass
-    signals on."""
+    signals on. Where the host has setsid(1), the command runs in a process group of its own
+    and the whole group is ended, so that a wrapper script's children end with it."""
     assigns = " ".join(shlex.quote(f"{k}={env[k]}") for k in names if k in env)
     # A background job's input is /dev/null unless redirected: fd 3 keeps the remote input.
-    inner = ("exec 3<&0; " + " ".join(shlex.quote(c) for c in command) + " </dev/null & p=$!; "
-             "{ cat <&3 >/dev/null 2>&1; kill -TERM $p 2>/dev/null; } & w=$!; "
+    # A background job of a shell without job control is no group leader, so setsid(1) execs
+    # in place (no fork): $p is then the group's id.
+    # A signal to this shell (a stand-in for ssh that keeps it in bfrun's rank group) is passed
+    # on to that group.
+    inner = ("exec 3<&0; g=; command -v setsid >/dev/null 2>&1 && g=setsid; "
+             "$g " + " ".join(shlex.quote(c) for c in command) + " </dev/null & p=$!; "
+             "end() { kill -TERM -$p 2>/dev/null || kill -TERM $p 2>/dev/null; }; "
+             "trap 'end; exit 143' TERM; trap 'end; exit 130' INT; trap 'end; exit 129' HUP; "
+             "{ cat <&3 >/dev/null 2>&1; end; } & w=$!; "
              "wait $p; s=$?; kill $w 2>/dev/null; exit $s")
     line = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec env {assigns} "
             f"sh -c {shlex.quote(inner)}")
@@ -139,11 +147,62 @@ def _die_with_parent() -> None:
         pass
 
 
+class Janitor:
+    """Ends the ranks' process groups if this process dies without ending them: a process of
+    its own session (bluefog/run/janitor.py) reading the groups from a pipe that only this
+    process writes, so the pipe's end is this process's death. PR_SET_PDEATHSIG alone reaches
+    only a rank's first process, not what a wrapper script it runs started."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        try:
+            self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+                [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              "janitor.py"), str(GRACE_S)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            self.proc = None  # PDEATHSIG still ends each rank's first process
+
+    def _send(self, line: str) -> None:
+        if self.proc is None:
+            return
+        with self.lock:
+            try:
+                self.proc.stdin.write(f"{line}\n".encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def watch(self, proc: subprocess.Popen) -> None:
+        """Ends `proc`'s process group (its pid: started with setsid) if this process dies
+        first; forgets it once it has been reaped."""
+        self._send(f"+{proc.pid}")
+
+        def reaped():
+            proc.wait()
+            self._send(f"-{proc.pid}")
+
+        threading.Thread(target=reaped, daemon=True).start()
+
+
+_janitor: Optional[Janitor] = None
+_janitor_lock = threading.Lock()
+
+
+def janitor() -> Janitor:
+    """This process's janitor, started at its first rank."""
+    global _janitor
+    with _janitor_lock:
+        if _janitor is None:
+            _janitor = Janitor()
+        return _janitor
+
+
 class Job:
     """The ranks of one job: started, their output forwarded, ended together."""
 
     def __init__(self, ranks: List[Rank], commands: List[List[str]], envs: List[Dict[str, str]],
-                 on_line: Optional[Callable[[int, bool, bytes], bool]] = None,
+                 on_line: Optional[Callable[[int, bool, bytes], Optional[bytes]]] = None,
                  out=None, err=None, tag: bool = True):
         self.ranks = ranks
         self.on_line = on_line
@@ -165,6 +224,7 @@ class Job:
                 raise LaunchError(f"cannot start rank {r.rank} on {r.host}: {cmd[0]}: "
                                   f"{e.strerror or e}") from e
             self.procs.append(p)
+            janitor().watch(p)
             for stream, is_err in ((p.stdout, False), (p.stderr, True)):
                 t = threading.Thread(target=self._forward, args=(r.rank, stream, is_err),
                                      daemon=True)
@@ -180,8 +240,12 @@ class Job:
     def _forward(self, rank: int, stream, is_err: bool) -> None:
         prefix = f"[{rank}]<{'stderr' if is_err else 'stdout'}>:".encode() if self.tag else b""
         for line in iter(stream.readline, b""):
-            if self.on_line is not None and self.on_line(rank, is_err, line):
-                continue
+            if self.on_line is not None:
+                kept = self.on_line(rank, is_err, line)
+                if kept is not None:
+                    if not kept:
+                        continue
+                    line = kept
             sink = self.err if is_err else self.out
             with self.lock:
                 sink.write(prefix + line)

@@ -230,11 +230,14 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     results: Dict[int, tuple] = {}
     tag = marker.encode() + b" "
 
-    def on_line(rank: int, is_err: bool, line: bytes) -> bool:
-        if is_err or not line.startswith(tag):
-            return False
-        results[rank] = cloudpickle.loads(base64.b64decode(line[len(tag):].strip()))
-        return True
+    def on_line(rank: int, is_err: bool, line: bytes) -> Optional[bytes]:
+        # The result may follow output the function left without a newline on the same line:
+        # that output is printed, the result taken.
+        at = -1 if is_err else line.find(tag)
+        if at < 0:
+            return None
+        results[rank] = cloudpickle.loads(base64.b64decode(line[at + len(tag):].strip()))
+        return line[:at]
 
     command = [executable or sys.executable, "-m", "bluefog.run.task"]
     if elastic:

@@ -11,10 +11,11 @@ released, until the kernel's ``done`` fires. The caller keeps computing meanwhil
 are matched across ranks by name, so several handles may be in flight in any order.
 
 ``synchronize(handle)`` (alias ``wait``) returns the result or raises the op's error, prefixed
-with the rank, the op, the tensor's name and the handle; a handle is synchronized once.
-A handle that is garbage-collected, or still open at interpreter exit, without having been
-synchronized is reported with a ``RuntimeWarning`` (shown by default, unlike a
-``ResourceWarning``) naming its rank, op and tensor.
+with the rank, the op, the tensor's name and the handle; a handle is synchronized once. Until
+then the module keeps the handle, so a program may hold only its ``int`` id (as Bluefog's
+programs do): dropping the ``Handle`` object forgets nothing, and ids are never reused. A
+handle still open at interpreter exit is reported with a ``RuntimeWarning`` (shown by default,
+unlike a ``ResourceWarning``) naming its rank, op and tensor.
 
 Eager only: inside ``tf.function`` the blocking ops already run asynchronously in TensorFlow's
 executor (the kernels are asynchronous), so these calls raise a RuntimeError there that says so.
@@ -27,7 +28,6 @@ import concurrent.futures
 import itertools
 import threading
 import warnings
-import weakref
 from typing import Dict, Optional, Union
 
 import tensorflow as tf
@@ -44,15 +44,16 @@ _lock = threading.Lock()
 _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _ids = itertools.count(1)
 _unnamed: Dict[str, itertools.count] = {}
-# handles not yet synchronized, by id; weak, so that one dropped unsynchronized is reported
-_open: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
+# Handles not yet synchronized, by id. Strong references: an int id is a valid handle until it
+# is synchronized, whether or not the program kept the Handle object.
+_open: Dict[int, Handle] = {}
 
 
 class Handle:
     """A non-blocking collective in flight. Pass it to ``bf.poll``, ``bf.synchronize`` or
     ``bf.wait``; ``int(handle)`` is its id (also accepted by those functions)."""
 
-    __slots__ = ("id", "op", "name", "rank", "_future", "_done", "__weakref__")
+    __slots__ = ("id", "op", "name", "rank", "_future", "_done")
 
     def __init__(self, op: str, name: str, future: concurrent.futures.Future):
         self.id = next(_ids)
@@ -72,10 +73,6 @@ class Handle:
         state = "synchronized" if self._done else ("finished" if self._future.done() else
                                                    "in flight")
         return f"<bluefog Handle {self.id}: {self.op} of tensor '{self.name}', {state}>"
-
-    def __del__(self):
-        if not getattr(self, "_done", True):
-            _warn_unwaited(self, "garbage-collected")
 
 
 def _warn_unwaited(handle: Handle, when: str) -> None:

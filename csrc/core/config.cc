@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +23,20 @@ double ParseDouble(const char* var, const char* text, double min_value) {
   double value = std::strtod(text, &end);
   BF_ENFORCE(end != text && *end == '\0' && value >= min_value, StatusCode::kInvalidArgument,
              "environment variable ", var, "='", text, "' is not a number >= ", min_value);
+  return value;
+}
+
+// A duration that timers hold as whole milliseconds, microseconds and nanoseconds: finite, and
+// small enough for all of them (int64 nanoseconds end at ~292 years; inf or 1e10 s would wrap
+// to a negative timeout).
+double ParseSeconds(const char* var, const char* text, double min_value, double max_value) {
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  BF_ENFORCE(end != text && *end == '\0' && std::isfinite(value) && value >= min_value &&
+                 value <= max_value,
+             StatusCode::kInvalidArgument, "environment variable ", var, "='", text,
+             "' is not a number of seconds from ", min_value, " to ",
+             static_cast<int64_t>(max_value));
   return value;
 }
 
@@ -66,7 +84,7 @@ std::string Join(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Config Config::FromLookup(const std::function<const char*(const char*)>& lookup) {
+Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
   Config config;
   if (const char* v = lookup("BLUEFOG_FUSION_THRESHOLD"))
     config.fusion_threshold_bytes = ParseBytes("BLUEFOG_FUSION_THRESHOLD", v);
@@ -136,12 +154,18 @@ Config Config::FromLookup(const std::function<const char*(const char*)>& lookup)
         "the number of the job's processes on its host");
   if (const char* v = lookup("BLUEFOG_JOB_TOKEN")) config.job_token = v;
   if (const char* v = lookup("BLUEFOG_GLOO_TIMEOUT"))
-    config.gloo_timeout_seconds = ParseDouble("BLUEFOG_GLOO_TIMEOUT", v, 0.001);
+    config.gloo_timeout_seconds =
+        ParseSeconds("BLUEFOG_GLOO_TIMEOUT", v, 0.001, kMaxGlooTimeoutSeconds);
   if (const char* v = lookup("BLUEFOG_GLOO_PREFIX")) config.gloo_prefix = v;
   if (const char* v = lookup("BLUEFOG_GLOO_EXTERNAL_STORE"))
     config.gloo_external_store = std::string(v) == "1";
-  config.mpi_launched = lookup("OMPI_COMM_WORLD_SIZE") != nullptr ||
-                        lookup("PMI_SIZE") != nullptr || lookup("PMIX_RANK") != nullptr;
+  const Lookup& launcher = launcher_lookup ? launcher_lookup : lookup;
+  const char* ess = launcher("OMPI_MCA_ess");
+  // A singleton's variables inherited by a child of it are not a launcher's either.
+  const bool singleton = ess != nullptr && std::string(ess) == "singleton";
+  config.mpi_launched =
+      !singleton && (launcher("OMPI_COMM_WORLD_SIZE") != nullptr ||
+                     launcher("PMI_SIZE") != nullptr || launcher("PMIX_RANK") != nullptr);
   return config;
 }
 
@@ -194,7 +218,26 @@ bool Config::UseGloo() const {
 }
 
 Config Config::FromEnvironment() {
-  return FromLookup([](const char* name) -> const char* { return std::getenv(name); });
+  const auto live = [](const char* name) -> const char* { return std::getenv(name); };
+  // /proc/self/environ keeps the environment the process was exec'd with, whatever setenv did
+  // since; where it cannot be read (no /proc), the live environment is all there is.
+  static const std::optional<std::map<std::string, std::string>> initial = [] {
+    std::optional<std::map<std::string, std::string>> vars;
+    std::ifstream in("/proc/self/environ", std::ios::binary);
+    if (!in) return vars;
+    vars.emplace();
+    std::string entry;
+    while (std::getline(in, entry, '\0')) {
+      const auto eq = entry.find('=');
+      if (eq != std::string::npos) vars->emplace(entry.substr(0, eq), entry.substr(eq + 1));
+    }
+    return vars;
+  }();
+  if (!initial) return FromLookup(live);
+  return FromLookup(live, [](const char* name) -> const char* {
+    const auto it = initial->find(name);
+    return it == initial->end() ? nullptr : it->second.c_str();
+  });
 }
 
 }  // namespace bluefog

@@ -86,14 +86,19 @@ struct Config {
   int env_local_rank = -1;
   int env_local_size = -1;
   std::string job_token;  // BLUEFOG_JOB_TOKEN; empty: derived from the rendezvous address
-  double gloo_timeout_seconds = 300.0;  // BLUEFOG_GLOO_TIMEOUT
+  double gloo_timeout_seconds = 300.0;  // BLUEFOG_GLOO_TIMEOUT, 0.001 to kMaxGlooTimeoutSeconds
+  // About 11.6 days: longer than any wait a job means, far below where a timer overflows.
+  static constexpr double kMaxGlooTimeoutSeconds = 1e6;
   // Set by an elastic `bfrun --gloo` for each round of the job: the prefix of every key this
   // rank writes in the store (BLUEFOG_GLOO_PREFIX), so that rounds never read each other's
   // keys; and whether the store's server runs outside the ranks (BLUEFOG_GLOO_EXTERNAL_STORE=1:
   // in bfrun, which outlives every rank) instead of in rank 0.
   std::string gloo_prefix;
   bool gloo_external_store = false;
-  // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set: an MPI launcher started this process.
+  // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK was set when this process started (and
+  // OMPI_MCA_ess is not "singleton"): an MPI launcher started it. Read from the environment the
+  // process was started with, because MPI initialised inside the process without a launcher (a
+  // singleton: `import mpi4py` before bf.init()) sets PMIX_RANK=0 itself.
   bool mpi_launched = false;
 
   // Whether the runtime runs on Gloo: BLUEFOG_BACKEND=gloo, or no BLUEFOG_BACKEND, no MPI
@@ -105,9 +110,11 @@ struct Config {
   // finds it among those built).
   std::string BackendName() const { return UseGloo() ? "gloo" : "mpi"; }
 
-  // Reads the variables through `lookup` (getenv in production, a map in tests).
-  // Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
-  static Config FromLookup(const std::function<const char*(const char*)>& lookup);
+  // Reads the variables through `lookup` (getenv in production, a map in tests), and the MPI
+  // launcher's through `launcher_lookup` (the environment as the process started; `lookup`
+  // when null). Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
+  using Lookup = std::function<const char*(const char*)>;
+  static Config FromLookup(const Lookup& lookup, const Lookup& launcher_lookup = nullptr);
   static Config FromEnvironment();
 };
 

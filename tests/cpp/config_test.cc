@@ -56,6 +56,20 @@ TEST(Config, BackendChoice) {
   EXPECT_FALSE(with({{"BLUEFOG_BACKEND", "mpi"}}).UseGloo());
   EXPECT_TRUE(with({{"BLUEFOG_BACKEND", "gloo"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());
   EXPECT_EQ(with({{"BLUEFOG_GLOO_TIMEOUT", "2.5"}}).gloo_timeout_seconds, 2.5);
+  EXPECT_EQ(with({{"BLUEFOG_GLOO_TIMEOUT", "1e6"}}).gloo_timeout_seconds, 1e6);
+  // Values a timer cannot hold (inf, 1e10 s wrapped to negative timeouts) or not positive are
+  // refused at once, naming the variable and the range.
+  for (const char* bad : {"inf", "-inf", "nan", "1e10", "9.3e15", "1000000.5", "0", "-1", "5s"}) {
+    try {
+      with({{"BLUEFOG_GLOO_TIMEOUT", bad}});
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const BluefogError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("BLUEFOG_GLOO_TIMEOUT='") + bad +
+                                           "' is not a number of seconds from 0.001 to 1000000"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Asked for Gloo without a rendezvous, or with a rank outside the job: named.
   try {
     FromMap({{"BLUEFOG_BACKEND", "gloo"}, {"MASTER_ADDR", "h"}}).UseGloo();
@@ -117,6 +131,32 @@ TEST(Config, RendezvousValuesDoNotWrap) {
   }
   EXPECT_EQ(FromMap({{"RANK", "2147483647"}}).env_rank, 2147483647);
   EXPECT_THROW(FromMap({{"BLUEFOG_BACKEND", "nccl"}}), BluefogError);
+}
+
+TEST(Config, MpiLauncherReadFromTheStartingEnvironment) {
+  // MPI initialised inside the process as a singleton (mpi4py imported first) sets PMIX_RANK
+  // in the live environment; the environment the process started with decides.
+  const std::map<std::string, std::string> live = {
+      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "1"},
+      {"WORLD_SIZE", "2"},         {"PMIX_RANK", "0"},       {"OMPI_MCA_ess", "singleton"}};
+  auto from = [&](std::map<std::string, std::string> initial) {
+    return Config::FromLookup(
+        [&](const char* name) -> const char* {
+          auto it = live.find(name);
+          return it == live.end() ? nullptr : it->second.c_str();
+        },
+        [initial](const char* name) -> const char* {
+          auto it = initial.find(name);
+          return it == initial.end() ? nullptr : it->second.c_str();
+        });
+  };
+  EXPECT_TRUE(from({}).UseGloo());
+  EXPECT_FALSE(from({{"PMIX_RANK", "1"}}).UseGloo());  // srun --mpi=pmix, say
+  EXPECT_FALSE(from({{"OMPI_COMM_WORLD_SIZE", "2"}}).UseGloo());
+  // The child of a singleton inherits its variables, the marker included.
+  EXPECT_TRUE(from({{"PMIX_RANK", "0"}, {"OMPI_MCA_ess", "singleton"}}).UseGloo());
+  // Without a separate starting environment, the one lookup decides (as in FromMap).
+  EXPECT_TRUE(FromMap(live).UseGloo());
 }
 
 TEST(Config, EagerInlineSwitch) {

@@ -115,6 +115,59 @@ def test_killed_worker_survivors_continue_in_place():
           f"uninterrupted {accuracy(ref):.4f}")
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_store_flood_then_a_lost_worker_still_reforms():
+    """A stranger holds 200 idle connections to the store bfrun serves while bfrun has 30
+    descriptors to spare (its accept fails with EMFILE), then lets go; a worker killed after
+    that still re-forms the job (the survivors reconnect to the store) and bfrun's descriptors
+    come back to what they were."""
+    import resource
+    import socket
+
+    from gloo_jobs import free_port
+
+    port = free_port()
+    job = BackgroundJob(bfrun("-np", "3", "--min-np", "2", "-H", "localhost:3", "--gloo-port",
+                              str(port), PYTHON, "tests/elastic/inplace_worker.py", "--steps",
+                              "150", "--step-ms", "60"))
+
+    def descriptors():
+        return len(os.listdir(f"/proc/{job.proc.pid}/fd"))
+
+    try:
+        pids = {}
+        for w in ("0", "1", "2"):
+            pids[w] = int(job.wait_for(rf"^\[{w}\] START worker {w} pid (\d+)", 90).group(1))
+        job.wait_for(r"STEP 5 size 3", 60)
+        before = descriptors()
+        resource.prlimit(job.proc.pid, resource.RLIMIT_NOFILE,
+                         (before + 30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        idle = []
+        try:
+            for _ in range(200):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            pass  # the store stopped accepting: the job's outcome below says what it cost
+        time.sleep(3)
+        for c in idle:
+            c.close()
+        deadline = time.time() + 20
+        while descriptors() > before + 5 and time.time() < deadline:
+            time.sleep(0.1)
+        after = descriptors()
+        os.kill(pids["2"], signal.SIGKILL)
+        out = finish(job)
+    finally:
+        job.kill()
+    assert job.proc.returncode == 0, out[-6000:]
+    assert after <= before + 5, (before, after)
+    assert "cannot accept" in out, out[-6000:]
+    assert re.search(r"round 1: 2 worker\(s\) \['0', '1'\]", out), out[-6000:]
+    done = re.findall(r"^\[(\d)\] DONE worker \d+ rank \d size (\d) step (\d+) counter (\d+)",
+                      out, re.M)
+    assert sorted(done) == [("0", "2", "150", "150"), ("1", "2", "150", "150")], out[-6000:]
+
+
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_discovered_slot_joins_at_the_next_commit(tmp_path):

@@ -211,6 +211,64 @@ def test_tf_config_starts_a_gloo_job(tmp_path):
     assert len(refusals) == 4 and len(set(refusals)) == 1, result.tail()
 
 
+@pytest.mark.parametrize("value", ["inf", "1e10"])
+def test_unusable_gloo_timeout_is_refused_at_init(tmp_path, value):
+    """BLUEFOG_GLOO_TIMEOUT beyond what a timer can hold fails bf.init() at once on every rank,
+    naming the variable and the accepted range (tests/cpp/config_test.cc: the other values)."""
+    job = _script(tmp_path, """
+        import bluefog.tensorflow as bf
+        try:
+            bf.init()
+        except Exception as e:
+            print("REFUSED", e)
+        else:
+            print("ACCEPTED")
+        """)
+    result = run_gloo_job([PYTHON, job], 2, JOB_TIMEOUT_S, env={"BLUEFOG_GLOO_TIMEOUT": value})
+    assert not result.timed_out, result.tail()
+    assert result.output.count(f"REFUSED environment variable BLUEFOG_GLOO_TIMEOUT='{value}' "
+                               "is not a number of seconds from 0.001 to 1000000") == 2, \
+        result.tail()
+
+
+@pytest.mark.parametrize("bootstrap", ["torchrun", "tf_config", "child_of_singleton"])
+def test_mpi4py_imported_first_still_one_job(tmp_path, bootstrap):
+    """mpi4py imported before bf.init() makes MPI's singleton set PMIX_RANK=0 (and more) inside
+    each process; that is not a launcher, so the two processes still form one Gloo job. Nor is
+    a child that inherited those variables from a parent that imported mpi4py."""
+    pytest.importorskip("mpi4py")
+    job = _script(tmp_path, """
+        from mpi4py import MPI
+        import tensorflow as tf
+        import bluefog.tensorflow as bf
+        assert MPI.COMM_WORLD.Get_size() == 1
+        bf.init()
+        x = bf.allreduce(tf.constant([float(bf.rank() + 1)]), average=False)
+        print("MPI4PY", bf.backend(), bf.rank(), bf.size(), x.numpy()[0])
+        """)
+    cmd = [PYTHON, job]
+    if bootstrap == "child_of_singleton":
+        parent = tmp_path / "parent.py"
+        parent.write_text(textwrap.dedent(f"""
+            import subprocess, sys
+            from mpi4py import MPI
+            MPI.COMM_WORLD.Barrier()
+            # env=None: the child inherits the C environment, MPI's variables included.
+            sys.exit(subprocess.run([sys.executable, {job!r}]).returncode)
+            """))
+        cmd = [PYTHON, str(parent)]
+    rank_env = None
+    if bootstrap == "tf_config":
+        def rank_env(rank, port):
+            workers = [f"127.0.0.1:{port}", "127.0.0.1:1"]
+            return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                             "task": {"type": "worker", "index": rank}})}
+    result = run_gloo_job(cmd, 2, JOB_TIMEOUT_S, rank_env=rank_env)
+    assert result.returncode == 0 and not result.timed_out, result.tail()
+    for rank in (0, 1):
+        assert f"MPI4PY gloo {rank} 2 3.0" in result.output, result.tail()
+
+
 @pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
 def test_two_netns_hosts():
     """tests/multihost/gloo_netns.sh: 2 network-namespace hosts, one rank each, no mpirun:

@@ -47,8 +47,9 @@ def no_mpirun_env(tmp_path):
     """The environment of a bfrun --gloo run whose PATH has no mpirun."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sh", "env", "cat", "kill", "sleep"):
-        os.symlink(shutil.which(tool), bin_dir / tool)
+    for tool in ("sh", "env", "cat", "kill", "sleep", "setsid"):
+        if shutil.which(tool):
+            os.symlink(shutil.which(tool), bin_dir / tool)
     env = job_env({"PATH": str(bin_dir), "BLUEFOG_GLOO_TIMEOUT": "60",
                    "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"})
     env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
@@ -146,6 +147,49 @@ def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids), "a rank outlived bfrun"
+
+
+@pytest.mark.parametrize("mode", ["plain", "elastic", "remote"])
+def test_bfrun_gloo_sigkilled_ends_ranks_under_a_wrapper_script(tmp_path, no_mpirun_env, mode):
+    """bfrun --gloo ./train.sh, the script starting Python as a child (no exec): SIGKILL of bfrun
+    reaches the script alone (PDEATHSIG), yet the ranks' Python processes end too; also on a
+    "remote" host (a stand-in for ssh that, as sshd, runs the rank in a session of its own)."""
+    if mode == "remote" and not shutil.which("setsid"):
+        pytest.skip("needs setsid (util-linux)")
+    job = _script(tmp_path, """
+        import os, time
+        print("PID", os.getpid(), flush=True)
+        time.sleep(300)
+        """)
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f"#!/bin/sh\n{PYTHON} {job}\necho after\n")
+    wrapper.chmod(0o755)
+    extra = {"plain": [], "elastic": ["--min-np", "1", "-H", "localhost:2"],
+             "remote": ["-H", "localhost:1,elsewhere:1", "--rsh-agent", FAKE_RSH]}[mode]
+    proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", *extra,
+                             str(wrapper)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**no_mpirun_env, "FAKE_RSH_SESSION": "1"},
+                            start_new_session=True)
+    pids = []
+    deadline = time.time() + 60
+    try:
+        while len(pids) < 2 and time.time() < deadline:
+            found = re.search(r"PID (\d+)", proc.stdout.readline())
+            if found:
+                pids.append(int(found.group(1)))
+        assert len(pids) == 2, "the ranks did not start"
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.time() + 15
+        while any(alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        left = [p for p in pids if alive(p)]
+    finally:
+        proc.kill()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    assert not left, f"rank process(es) {left} outlived a SIGKILLed bfrun"
 
 
 @needs_gloo
@@ -308,6 +352,74 @@ def test_run_returns_every_ranks_result_and_refuses_strays(run_env, capfd):
     assert "its job token differs from this job's" in err, err[-3000:]
 
 
+def _flood_then_process_set():
+    """Rank 0 runs with 48 descriptors to spare. Rank 1 sends its rendezvous server 1,100
+    garbage connections, then holds 200 idle ones and closes them: rank 0's descriptors and
+    threads come back to what they were, and a process set (new Gloo connections on every rank)
+    still forms after the flood."""
+    import os
+    import resource
+    import socket
+    import time
+
+    import tensorflow as tf
+
+    import bluefog.tensorflow as bf
+
+    def counts(pid):
+        return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
+
+    bf.init()
+    rank = bf.rank()
+    pid0 = int(bf.allreduce(tf.constant([os.getpid() if rank == 0 else 0], tf.int64),
+                            average=False).numpy()[0])
+    if rank == 0:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (counts(pid0)[0] + 48, hard))
+    bf.allreduce(tf.constant([0.0]))  # the limit is in place
+    report = None
+    if rank == 1:
+        addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        before = counts(pid0)
+        failed = 0
+        for _ in range(1100):
+            try:
+                with socket.create_connection(addr, timeout=2) as s:
+                    s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            except OSError:
+                failed += 1
+                if failed == 5:  # the server stopped accepting: no use waiting for each
+                    break
+        idle = []
+        for _ in range(200 if failed < 5 else 0):
+            try:
+                idle.append(socket.create_connection(addr, timeout=2))
+            except OSError:
+                failed += 1
+        for s in idle:
+            s.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            after = counts(pid0)
+            if after[0] <= before[0] + 5 and after[1] <= before[1] + 5:
+                break
+            time.sleep(0.1)
+        report = (before, after, failed)
+    bf.allreduce(tf.constant([0.0]))  # the flood is over
+    ps = bf.add_process_set([0, 1])
+    x = bf.allreduce(tf.constant([float(rank + 1)]), average=False, process_set=ps)
+    return float(x.numpy()[0]), report
+
+
+@needs_gloo
+def test_rendezvous_server_survives_a_flood(run_env):
+    results = bluefog.run(_flood_then_process_set, np=2, env=run_env, timeout=JOB_TIMEOUT_S)
+    assert [r[0] for r in results] == [3.0, 3.0], results
+    (fds, threads), (fds_after, threads_after), failed = results[1][1]
+    assert fds_after <= fds + 5 and threads_after <= threads + 5, results[1][1]
+    assert failed == 0, results[1][1]
+
+
 def _fails_on_rank_one(n):
     import os
     import time
@@ -324,6 +436,28 @@ def test_run_raises_naming_the_rank(run_env):
         bluefog.run(_fails_on_rank_one, args=(7,), np=2, env=run_env, timeout=JOB_TIMEOUT_S)
     assert isinstance(info.value.__cause__, ValueError)
     assert time.time() - started < 60
+
+
+def _prints_without_newline(n):
+    import os
+    import sys
+
+    me = os.environ.get("RANK") or os.environ["BLUEFOG_ELASTIC_WORKER"]  # elastic: no RANK yet
+    sys.stdout.write(f"partial line of rank {me}")  # no newline after it
+    return n * 2
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_run_result_after_output_without_newline(run_env, capfd, elastic):
+    """The function's last output has no newline: its result still comes back, and the text
+    is still printed."""
+    extra = {"min_num_proc": 1, "hosts": "localhost:2"} if elastic else {}
+    results = bluefog.run(_prints_without_newline, args=(21,), np=2, env=run_env,
+                          timeout=JOB_TIMEOUT_S, **extra)
+    assert results == [42, 42]
+    out = capfd.readouterr().out
+    assert "partial line of rank 0" in out and "partial line of rank 1" in out, out
+    assert "bluefog-run-result-" not in out, out
 
 
 def test_run_lambda_results_in_rank_order(run_env):

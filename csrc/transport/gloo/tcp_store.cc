@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include "core/logging.h"
 #include "core/status.h"
@@ -54,6 +55,27 @@ bool ReadAll(int fd, void* data, size_t n) {
   while (n > 0) {
     ssize_t r = ::recv(fd, p, n, 0);
     if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// ReadAll that gives up at `deadline`: a peer that sends its bytes one at a time, slowly, is
+// held to the deadline of the whole read, not to a timeout per byte.
+bool ReadAllBy(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) return false;
+    if (ready <= 0) continue;
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (r <= 0) return false;
     p += r;
     n -= static_cast<size_t>(r);
@@ -103,8 +125,9 @@ std::string JobToken(const std::string& secret, const std::string& addr, int por
 }
 
 TcpStoreServer::TcpStoreServer(const std::string& addr, int port, std::string token,
-                               std::chrono::milliseconds resolve_timeout)
-    : token_(std::move(token)) {
+                               std::chrono::milliseconds resolve_timeout,
+                               std::chrono::milliseconds handshake_timeout)
+    : token_(std::move(token)), handshake_timeout_(handshake_timeout) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -146,7 +169,7 @@ TcpStoreServer::TcpStoreServer(const std::string& addr, int port, std::string to
   BF_ENFORCE(listen_fd_ >= 0, StatusCode::kPrecondition, "rank 0: cannot listen at ", addr, ":",
              port, " for the Gloo rendezvous (", last_error,
              "); is MASTER_PORT free and MASTER_ADDR an address of rank 0's host?");
-  BF_ENFORCE(::pipe2(wake_fd_, O_CLOEXEC) == 0, StatusCode::kInternal,
+  BF_ENFORCE(::pipe2(wake_fd_, O_CLOEXEC | O_NONBLOCK) == 0, StatusCode::kInternal,
              "pipe2 failed: ", std::strerror(errno));
   accept_ = std::thread(&TcpStoreServer::Accept, this);
 }
@@ -156,19 +179,67 @@ TcpStoreServer::~TcpStoreServer() {
   char c = 0;
   (void)!::write(wake_fd_[1], &c, 1);
   if (accept_.joinable()) accept_.join();
+  std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (int fd : clients_) ::shutdown(fd, SHUT_RDWR);
+    for (auto& [id, conn] : connections_) {
+      if (conn.fd >= 0) ::shutdown(conn.fd, SHUT_RDWR);
+      threads.push_back(std::move(conn.thread));
+    }
   }
-  for (auto& t : threads_) t.join();
-  for (int fd : clients_) ::close(fd);
+  for (auto& t : threads) t.join();  // each closes its own connection
   ::close(listen_fd_);
   ::close(wake_fd_[0]);
   ::close(wake_fd_[1]);
 }
 
+int TcpStoreServer::open_connections() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int open = 0;
+  for (const auto& [id, conn] : connections_) open += conn.fd >= 0;
+  return open;
+}
+
+void TcpStoreServer::Refused(const std::string& peer, const std::string& why) {
+  // A flood of strangers must not become a flood of log lines: the first ones say who and why.
+  constexpr int kLogged = 10;
+  const int n = ++refused_;
+  if (n <= kLogged)
+    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
+           ": ", why, n == kLogged ? " (further refused connections are counted, not logged)" : "");
+}
+
+bool TcpStoreServer::EvictOldestLocked() {
+  Connection* oldest = nullptr;
+  for (auto& [id, conn] : connections_) {
+    if (conn.fd < 0 || conn.authenticated || conn.evicted) continue;
+    if (oldest == nullptr || conn.since < oldest->since) oldest = &conn;
+  }
+  if (oldest == nullptr) return false;
+  // Only shut down: the connection's thread, blocked reading it, wakes and closes it.
+  oldest->evicted = true;
+  ::shutdown(oldest->fd, SHUT_RDWR);
+  return true;
+}
+
+void TcpStoreServer::Reap() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (uint64_t id : ended_) {
+      auto it = connections_.find(id);
+      done.push_back(std::move(it->second.thread));
+      connections_.erase(it);
+    }
+    ended_.clear();
+  }
+  for (auto& t : done) t.join();
+}
+
 void TcpStoreServer::Accept() {
+  bool told_full = false;
   while (!stopping_) {
+    Reap();
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
@@ -176,42 +247,121 @@ void TcpStoreServer::Accept() {
              "rank 0, Gloo rendezvous server: poll failed: ", std::strerror(errno));
       return;
     }
-    if (fds[1].revents || stopping_) return;
+    if (stopping_) return;
+    if (fds[1].revents) {  // a connection ended: reaped at the top of the loop
+      char drain[256];
+      while (::read(wake_fd_[0], drain, sizeof(drain)) > 0) {
+      }
+      continue;
+    }
+    if (!(fds[0].revents & POLLIN)) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: make room from a stranger's connection, then try again; a rank's
+        // connection is never closed for room.
+        if (!told_full)
+          BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: cannot accept (",
+                 std::strerror(errno), "); closing connections that have not presented a token");
+        told_full = true;
+        bool evicted;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          evicted = EvictOldestLocked();
+        }
+        // Nothing to close: wait a little rather than spin on a listener that stays readable.
+        if (!evicted) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    told_full = false;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     std::lock_guard<std::mutex> lock(mutex_);
-    clients_.push_back(fd);
-    threads_.emplace_back(&TcpStoreServer::Serve, this, fd);
+    int waiting = 0;
+    for (const auto& [id, conn] : connections_)
+      waiting += conn.fd >= 0 && !conn.authenticated && !conn.evicted;
+    if (waiting >= kMaxUnauthenticated) EvictOldestLocked();
+    const uint64_t id = next_id_++;
+    Connection& conn = connections_[id];
+    conn.fd = fd;
+    conn.since = std::chrono::steady_clock::now();
+    try {
+      conn.thread = std::thread(&TcpStoreServer::Serve, this, id, fd);
+    } catch (const std::system_error& e) {
+      // No thread to be had (a thread limit): this connection is refused, the server goes on.
+      ::close(fd);
+      connections_.erase(id);
+      BF_LOG(LogLevel::kWarning,
+             "rank 0, Gloo rendezvous server: dropped a connection: ", e.what());
+    }
   }
 }
 
-void TcpStoreServer::Serve(int fd) {
+void TcpStoreServer::Serve(uint64_t id, int fd) {
   const std::string peer = PeerName(fd);
+  int32_t rank = -1;
+  const auto deadline = std::chrono::steady_clock::now() + handshake_timeout_;
   char magic[4];
   uint32_t len = 0;
-  if (!ReadAll(fd, magic, 4) || std::memcmp(magic, kMagic, 4) != 0 || !ReadAll(fd, &len, 4) ||
-      len > kMaxTokenBytes) {
-    ++refused_;
-    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
-           ": it did not open with bluefog's handshake (another program on MASTER_PORT?)");
-    ::shutdown(fd, SHUT_RDWR);
-    return;
+  std::string token;
+  bool handshake = ReadAllBy(fd, magic, 4, deadline) && std::memcmp(magic, kMagic, 4) == 0 &&
+                   ReadAllBy(fd, &len, 4, deadline) && len <= kMaxTokenBytes;
+  if (handshake) {
+    token.resize(len);
+    handshake = ReadAllBy(fd, token.data(), len, deadline) && ReadAllBy(fd, &rank, 4, deadline);
   }
-  std::string token(len, '\0');
-  int32_t rank = -1;
-  if (!ReadAll(fd, token.data(), len) || !ReadAll(fd, &rank, 4)) return;
-  if (token != token_) {
-    ++refused_;
-    BF_LOG(LogLevel::kWarning, "rank 0, Gloo rendezvous server: refused a connection from ", peer,
-           ": its job token differs from this job's (every rank needs the same "
-           "BLUEFOG_JOB_TOKEN, MASTER_ADDR, MASTER_PORT and WORLD_SIZE)");
+  if (!handshake) {
+    rank = -1;
+    bool evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      evicted = connections_[id].evicted;
+    }
+    if (evicted)
+      Refused(peer, Concat("closed to make room: more than ", kMaxUnauthenticated,
+                           " connections were waiting for their handshake, or descriptors ran out "
+                           "(a flood of connections to MASTER_PORT?)"));
+    else if (std::chrono::steady_clock::now() >= deadline)
+      Refused(peer, Concat("it sent no complete handshake within ",
+                           handshake_timeout_.count() / 1000.0, " s"));
+    else
+      Refused(peer, "it did not open with bluefog's handshake (another program on MASTER_PORT?)");
+  } else if (token != token_) {
+    rank = -1;
+    handshake = false;
+    Refused(peer,
+            "its job token differs from this job's (every rank needs the same "
+            "BLUEFOG_JOB_TOKEN, MASTER_ADDR, MASTER_PORT and WORLD_SIZE)");
     WriteAll(fd, &kNo, 1);
-    ::shutdown(fd, SHUT_RDWR);
-    return;
   }
-  if (!WriteAll(fd, &kYes, 1)) return;
+  if (handshake) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      connections_[id].authenticated = true;
+    }
+    if (WriteAll(fd, &kYes, 1)) ServeRequests(fd, peer);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A rank's connection lasts as long as its process (or until its shutdown), so its end is
+  // how the others learn which rank left when a Gloo connection breaks (GoneKey).
+  if (!stopping_ && rank >= 0) data_[GoneKey(rank)] = {};
+  // What the peer sent and nobody read would make close() answer with a reset instead of an
+  // orderly end: the peer's last bytes are read first (as many as have arrived, at most 64 KiB).
+  ::shutdown(fd, SHUT_WR);
+  char sink[4096];
+  for (int i = 0; i < 16 && ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+  // Closed under the lock, so that no eviction shuts down a descriptor number reused since.
+  ::close(fd);
+  connections_[id].fd = -1;
+  ended_.push_back(id);
+  // Wakes the accept thread to join this one (a full pipe already has a wake-up pending).
+  const char c = 'r';
+  (void)!::write(wake_fd_[1], &c, 1);
+}
+
+void TcpStoreServer::ServeRequests(int fd, const std::string& peer) {
   for (;;) {
     char op;
     uint32_t key_len = 0;
@@ -251,13 +401,6 @@ void TcpStoreServer::Serve(int fd) {
     }
     const uint64_t n = value.size();
     if (!WriteAll(fd, &kYes, 1) || !WriteAll(fd, &n, 8) || !WriteAll(fd, value.data(), n)) break;
-  }
-  ::shutdown(fd, SHUT_RDWR);
-  // A rank's connection lasts as long as its process (or until its shutdown), so its end is
-  // how the others learn which rank left when a Gloo connection breaks (GoneKey).
-  if (!stopping_ && rank >= 0) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    data_[GoneKey(rank)] = {};
   }
 }
 

@@ -7,6 +7,13 @@
 // every connection whose token differs, so a stray process or another job's rank that reaches
 // this port cannot read or write the job's keys. The token is a check against mistakes, not
 // an authentication against an attacker on the network.
+//
+// Whatever reaches the port cannot take the job's descriptors or threads: every connection is
+// closed and its thread joined as soon as it ends; one that has not presented a token within
+// the handshake timeout is closed; at most kMaxUnauthenticated wait for their handshake at once
+// (a new one closes the oldest, so a rank arriving during a flood still gets in); and running
+// out of descriptors (EMFILE) closes the oldest unauthenticated connection instead of stopping
+// the server.
 #pragma once
 
 #include <atomic>
@@ -33,30 +40,58 @@ std::string GoneKey(int rank);
 
 class TcpStoreServer {
  public:
+  // Connections waiting for their handshake at once; a rank's takes milliseconds.
+  static constexpr int kMaxUnauthenticated = 64;
+
   // Binds and listens at addr:port (throws BluefogError naming both when it cannot). A name
-  // that does not resolve yet is retried for up to `resolve_timeout`.
+  // that does not resolve yet is retried for up to `resolve_timeout`. A connection that has not
+  // presented its token within `handshake_timeout` is closed.
   TcpStoreServer(const std::string& addr, int port, std::string token,
-                 std::chrono::milliseconds resolve_timeout = std::chrono::milliseconds(0));
+                 std::chrono::milliseconds resolve_timeout = std::chrono::milliseconds(0),
+                 std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10));
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   ~TcpStoreServer();
 
-  // Connections refused for a wrong token so far (tests).
+  // Connections refused (wrong token, no handshake, timed out, closed for room) so far.
   int refused() const { return refused_.load(); }
+  // Connections open now, and their threads (tests: they return to the ranks' count).
+  int open_connections();
 
  private:
+  struct Connection {
+    int fd = -1;  // -1 once its thread closed it
+    bool authenticated = false;
+    bool evicted = false;  // shut down to make room; its thread closes it
+    std::chrono::steady_clock::time_point since;
+    std::thread thread;
+  };
+
   void Accept();
-  void Serve(int fd);
+  // One connection, from its handshake to its end; closes it.
+  void Serve(uint64_t id, int fd);
+  // An authenticated connection's requests, until it ends or sends something malformed.
+  void ServeRequests(int fd, const std::string& peer);
+  // Joins the threads of connections that ended and forgets them.
+  void Reap();
+  // Shuts down the unauthenticated connection open longest (caller holds mutex_); false when
+  // there is none.
+  bool EvictOldestLocked();
+  // Counts a refused connection, and logs the first few.
+  void Refused(const std::string& peer, const std::string& why);
 
   std::string token_;
+  std::chrono::milliseconds handshake_timeout_;
   int listen_fd_ = -1;
-  int wake_fd_[2] = {-1, -1};  // a pipe: written to stop the threads
+  // A pipe, written to wake the accept thread: to stop, or to join a connection's thread.
+  int wake_fd_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
   std::atomic<int> refused_{0};
   std::mutex mutex_;
   std::map<std::string, std::vector<char>> data_;
-  std::vector<int> clients_;  // open connections, closed at stop
-  std::vector<std::thread> threads_;
+  std::map<uint64_t, Connection> connections_;  // by id; erased when reaped
+  std::vector<uint64_t> ended_;                 // ids whose thread has returned
+  uint64_t next_id_ = 0;
   std::thread accept_;
 };
 

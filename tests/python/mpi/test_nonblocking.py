@@ -103,16 +103,46 @@ def test_mismatched_shapes_fail_on_every_rank(rank):
 
 
 @pytest.mark.timeout(120)
-def test_unsynchronized_handle_is_reported(rank):
+def test_int_ids_outlive_their_handle_objects(rank, size):
+    """Bluefog's programs may keep only int(handle): each op is kept until synchronized by its
+    id (dropping the Handle object forgets nothing), and no id names another op."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ids = [int(bf.allreduce_nonblocking(_x(rank, i), average=False, name=f"nb.id.{i}"))
+               for i in range(3)]
+        gc.collect()
+        more = [int(bf.allreduce_nonblocking(_x(rank, i), average=False, name=f"nb.id.{i + 3}"))
+                for i in range(3, 5)]
+        gc.collect()
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], \
+        [str(w.message) for w in seen]
+    assert len(set(ids + more)) == 5
+    for i, hid in reversed(list(enumerate(ids + more))):
+        while not bf.poll(hid):
+            _overlap()
+        want = sum(rank_values(SHAPE, r, offset=i) for r in range(size))
+        np.testing.assert_array_equal(bf.synchronize(hid).numpy(), want)
+    with pytest.raises(ValueError, match=f"handle {ids[0]} is not in flight"):
+        bf.synchronize(ids[0])
+
+
+@pytest.mark.timeout(120)
+def test_unsynchronized_handle_is_reported_at_exit(rank):
+    from bluefog.tensorflow import nonblocking
+
     h = bf.allreduce_nonblocking(_x(rank), name="nb.dropped")
     while not bf.poll(h):
         pass
+    hid = int(h)
+    del h
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        del h
-        gc.collect()
+        nonblocking._report_open()  # what runs at interpreter exit
     assert any(issubclass(w.category, RuntimeWarning) and "nb.dropped" in str(w.message)
+               and "still open at exit" in str(w.message)
                for w in seen), [str(w.message) for w in seen]
+    with pytest.raises(ValueError, match=f"handle {hid} is not in flight"):
+        bf.synchronize(hid)
 
 
 @pytest.mark.timeout(60)

@@ -1,0 +1,169 @@
+// The Gloo rendezvous server (TcpStoreServer) against connections that are not a rank's:
+// garbage, idle and slow ones, by the thousand. One process, real sockets on loopback; the
+// server's descriptors and threads are this process's, read from /proc/self.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/gloo/tcp_store.h"
+
+namespace bluefog {
+namespace {
+
+using std::chrono::milliseconds;
+
+int Count(const char* dir) {
+  DIR* d = opendir(dir);
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n - (std::string(dir) == "/proc/self/fd");  // the DIR's own descriptor
+}
+int Descriptors() { return Count("/proc/self/fd"); }
+int Threads() { return Count("/proc/self/task"); }
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int Connect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Waits up to `limit` for `done`; true when it came.
+template <typename F>
+bool Within(milliseconds limit, F done) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return true;
+}
+
+class TcpStoreServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = FreePort();
+    token_ = JobToken("", "127.0.0.1", port_, 2);
+    server_ = std::make_unique<TcpStoreServer>("127.0.0.1", port_, token_);
+    fds_ = Descriptors();
+    threads_ = Threads();
+  }
+  // A rank's store works: a key set through one client reads back through another.
+  void ExpectRankGetsIn(const std::string& key) {
+    TcpStore a("127.0.0.1", port_, token_, 0, milliseconds(5000));
+    TcpStore b("127.0.0.1", port_, token_, 1, milliseconds(5000));
+    a.set(key, {'o', 'k'});
+    EXPECT_EQ(b.get(key), (std::vector<char>{'o', 'k'}));
+  }
+  // Descriptors and threads back to what they were before the strangers came (± 5).
+  void ExpectBackToStart() {
+    EXPECT_TRUE(Within(milliseconds(10000),
+                       [&] { return Descriptors() <= fds_ + 5 && Threads() <= threads_ + 5; }))
+        << Descriptors() << " descriptors (" << fds_ << " before), " << Threads() << " threads ("
+        << threads_ << " before)";
+  }
+
+  int port_ = 0;
+  std::string token_;
+  std::unique_ptr<TcpStoreServer> server_;
+  int fds_ = 0;
+  int threads_ = 0;
+};
+
+TEST_F(TcpStoreServerTest, GarbageConnectionsAreClosedAndReaped) {
+  // More than a default descriptor limit (1024) of them: each one the server kept would be one
+  // descriptor less for the job.
+  const char garbage[] = "GET / HTTP/1.1\r\n\r\n";
+  for (int i = 0; i < 1100; ++i) {
+    int fd = Connect(port_);
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
+    (void)!::send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  // Each is refused once its thread has read it (some may still wait in the listen backlog).
+  EXPECT_TRUE(Within(milliseconds(30000), [&] { return server_->refused() == 1100; }))
+      << server_->refused();
+  ExpectBackToStart();
+  ExpectRankGetsIn("after-garbage");
+  ExpectBackToStart();
+}
+
+TEST_F(TcpStoreServerTest, IdleConnectionsAreBoundedAndTimedOut) {
+  // 300 strangers connect and send nothing: the server keeps at most 64 of them, and a rank
+  // arriving meanwhile still gets in.
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) {
+    int fd = Connect(port_);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    idle.push_back(fd);
+  }
+  EXPECT_TRUE(
+      Within(milliseconds(10000),
+             [&] { return Descriptors() <= fds_ + 300 + TcpStoreServer::kMaxUnauthenticated + 5; }))
+      << Descriptors() - fds_ - 300 << " descriptors of the server's";
+  ExpectRankGetsIn("during-idle");
+  // The last ones (not closed for room) are closed after the handshake timeout (10 s).
+  char c;
+  EXPECT_TRUE(
+      Within(milliseconds(20000), [&] { return ::recv(idle.back(), &c, 1, MSG_DONTWAIT) == 0; }));
+  for (int fd : idle) ::close(fd);
+  ExpectBackToStart();
+}
+
+TEST_F(TcpStoreServerTest, SlowHandshakeIsHeldToItsDeadline) {
+  // The job's own handshake, one byte every 500 ms (22 s in all): closed at the 10 s deadline
+  // of the whole handshake, not kept alive by each byte.
+  std::string hello = "BFG1";
+  const uint32_t len = static_cast<uint32_t>(token_.size());
+  const int32_t rank = 1;
+  hello.append(reinterpret_cast<const char*>(&len), 4).append(token_);
+  hello.append(reinterpret_cast<const char*>(&rank), 4);
+  int fd = Connect(port_);
+  ASSERT_GE(fd, 0);
+  const auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (size_t i = 0; i < hello.size() && !closed; ++i) {
+    (void)!::send(fd, &hello[i], 1, MSG_NOSIGNAL);
+    std::this_thread::sleep_for(milliseconds(500));
+    char c;
+    closed = ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(closed);
+  EXPECT_LT(took, std::chrono::seconds(15));
+  ::close(fd);
+  ExpectBackToStart();
+}
+
+}  // namespace
+}  // namespace bluefog
