@@ -3,18 +3,22 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "transport/communicator.h"
 
 namespace bluefog {
@@ -130,6 +134,10 @@ std::unique_ptr<LocalRounds> LocalRounds::Create(Communicator* comm, size_t slot
   }
   std::unique_ptr<LocalRounds> rounds(
       new LocalRounds(base, bytes, rank, size, slot_bytes, data_bytes));
+  const int64_t me = static_cast<int64_t>(getpid());
+  rounds->pids_.resize(static_cast<size_t>(size));
+  comm->Allgatherv(&me, rounds->pids_.data(),
+                   std::vector<int64_t>(static_cast<size_t>(size), sizeof(int64_t)));
   if (heap != MAP_FAILED)
     rounds->heap_ = std::make_shared<SharedHeap>(heap, heap_bytes, rank, size);
   std::memset(rounds->data(rank), 0, data_bytes);
@@ -189,6 +197,7 @@ const char* LocalRounds::Await(const std::function<void()>& on_wait,
   // Then sleep until the last rank wakes us (a sleeper is counted before it checks the word,
   // and the waker reads the count after changing it, so no wake is missed).
   auto reported = start;
+  auto checked = start;
   const timespec tick{0, 1000 * 1000};
   while (h->generation.load(std::memory_order_acquire) == round) {
     if (bounded && Clock::now() - start >= limit) return nullptr;
@@ -202,8 +211,39 @@ const char* LocalRounds::Await(const std::function<void()>& on_wait,
       reported = now;
       on_wait();
     }
+    if (now - checked >= kPeerCheck && h->generation.load(std::memory_order_acquire) == round) {
+      checked = now;
+      CheckPeers();
+    }
   }
   return Slots(parity_);
+}
+
+void LocalRounds::CheckPeers() const {
+  std::string ranks, pids;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const int pid = static_cast<int>(pids_[static_cast<size_t>(r)]);
+    bool gone = kill(pid, 0) != 0 && errno == ESRCH;
+    if (!gone) {
+      // A process that was killed but not yet reaped by its parent is a zombie: gone too.
+      char state = 0;
+      if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r")) {
+        if (std::fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = 0;
+        std::fclose(f);
+      }
+      gone = state == 'Z' || state == 'X';
+    }
+    if (!gone) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    pids += (pids.empty() ? "" : ", ") + std::to_string(pid);
+  }
+  if (!ranks.empty())
+    throw TransportError(
+        StatusCode::kAborted,
+        Concat("rank ", rank_, ": rank(s) ", ranks, " left the job (process(es) ", pids,
+               " on this host exited while this rank waited for them in a "
+               "round through shared memory)"));
 }
 
 }  // namespace bluefog

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "transport/shared_heap.h"
 
@@ -46,9 +47,13 @@ class LocalRounds {
   // Exchange in two halves: Arrive marks this rank's slot of the round filled; Await waits for
   // the other ranks of the round Arrive joined, at most `limit` (negative: as long as it takes),
   // and returns nullptr when that ran out (the round stays open: a later Await, from any thread
-  // that took the rounds over, finishes it).
+  // that took the rounds over, finishes it). A peer whose process is gone would never arrive:
+  // every kPeerCheck of waiting its processes are looked at, and a dead one ends the wait with
+  // TransportError(kAborted) naming it (what a lost rank's broken connection does on a backend's
+  // own rounds).
   void Arrive();
   const char* Await(const std::function<void()>& on_wait, std::chrono::microseconds limit);
+  static constexpr std::chrono::milliseconds kPeerCheck{100};
 
   // Rank `rank`'s data area, data_bytes() long, shared by every rank.
   char* data(int rank) {
@@ -62,6 +67,8 @@ class LocalRounds {
   struct Header;
   LocalRounds(void* base, size_t bytes, int rank, int size, size_t slot_bytes, size_t data_bytes);
   char* Slots(uint64_t parity);
+  // Throws when a peer's process has exited (or is a zombie).
+  void CheckPeers() const;
 
   void* base_;
   size_t bytes_;
@@ -74,6 +81,7 @@ class LocalRounds {
   uint32_t waiting_ = 0;  // the round Arrive joined last
   uint64_t parity_ = 0;   // its slots
   std::shared_ptr<SharedHeap> heap_;
+  std::vector<int64_t> pids_;  // every rank's process id, gathered at Create
 };
 
 }  // namespace bluefog
