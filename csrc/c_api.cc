@@ -38,6 +38,13 @@ extern "C" {
 int bluefog_init(void) {
   return Guard([] { bluefog::Runtime::Get().Init(); });
 }
+int bluefog_init_with(const char* const* keys, const char* const* values, int count) {
+  return Guard([&] {
+    bluefog::Config::Settings settings;
+    for (int i = 0; i < count; ++i) settings[keys[i]] = values[i];
+    bluefog::Runtime::Get().Init(settings);
+  });
+}
 int bluefog_shutdown(void) {
   return Guard([] { bluefog::Runtime::Get().Shutdown(); });
 }

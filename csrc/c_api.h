@@ -7,6 +7,10 @@ extern "C" {
 #endif
 
 int bluefog_init(void);
+// bluefog_init with `count` settings (keys[i] = values[i], variable names as in the
+// environment) that take precedence over the process's environment: how the Python layer hands
+// over what it merged, without writing the environment.
+int bluefog_init_with(const char* const* keys, const char* const* values, int count);
 int bluefog_shutdown(void);
 int bluefog_is_initialized(void);
 int bluefog_rank(void);  // -1 when not initialized

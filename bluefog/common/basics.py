@@ -52,6 +52,8 @@ def _load() -> ctypes.CDLL:
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                                       ctypes.c_int]
+            lib.bluefog_init_with.argtypes = [ctypes.POINTER(ctypes.c_char_p),
+                                              ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
             lib.bluefog_tuning_get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
             lib.bluefog_tuning_set.argtypes = [ctypes.c_char_p, ctypes.c_longlong,
                                                ctypes.POINTER(ctypes.c_longlong)]
@@ -76,6 +78,9 @@ HorovodInternalError = BluefogInternalError
 # before (the Gloo backend, elastic resets): the front ends forget what belonged to the old job.
 _reinit_hooks: List = []
 _ever_initialized = [False]
+# An in-place elastic worker's settings from its environment (HOROVOD_* aliases, TF_CONFIG),
+# merged once and handed to every round's init with that round's variables.
+_elastic_base: List[Dict[str, str]] = [{}]
 
 
 def register_reinit_hook(hook) -> None:
@@ -86,6 +91,29 @@ def register_reinit_hook(hook) -> None:
 def _check(code: int) -> None:
     if code != 0:
         raise BluefogError(_load().bluefog_last_error().decode("utf-8", "replace"))
+
+
+def _init_with(settings: Dict[str, str]) -> int:
+    """The core's init with ``settings`` (variable name -> value) taking precedence over the
+    process environment's: the configuration flows to C++ as values, and ``os.environ`` is
+    left as the launcher set it."""
+    keys = (ctypes.c_char_p * len(settings))(*(k.encode() for k in settings))
+    values = (ctypes.c_char_p * len(settings))(*(v.encode() for v in settings.values()))
+    return _load().bluefog_init_with(keys, values, len(settings))
+
+
+def _merged_settings() -> Dict[str, str]:
+    """What this process's environment means for bluefog beyond its own ``BLUEFOG_*`` names:
+    ``HOROVOD_*`` aliases (the notice printed once on rank 0) and ``TF_CONFIG``'s rendezvous.
+    Only the values that differ from the environment are returned."""
+    merged = dict(os.environ)
+    horovod_env.apply_and_announce(merged)
+    try:
+        rendezvous = tf_config.rendezvous_from_tf_config(merged)
+    except ValueError as e:
+        raise BluefogError(str(e)) from None
+    merged.update(rendezvous or {})
+    return {k: v for k, v in merged.items() if os.environ.get(k) != v}
 
 
 def _tuning(knob: str) -> int:
@@ -157,14 +185,7 @@ def init(process_sets=None, comm=None) -> None:
     elif elastic_rounds.active():
         _init_elastic_round()
     else:
-        horovod_env.apply_and_announce(os.environ)
-        try:
-            rendezvous = tf_config.rendezvous_from_tf_config(os.environ)
-        except ValueError as e:
-            raise BluefogError(str(e)) from None
-        if rendezvous:
-            os.environ.update(rendezvous)
-        _check(_load().bluefog_init())
+        _check(_init_with(_merged_settings()))
         _after_new_job()
     if not _atexit_registered:
         atexit.register(shutdown)
@@ -177,12 +198,11 @@ def init(process_sets=None, comm=None) -> None:
 def _init_elastic_round() -> None:
     """Under an elastic ``bfrun --gloo``: joins the driver's newest round that includes this
     worker; when that round's rendezvous fails (a rank of it died meanwhile), the next one."""
-    if _ever_initialized[0] is False:
-        horovod_env.apply_and_announce(os.environ)
+    base = _merged_settings() if _ever_initialized[0] is False else _elastic_base[0]
+    _elastic_base[0] = base
     while True:
         round_id, variables = elastic_rounds.join_next_round()
-        os.environ.update(variables)
-        code = _load().bluefog_init()
+        code = _init_with({**base, **variables})
         if code == 0:
             break
         message = _load().bluefog_last_error().decode("utf-8", "replace")

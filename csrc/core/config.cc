@@ -217,8 +217,11 @@ bool Config::UseGloo() const {
   return true;
 }
 
-Config Config::FromEnvironment() {
-  const auto live = [](const char* name) -> const char* { return std::getenv(name); };
+Config Config::FromEnvironment(const Settings& settings) {
+  const auto live = [&settings](const char* name) -> const char* {
+    const auto it = settings.find(name);
+    return it != settings.end() ? it->second.c_str() : std::getenv(name);
+  };
   // /proc/self/environ keeps the environment the process was exec'd with, whatever setenv did
   // since; where it cannot be read (no /proc), the live environment is all there is.
   static const std::optional<std::map<std::string, std::string>> initial = [] {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 namespace bluefog {
@@ -115,7 +116,11 @@ struct Config {
   // when null). Throws BluefogError(kInvalidArgument) naming the variable on a malformed value.
   using Lookup = std::function<const char*(const char*)>;
   static Config FromLookup(const Lookup& lookup, const Lookup& launcher_lookup = nullptr);
-  static Config FromEnvironment();
+  // The process's environment, with `settings` (variable name to value) taking precedence over
+  // it: what the Python layer merged (TF_CONFIG's rendezvous, HOROVOD_* aliases, an elastic
+  // round's variables) arrives as values, never written into the environment.
+  using Settings = std::map<std::string, std::string>;
+  static Config FromEnvironment(const Settings& settings = {});
 };
 
 }  // namespace bluefog

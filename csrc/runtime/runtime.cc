@@ -47,7 +47,7 @@ std::string Runtime::ForkedChildError(const std::string& what) const {
                 "method) and give each its own job.");
 }
 
-void Runtime::Init() {
+void Runtime::Init(const Config::Settings& settings) {
   if (forked())  // before the lock: the parent's thread may have held it at the fork
     throw BluefogError(StatusCode::kPrecondition, ForkedChildError("bluefog init"));
   std::lock_guard<std::mutex> guard(InitMutex());
@@ -62,7 +62,7 @@ void Runtime::Init() {
                  "backend, which can be initialized again)."));
     ResetEndedJob();
   }
-  config_ = Config::FromEnvironment();
+  config_ = Config::FromEnvironment(settings);
   std::promise<void> started;
   std::future<void> ready = started.get_future();
   thread_ = std::thread(&Runtime::Main, this, &started);

@@ -31,8 +31,9 @@ class Runtime {
   // may run again after a shutdown or a failure (a lost peer): everything of the earlier job
   // (channels, process sets, windows, the transport) is dropped and a new job is joined, as
   // the variables say now (an elastic round). MPI cannot be restarted: there it throws.
-  // Throws BluefogError.
-  void Init();
+  // `settings` take precedence over the environment's variables of the same names
+  // (Config::FromEnvironment). Throws BluefogError.
+  void Init(const Config::Settings& settings = {});
   // Stops every rank's runtime: pending requests fail with a "shut down" error. Idempotent.
   void Shutdown();
 

@@ -47,17 +47,20 @@ def test_init_maps_the_environment_and_a_refused_argument_starts_nothing():
         assert not bf.is_initialized()
         bf.init(process_sets="dynamic")
         import os
-        print("fusion", os.environ["BLUEFOG_FUSION_THRESHOLD"], bf.size())
+        from bluefog.common import basics
+        # Handed to the core as values: the environment stays as the launcher set it.
+        print("hierarchical", basics._tuning("hierarchical"), bf.size(),
+              sorted(k for k in os.environ if k.startswith("BLUEFOG_")))
     """)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_", "BLUEFOG_", "OMPI_COMM_WORLD"))}
     env.update(HOROVOD_FUSION_THRESHOLD="2097152", HOROVOD_LOG_LEVEL="FATAL",
-               BLUEFOG_LOG_LEVEL="WARNING", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+               HOROVOD_HIERARCHICAL_ALLREDUCE="0", BLUEFOG_LOG_LEVEL="WARNING",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused: bluefog init: process_sets must be" in result.stdout
-    assert "fusion 2097152 1" in result.stdout
+    assert "hierarchical 0 1 ['BLUEFOG_LOG_LEVEL']" in result.stdout, result.stdout
     assert result.stderr.count("Horovod environment variables read as bluefog's") == 1
     assert "HOROVOD_LOG_LEVEL -> not used, BLUEFOG_LOG_LEVEL is set" in result.stderr
