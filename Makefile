@@ -42,7 +42,10 @@ $(VENV)/.deps-stamp: requirements.txt
 	fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	@# Not quiet: TensorFlow and Ray take minutes to download the first time, and pip's lines
+	@# (progress bars at a terminal) show that it moves. Later runs skip this (the stamp).
+	@echo "Installing the Python packages of requirements.txt into $(VENV) (a few minutes the first time)..."
+	$(PY) -m pip install -r requirements.txt
 	@touch $@
 
 # The package (C++ core + TF ops + Python) built with CMake through scikit-build-core and
