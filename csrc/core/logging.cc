@@ -26,9 +26,7 @@ void SetLogContext(LogLevel level, int rank) {
 
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
-void LogLine(LogLevel level, const std::string& message) {
-  LogLine(level, g_rank.load(), message);
-}
+void LogLine(LogLevel level, const std::string& message) { LogLine(level, g_rank.load(), message); }
 
 void LogLine(LogLevel level, int rank, const std::string& message) {
   // One fprintf per line so lines of concurrent threads do not interleave.
