@@ -131,6 +131,10 @@ def test_a_handled_loss_prints_one_calm_line_per_survivor():
         job.kill()
     assert job.proc.returncode == 0, out[-6000:]
     assert "DYING worker 2 at step 8" in out, out[-6000:]
+    # The cause, then its effect.
+    cause = out.index("bfrun: elastic: worker 2 (rank 2 of round 0, on localhost) killed by "
+                      "signal SIGKILL")
+    assert cause < out.index("bfrun: elastic: host localhost blacklisted for good"), out[-6000:]
     for w in ("0", "1"):
         lines = [line for line in out.splitlines() if line.startswith(f"[{w}] ")]
         calm = [line for line in lines if "re-forming the job in place" in line]
