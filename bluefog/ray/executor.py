@@ -30,7 +30,7 @@ try:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except ImportError as e:  # pragma: no cover - exercised only without Ray
-    raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
+    raise ImportError("bluefog.ray needs Ray: pip install ray"
                       ) from e
 
 from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _plain, _summary

@@ -11,7 +11,7 @@ import pytest
 
 from mpi_jobs import PYTHON, run_job
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'bluefog-tf[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install ray)")
 
 DRIVER_TIMEOUT_S = 420  # ~50 s measured: cluster start, 4 jobs, TensorFlow imports on 2 cores
 
