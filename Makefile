@@ -42,7 +42,10 @@ $(VENV)/.deps-stamp: requirements.txt
 	fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	@# Not quiet: TensorFlow and Ray take minutes to download the first time, and pip's lines
+	@# (progress bars at a terminal) show that it moves. Later runs skip this (the stamp).
+	@echo "Installing the Python packages of requirements.txt into $(VENV) (a few minutes the first time)..."
+	$(PY) -m pip install -r requirements.txt
 	@touch $@
 
 # The package (C++ core + TF ops + Python) built with CMake through scikit-build-core and
@@ -153,9 +156,18 @@ bench-horovod: build
 bench-gloo: build
 	$(PY) bench/gloo_vs_mpi.py
 
-# The source distribution (dist/bluefog_tf-<version>.tar.gz), built as a user would.
-sdist: $(VENV)/.deps-stamp
-	rm -rf dist && $(PY) -m build --sdist --outdir dist . >/dev/null && ls dist/*.tar.gz
+# The source distribution (dist/bluefog_tf-<version>.tar.gz). It needs only `build` and the
+# build backend, in a small venv of its own (build/sdist-venv), not the dev environment: no
+# TensorFlow, no compiler (examples/kubernetes/Dockerfile compiles it).
+SDIST_VENV ?= build/sdist-venv
+sdist: $(SDIST_VENV)/.stamp
+	rm -rf dist && $(SDIST_VENV)/bin/python -m build --sdist --no-isolation --outdir dist . \
+	  >/dev/null && ls dist/*.tar.gz
+
+$(SDIST_VENV)/.stamp:
+	@[ -x $(SDIST_VENV)/bin/python ] || $(PYTHON) -m venv $(SDIST_VENV)
+	$(SDIST_VENV)/bin/python -m pip install -q build 'scikit-build-core>=0.8'
+	@touch $@
 
 # Every supported TensorFlow (2.16 ... 2.21, the cpu wheels): a fresh venv each under
 # build/tf-matrix, bluefog installed from the sdist with the documented pip command, and the

@@ -508,7 +508,26 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
+class ProcessSetNotRegisteredError(ValueError, KeyError):
+    """A process set looked up by id is not registered (removed, or never added). A KeyError
+    for the lookup, a ValueError as the other "not registered" errors; printed as its
+    message, not as a quoted key."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def process_set_by_id(set_id: int) -> ProcessSet:
-    """The registered ProcessSet with this id (0: the global set); KeyError if none."""
+    """The registered ProcessSet with this id (0: the global set); raises
+    ProcessSetNotRegisteredError (a KeyError) if none."""
     with _sets_lock:
-        return _registered[set_id]
+        found = _registered.get(set_id)
+    if found is None:
+        who = f"rank {rank()}: " if is_initialized() else ""
+        raise ProcessSetNotRegisteredError(
+            f"{who}bluefog: process set {set_id} is not registered: it was removed with "
+            f"remove_process_set (or never added on this rank). An op, a gradient tape or an "
+            f"optimizer made with that set cannot run (nor take gradients) after its removal: "
+            f"remove the set only once they are done, or add it again with add_process_set and "
+            f"record the tape (or make the optimizer) again with the new set")
+    return found

@@ -4,7 +4,7 @@
 (rank 0's node address, a free port, a per-job token) and runs functions on all of them; each
 function calls ``bf.init()`` and trains as under any launcher. The names and arguments are
 Horovod's (``horovod.ray.RayExecutor``). Ray is an optional dependency:
-``pip install 'bluefog-tf[ray]'`` (or ``pip install ray``). ``ElasticRayExecutor`` (and
+``pip install ray``. ``ElasticRayExecutor`` (and
 ``RayExecutor(min_workers=...)``) runs elastic jobs whose workers survive a lost actor.
 """
 

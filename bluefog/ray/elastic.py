@@ -28,7 +28,7 @@ try:
     from ray.exceptions import RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError as e:  # pragma: no cover - exercised only without Ray
-    raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
+    raise ImportError("bluefog.ray needs Ray: pip install ray"
                       ) from e
 
 from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _summary

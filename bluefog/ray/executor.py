@@ -30,10 +30,35 @@ try:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except ImportError as e:  # pragma: no cover - exercised only without Ray
-    raise ImportError("bluefog.ray needs Ray: pip install 'bluefog-tf[ray]' (or pip install ray)"
+    raise ImportError("bluefog.ray needs Ray: pip install ray"
                       ) from e
 
 from bluefog.ray.common import _LAUNCHER_PREFIXES, _RENDEZVOUS, _plain, _summary
+
+_WAIT_NOTE_S = 5.0  # how often start() says that it still waits for room
+
+
+def fits(bundles: List[Dict[str, float]], strategy: str,
+         nodes: List[Dict[str, float]]) -> bool:
+    """Whether the nodes (each one's total resources) could hold the placement group if
+    nothing else ran: with PACK the bundles anywhere, with STRICT_SPREAD each on its own node.
+    The bundles are alike (one per worker, or one per host)."""
+    need = {k: v for k, v in bundles[0].items() if v > 0}
+
+    def per_node(node: Dict[str, float]) -> int:
+        return int(min(node.get(k, 0.0) // v for k, v in need.items())) if need else len(bundles)
+
+    counts = [per_node(n) for n in nodes]
+    if strategy == "STRICT_SPREAD":
+        return sum(1 for c in counts if c >= 1) >= len(bundles)
+    return sum(counts) >= len(bundles)
+
+
+def _node_summary(nodes: List[Dict[str, float]], need: Dict[str, float]) -> str:
+    """Each node's amount of the resources a worker needs, e.g. ``2 nodes: {'CPU': 2.0},
+    {'CPU': 2.0}``."""
+    each = ", ".join(str({k: n.get(k, 0.0) for k in need}) for n in nodes)
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {each}" if nodes else "no nodes"
 
 
 @dataclasses.dataclass
@@ -42,7 +67,11 @@ class RaySettings:
 
     timeout_s: how long the rendezvous waits for every worker and a collective for its peers
         (the workers' ``BLUEFOG_GLOO_TIMEOUT``).
-    placement_group_timeout_s: how long ``start()`` waits for Ray to find room for the workers.
+    placement_group_timeout_s: how long ``start()`` waits for Ray to find room for the workers
+        (it says so every few seconds while it waits).
+    autoscaling: the cluster adds nodes on demand (an autoscaler, KubeRay's included). When
+        False, a request that the cluster's nodes could not hold even with nothing else running
+        fails at once instead of waiting ``placement_group_timeout_s``.
     failure_grace_s: once a worker failed, how long the others get to end before ``run()``
         reports them as not finished.
     """
@@ -50,6 +79,7 @@ class RaySettings:
     timeout_s: int = 300
     placement_group_timeout_s: int = 100
     failure_grace_s: float = 30.0
+    autoscaling: bool = False
 
 
 class WorkerFailedError(RuntimeError):
@@ -160,13 +190,15 @@ class RayExecutor:
     @classmethod
     def create_settings(cls, timeout_s: int = 300, ssh_identity_file: Optional[str] = None,
                         ssh_str: Optional[str] = None, placement_group_timeout_s: int = 100,
-                        failure_grace_s: float = 30.0) -> RaySettings:
-        """Settings for the executor. ``ssh_identity_file`` and ``ssh_str`` are accepted for
-        Horovod's signature and unused: the workers connect over Gloo, without SSH."""
+                        failure_grace_s: float = 30.0,
+                        autoscaling: bool = False) -> RaySettings:
+        """Settings for the executor (their meaning: RaySettings). ``ssh_identity_file`` and
+        ``ssh_str`` are accepted for Horovod's signature and unused: the workers connect over
+        Gloo, without SSH."""
         del ssh_identity_file, ssh_str
         return RaySettings(timeout_s=timeout_s,
                            placement_group_timeout_s=placement_group_timeout_s,
-                           failure_grace_s=failure_grace_s)
+                           failure_grace_s=failure_grace_s, autoscaling=autoscaling)
 
     def __init__(self, settings: Optional[RaySettings] = None,
                  num_workers: Optional[int] = None, num_hosts: Optional[int] = None,
@@ -254,15 +286,34 @@ class RayExecutor:
         else:
             bundles = [dict(per_worker) for _ in range(self.num_workers)]
             strategy = "PACK"
+        what = f"{self.num_workers} workers ({per_worker} each, {strategy})"
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        if not self.settings.autoscaling and not fits(bundles, strategy, nodes):
+            raise RuntimeError(
+                f"bluefog.ray: Ray has no room for {what}, and never will: its nodes have "
+                f"{_node_summary(nodes, per_worker)}. Ask for fewer or smaller workers, or add "
+                f"nodes; if the cluster adds nodes itself (an autoscaler), pass "
+                f"create_settings(autoscaling=True) and start() waits for them")
         group = placement_group(bundles, strategy=strategy)
-        ready, _ = ray.wait([group.ready()], timeout=self.settings.placement_group_timeout_s)
+        limit = self.settings.placement_group_timeout_s
+        started = time.monotonic()
+        ready: List[Any] = []
+        while not ready:
+            waited = time.monotonic() - started
+            if waited >= limit:
+                break
+            ready, _ = ray.wait([group.ready()], timeout=min(_WAIT_NOTE_S, limit - waited))
+            if not ready and time.monotonic() - started < limit:
+                print(f"bluefog.ray: waiting for Ray to find room for {what} "
+                      f"({time.monotonic() - started:.0f} s of {limit}); free now: "
+                      f"{ray.available_resources()}", file=sys.stderr, flush=True)
         if not ready:
             remove_placement_group(group)
             raise RuntimeError(
-                f"bluefog.ray: Ray found no room for {self.num_workers} workers "
-                f"({per_worker} each, {strategy}) within {self.settings.placement_group_timeout_s}"
-                f" s; the cluster has {ray.cluster_resources()}. Ask for fewer or smaller "
-                f"workers, or add nodes")
+                f"bluefog.ray: Ray found no room for {what} within {limit} s; the cluster has "
+                f"{ray.cluster_resources()}, of which {ray.available_resources()} is free. "
+                f"Ask for fewer or smaller workers, end what holds the rest, or raise "
+                f"placement_group_timeout_s")
         return group
 
     def start(self, executable_cls: Optional[type] = None,

@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                         "a later bfrun with the same folder resumes from it (default: a "
                         "temporary folder, removed on success)")
     gloo_launch.add_arguments(p)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="do not print the 'starting N ranks on H hosts' line")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command")
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpirun command and exit without running it")
@@ -173,6 +175,27 @@ def build_command(args: argparse.Namespace, mpirun: str, env: Dict[str, str]) ->
     cmd += user_args
     cmd += args.command
     return cmd
+
+
+def hosts_used(np_: int, hosts: Optional[str], hostfile: Optional[str]) -> Optional[int]:
+    """How many hosts Open MPI's default mapping (by slot, hosts in order) puts `np_` ranks on;
+    None when the hostfile cannot be read (mpirun then says why)."""
+    if hosts:
+        return len(elastic_hosts.assign(elastic_hosts.parse_host_spec(hosts), np_))
+    if not hostfile:
+        return 1
+    try:
+        with open(hostfile) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    slots = []
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if words:
+            counts = [w.partition("=")[2] for w in words[1:] if w.startswith("slots=")]
+            slots.append((words[0], int(counts[0]) if counts and counts[0].isdigit() else 1))
+    return len(elastic_hosts.assign(slots, np_)) or None
 
 
 def _run_child(mpirun: str, cmd: List[str], env: Dict[str, str], path: Optional[str],
@@ -298,6 +321,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bfrun: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
+    if not args.quiet:
+        print(elastic_hosts.starting_line(args.np, hosts_used(args.np, args.hosts, args.hostfile)),
+              file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     merged = timeline_to_merge(args, env)

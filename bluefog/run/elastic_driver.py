@@ -265,13 +265,26 @@ class ElasticDriver:
 
     # -- the job -------------------------------------------------------------------------------
 
-    def fail(self, why: str) -> int:
+    def fail(self, why: str, hint: str = "") -> int:
         lost = f" Lost: {eh.describe(self.lost)}." if self.lost else ""
         log(f"giving up: {why}.{lost}")
+        if hint:
+            log(hint)
         if self.resets or self.lost:
             log(f"the last commit stays in {self.state_dir} on the hosts that made it; to "
                 f"resume from it, run the job again with --state-dir {self.state_dir}")
         return 1
+
+    def _blacklist_hint(self, now: float) -> str:
+        """What to change when hosts blacklisted for good are why too few slots remain (on
+        one host, the first lost rank)."""
+        gone = [h for h in self.blacklist.excluded(now) if self.blacklist.until(h) == float("inf")]
+        if not gone:
+            return ""
+        return (f"{', '.join(gone)} blacklisted for good after a failure, as this mode does "
+                f"without --blacklist-cooldown-range MIN MAX (with it, a failed host takes "
+                f"workers again after MIN to MAX s). Or run with --gloo: the workers that "
+                f"survive re-form the job in place, on the same hosts, and go on")
 
     def run(self) -> int:
         signal.signal(signal.SIGINT, self.stop)
@@ -284,8 +297,10 @@ class ElasticDriver:
             if self.stopping:
                 return self.stopped(launched)
             if hosts is None:
-                have = eh.total_slots(self.target(time.time()))
-                return self.fail(f"{have} slot(s) left, below --min-np {self.args.min_np}")
+                now = time.time()
+                have = eh.total_slots(self.target(now))
+                return self.fail(f"{have} slot(s) left, below --min-np {self.args.min_np}",
+                                 self._blacklist_hint(now))
             launched = hosts
             rc = self.launch(hosts)
             ended = time.time()

@@ -186,3 +186,11 @@ def describe(hosts: Iterable[Tuple[str, str]]) -> str:
 def changed(a: Sequence[Tuple[str, int]], b: Sequence[Tuple[str, int]]) -> bool:
     """Whether two slot assignments differ (a new order alone is no reason to relaunch)."""
     return sorted(a) != sorted(b)
+
+
+def starting_line(np_: int, hosts: Optional[int]) -> str:
+    """What bfrun prints as it starts a job of `np_` ranks on `hosts` hosts (None: not known);
+    left out with -q."""
+    ranks = f"{np_} rank{'s' if np_ != 1 else ''}"
+    where = f" on {hosts} host{'s' if hosts != 1 else ''}" if hosts else ""
+    return f"bfrun: starting {ranks}{where}"

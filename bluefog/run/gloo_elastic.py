@@ -283,14 +283,14 @@ class GlooElasticDriver:
                 code = w.proc.returncode
                 if code == 0:
                     continue
-                if not w.stopped:
-                    self._blacklist(w.host, now)
                 how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
                        else f"exited with status {code}")
                 where = (f"rank {self.members.index(w.wid)} of round {self.round}"
                          if w.wid in self.members else "not yet in a round")
                 self.lost.append(f"worker {w.wid} on {w.host} ({how})")
-                log(f"worker {w.wid} ({where}, on {w.host}) {how}")
+                log(f"worker {w.wid} ({where}, on {w.host}) {how}")  # the cause, then its effect
+                if not w.stopped:
+                    self._blacklist(w.host, now)
                 dead.append(w.wid)
                 if w.wid in self.joining:
                     self.joining.remove(w.wid)

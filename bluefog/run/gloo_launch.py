@@ -379,6 +379,9 @@ def main(args: argparse.Namespace,
                   f"rendezvous {addr}:{port}: {shlex.join(args.command)}", file=sys.stderr)
         if args.dry_run:
             return 0
+    if not args.quiet:
+        print(elastic_hosts.starting_line(len(ranks), len({r.host for r in ranks})),
+              file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     stopped: List[int] = []

@@ -32,8 +32,7 @@ from typing import Dict, List, Optional, Sequence
 from bluefog.run import elastic_hosts, gloo_launch, horovod_flags
 
 DEFAULT_PROFILE = "bluefog"
-INSTALL_HINT = ("ibfrun runs its cluster with ipyparallel: pip install 'bluefog-tf[interactive]' "
-                "(or pip install ipyparallel)")
+INSTALL_HINT = "ibfrun runs its cluster with ipyparallel: pip install ipyparallel"
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _CLIENT_FILE = "ipcontroller-client.json"
 _ENGINE_FILE = "ipcontroller-engine.json"

@@ -24,6 +24,8 @@ import contextlib
 import dataclasses
 import math
 import threading
+import warnings
+import weakref
 from typing import Dict, List, Optional, Union
 
 import numpy as np
@@ -50,6 +52,11 @@ class _Window:
     # win_create.
     self_weight: float
     neighbor_weights: Dict[int, float]
+    # The tf.Tensor the window was made from (weakly): Bluefog's in-place idiom, win_put(x)
+    # then win_update(name) in a loop, would keep putting it unchanged; warned once.
+    source: Optional[weakref.ref] = None
+    updated: bool = False
+    warned: bool = False
 
 
 _lock = threading.Lock()
@@ -191,14 +198,19 @@ def win_create(tensor: Union[tf.Tensor, tf.Variable], name: str, zero_init: bool
             nw = {r: self_weight for r in in_ranks}
         ops.bluefog_win_create(value, name_input(name), const_input(in_ranks, tf.int32),
                                const_input(out_ranks, tf.int32), zero_init=zero_init)
+        source = None
         if isinstance(tensor, tf.Variable):
             variable = tensor
         else:
             variable = tf.Variable(value, trainable=False, name=f"bluefog_window_{name}")
+            try:
+                source = weakref.ref(tensor)
+            except TypeError:  # a numpy array or a list: no object the user could put again
+                pass
     with _lock:
         _lost.discard(name)
         _windows[name] = _Window(variable, in_ranks, out_ranks, float(self_weight),
-                                 {int(r): float(w) for r, w in nw.items()})
+                                 {int(r): float(w) for r, w in nw.items()}, source)
     return True
 
 
@@ -231,9 +243,25 @@ def window_names() -> List[str]:
         return sorted(_windows)
 
 
+def _warn_if_stale(op: str, name: str, w: _Window, tensor) -> None:
+    """Warns once per window when `tensor` is the tf.Tensor the window was made from and
+    win_update has changed the window since: that tensor still holds the first value."""
+    if w.warned or not w.updated or w.source is None or w.source() is not tensor:
+        return
+    w.warned = True
+    warnings.warn(
+        f"{_prefix(op, name)}: this is the tf.Tensor the window was made from, and win_update "
+        f"cannot change a tensor in place (TensorFlow tensors are immutable): the update went to "
+        f"bf.window_variable({name!r}), so this rank keeps putting its first value and never "
+        f"mixes. Make the window from a tf.Variable (x = tf.Variable(x) before bf.win_create), "
+        f"which win_update updates in place, or put the value win_update returns "
+        f"(x = bf.win_update({name!r}))", UserWarning, stacklevel=4)
+
+
 def _put(tensor, name, self_weight, dst_weights, require_mutex, accumulate):
     op = "win_accumulate" if accumulate else "win_put"
     w = _window(op, name)
+    _warn_if_stale(op, name, w, tensor)
     tensor = _check_tensor(op, name, tensor, w)
     ranks, weights = _ranks_weights(op, name, dst_weights, w.out_ranks, "dst_weights",
                                     {r: 1.0 for r in w.out_ranks})
@@ -364,6 +392,7 @@ def win_update(name: str, self_weight: Optional[float] = None,
                       publish=not clone)
         if not clone:
             w.variable.assign(out)
+            w.updated = True
     return out
 
 

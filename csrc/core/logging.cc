@@ -26,10 +26,11 @@ void SetLogContext(LogLevel level, int rank) {
 
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
-void LogLine(LogLevel level, const std::string& message) {
+void LogLine(LogLevel level, const std::string& message) { LogLine(level, g_rank.load(), message); }
+
+void LogLine(LogLevel level, int rank, const std::string& message) {
   // One fprintf per line so lines of concurrent threads do not interleave.
-  std::fprintf(stderr, "[bluefog rank %d] %s: %s\n", g_rank.load(), LevelName(level),
-               message.c_str());
+  std::fprintf(stderr, "[bluefog rank %d] %s: %s\n", rank, LevelName(level), message.c_str());
 }
 
 }  // namespace bluefog

@@ -9,6 +9,8 @@ namespace bluefog {
 void SetLogContext(LogLevel level, int rank);
 bool LogEnabled(LogLevel level);
 void LogLine(LogLevel level, const std::string& message);
+// For lines written before SetLogContext knows the rank (a transport's rendezvous).
+void LogLine(LogLevel level, int rank, const std::string& message);
 
 #define BF_LOG(level, ...)                                                                       \
   do {                                                                                           \

@@ -297,7 +297,10 @@ void Channel::Finish(const std::string& name, const Status& status) {
 }
 
 void Channel::Abandon(const std::string& reason) {
-  BF_LOG(LogLevel::kError, reason);
+  // In an elastic round (bfrun --gloo --min-np) a lost rank is expected: bf.elastic.run
+  // re-forms the job and says so in one line, and any other caller gets the reason in the
+  // error of its collective. Elsewhere the job is over, which deserves an ERROR.
+  BF_LOG(config_.gloo_external_store ? LogLevel::kInfo : LogLevel::kError, reason);
   std::lock_guard<std::mutex> lock(mutex_);
   // The exchange that threw may still be pending; MPI cannot be finalized (nor this
   // communicator freed) over it. The process then exits without MPI_Finalize, which makes

@@ -35,6 +35,9 @@ def main():
     p.add_argument("--commit-every", type=int, default=5)
     p.add_argument("--step-ms", type=float, default=30)
     p.add_argument("--die", action="append", default=[])
+    p.add_argument("--graph", action="store_true",
+                   help="the step's allreduce inside a tf.function (a lost rank then surfaces "
+                        "as TensorFlow's 'Graph execution error')")
     args = p.parse_args()
     me = os.environ.get("BLUEFOG_ELASTIC_WORKER", "")
     deaths = {}
@@ -73,10 +76,15 @@ def main():
             print(f"DYING worker {me} {at} t={time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def count():
+        return bf.allreduce(tf.constant(1.0), average=False)
+
+    step_sum = tf.function(count) if args.graph else count
+
     @bf.elastic.run
     def train(state):
         while state.step < args.steps:
-            n = bf.allreduce(tf.constant(1.0), average=False)
+            n = step_sum()
             counter.assign_add(1.0)
             state.step += 1
             if bf.rank() == 0:

@@ -272,3 +272,28 @@ def test_rank_tags_are_on_whole_lines():
     for line in result.stderr.splitlines() + result.stdout.splitlines():
         assert len(re.findall(r"\[1,\d\]<std(?:out|err)>:", line)) <= 1, line
     assert "exited on signal" in result.stderr or "non-zero status" in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["mpirun", "gloo"])
+def test_says_how_many_ranks_it_starts_unless_quiet(backend):
+    launcher = ["--gloo"] if backend == "gloo" else []
+    if backend == "mpirun" and shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
+    result = bfrun(launcher + ["-np", "2", "-H", "localhost:2", sys.executable, "-c", "pass"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bfrun: starting 2 ranks on 1 host\n" in result.stderr, result.stderr
+    quiet = bfrun(launcher + ["-q", "-np", "2", sys.executable, "-c", "pass"])
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert "starting" not in quiet.stderr, quiet.stderr
+
+
+def test_hosts_used_follows_open_mpis_mapping(tmp_path):
+    from bluefog.run.bfrun import hosts_used
+    assert hosts_used(4, None, None) == 1
+    assert hosts_used(4, "a:2,b:2,c:2", None) == 2
+    assert hosts_used(5, "a:2,b:2,c:2", None) == 3
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\na slots=4\nb slots=4\n\nc\n")
+    assert hosts_used(4, None, str(hostfile)) == 1
+    assert hosts_used(9, None, str(hostfile)) == 3
+    assert hosts_used(2, None, str(tmp_path / "none")) is None

@@ -51,3 +51,15 @@ def test_samples_run_at_two_ranks():
         stem = os.path.splitext(os.path.basename(path))[0]
         oks = re.findall(rf"{stem} ok rank (\d)", result.output)  # ranks interleave lines
         assert sorted(oks) == ["0", "1"], f"{stem} did not finish on both ranks:\n{result.tail()}"
+
+
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_collectives_sample_runs_at_three_ranks():
+    """docs/collectives.md's block works at any size, not only at the 2 ranks above."""
+    sample = os.path.join(REPO, "docs", "samples", "collectives.py")
+    result = run_job(mpirun_prefix(3) + [PYTHON, RUNNER, sample], timeout=TIMEOUT_S,
+                     env={"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1"})
+    assert not result.timed_out, f"the sample hung:\n{result.tail()}"
+    assert result.returncode == 0, f"the sample failed:\n{result.tail()}"
+    assert sorted(re.findall(r"collectives ok rank (\d)", result.output)) == ["0", "1", "2"], (
+        result.tail())

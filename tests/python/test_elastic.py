@@ -65,6 +65,11 @@ def test_below_min_np_ends_the_job_naming_what_was_lost(tmp_path):
     died = float(re.search(r"DYING rank 1 at ([\d.]+)", out).group(1))
     assert re.search(r"giving up: 0 slot\(s\) left, below --min-np 2\. Lost: localhost \(rank 1 "
                      r"exited on signal 9\)", out), out[-4000:]
+    # On one host that is the first lost rank: the way out is said.
+    hint = re.search(r"^bfrun: elastic: localhost blacklisted for good after a failure.*$", out,
+                     re.M)
+    assert hint and "--blacklist-cooldown-range MIN MAX" in hint.group(0), out[-4000:]
+    assert "run with --gloo" in hint.group(0), hint.group(0)
     assert "DONE" not in out
     assert f"run the job again with --state-dir {tmp_path / 'state'}" in out
     assert result.ended - died <= BELOW_MIN_BOUND_S, result.ended - died

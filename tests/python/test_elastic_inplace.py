@@ -168,6 +168,34 @@ def test_store_flood_then_a_lost_worker_still_reforms():
     assert sorted(done) == [("0", "2", "150", "150"), ("1", "2", "150", "150")], out[-6000:]
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_handled_loss_prints_one_calm_line_per_survivor():
+    """A recovery the job survives is not an error: each survivor says once, in one line,
+    which rank left; no ERROR line, no TensorFlow message cut to 'Graph execution error:'."""
+    job = BackgroundJob(bfrun("-np", "3", "--min-np", "2", "-H", "localhost:3", PYTHON,
+                              "tests/elastic/inplace_worker.py", "--steps", "20", "--graph",
+                              "--die", "2:8:step"))
+    try:
+        out = finish(job)
+    finally:
+        job.kill()
+    assert job.proc.returncode == 0, out[-6000:]
+    assert "DYING worker 2 at step 8" in out, out[-6000:]
+    # The cause, then its effect.
+    cause = out.index("bfrun: elastic: worker 2 (rank 2 of round 0, on localhost) killed by "
+                      "signal SIGKILL")
+    assert cause < out.index("bfrun: elastic: host localhost blacklisted for good"), out[-6000:]
+    for w in ("0", "1"):
+        lines = [line for line in out.splitlines() if line.startswith(f"[{w}] ")]
+        calm = [line for line in lines if "re-forming the job in place" in line]
+        assert len(calm) == 1, lines
+        assert re.fullmatch(rf"\[{w}\] bluefog elastic: worker {w} \(rank {w}\): a rank was "
+                            r"lost \(rank\(s\) [0-9, ]*2[0-9, ]* left the job\); re-forming the "
+                            r"job in place", calm[0]), calm[0]
+        assert not [line for line in lines if "ERROR" in line], lines
+        assert "Graph execution error" not in out, out[-6000:]
+
+
 @slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_discovered_slot_joins_at_the_next_commit(tmp_path):

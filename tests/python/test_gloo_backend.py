@@ -146,6 +146,24 @@ def test_missing_rank_is_named_after_the_timeout(tmp_path):
     assert "BLUEFOG_GLOO_TIMEOUT" in result.output
 
 
+def test_rendezvous_says_whom_it_waits_for(tmp_path):
+    job = _script(tmp_path, """
+        import bluefog.tensorflow as bf
+        bf.init()
+        """)
+    # Ranks 0 and 2 of 3 start; rank 1 never does. Both say so every few seconds, before the
+    # timeout ends the job.
+    result = run_gloo_job([PYTHON, job], 3, JOB_TIMEOUT_S, ranks=[0, 2],
+                          env={"BLUEFOG_GLOO_TIMEOUT": "12"})
+    assert not result.timed_out, result.tail()
+    for rank in (0, 2):
+        lines = re.findall(rf"\[bluefog rank {rank}\] WARNING: Gloo rendezvous at \S+: "
+                           r"waiting for rank\(s\) 1 of 3 \((\d+) s of 12\)", result.output)
+        assert len(lines) >= 2, result.tail()
+        assert 0 < int(lines[0]) < int(lines[1]) < 12, result.tail()
+    assert "rank(s) 1 of 3 never arrived" in result.output, result.tail()
+
+
 @pytest.mark.parametrize("mode", ["sigkill", "raise"])
 def test_lost_rank_ends_the_job(mode):
     """Rank 1 of 3 dies at step 20 of an allreduce loop (tests/faults/rank_fault.py): the

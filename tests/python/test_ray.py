@@ -5,12 +5,13 @@ here checks one case's report. Ray is in requirements.txt; without it the tests 
 """
 
 import json
+import re
 
 import pytest
 
 from mpi_jobs import PYTHON, run_job
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'bluefog-tf[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install ray)")
 
 DRIVER_TIMEOUT_S = 420  # ~50 s measured: cluster start, 4 jobs, TensorFlow imports on 2 cores
 
@@ -70,11 +71,46 @@ def test_failure_on_one_rank_ends_the_run_at_once(cases):
     assert "call start() again" in c["again"]
 
 
-def test_no_room_on_the_cluster_is_a_clear_error(cases):
-    c = case(cases, "no_room")
+@pytest.fixture(scope="module")
+def room_cases():
+    result = run_job([PYTHON, "tests/ray/ray_cases.py", "no_room", "busy"],
+                     timeout=DRIVER_TIMEOUT_S)
+    assert not result.timed_out, result.tail()
+    found = {"output": result.output}
+    for line in result.output.splitlines():
+        if line.startswith("CASE "):
+            case = json.loads(line[5:])
+            found[case["case"]] = case
+    return found
+
+
+def test_no_room_on_the_cluster_fails_at_once(room_cases):
+    c = case(room_cases, "no_room")
     assert c["raised"]
-    assert "no room for 9 workers" in c["message"]
-    assert c["seconds"] < 30
+    assert "no room for 9 workers" in c["message"] and "never will" in c["message"], c
+    assert "2 nodes: {'CPU': 2.0}, {'CPU': 2.0}" in c["message"], c
+    assert "autoscaling=True" in c["message"], c
+    assert c["seconds"] < 10, c  # not the 60 s of placement_group_timeout_s
+
+
+def test_a_busy_cluster_is_waited_for_saying_so(room_cases):
+    c = case(room_cases, "busy")
+    assert c["raised"] and "within 12 s" in c["message"], c
+    waits = re.findall(r"bluefog.ray: waiting for Ray to find room for 2 workers "
+                       r".*\((\d+) s of 12\)", room_cases["output"])
+    assert len(waits) >= 2, room_cases["output"][-3000:]
+
+
+def test_fits_counts_whole_bundles_per_node():
+    from bluefog.ray.executor import fits
+
+    nodes = [{"CPU": 2.0, "memory": 1e9}, {"CPU": 2.0}]
+    assert fits([{"CPU": 1}] * 4, "PACK", nodes)
+    assert not fits([{"CPU": 1}] * 5, "PACK", nodes)
+    assert not fits([{"CPU": 1.5}] * 3, "PACK", nodes)  # one per node
+    assert fits([{"CPU": 2}] * 2, "STRICT_SPREAD", nodes)
+    assert not fits([{"CPU": 1}] * 3, "STRICT_SPREAD", nodes)
+    assert not fits([{"CPU": 1, "GPU": 1}], "PACK", nodes)
 
 
 def test_bad_arguments_are_refused():

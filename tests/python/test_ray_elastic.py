@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mpi_jobs import PYTHON, run_job  # noqa: E402
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'bluefog-tf[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install ray)")
 
 TIMEOUT_S = 300
 slow = pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_ELASTIC") != "1",

@@ -113,8 +113,9 @@ def sums_and_executables():
 
 
 def no_room():
+    # 9 workers of 1 CPU on 2 nodes of 2 CPUs: never, so at once, not after the 60 s.
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=30,
-                                                       placement_group_timeout_s=3),
+                                                       placement_group_timeout_s=60),
                            num_workers=9)
     started = time.time()
     try:
@@ -124,18 +125,40 @@ def no_room():
         report("no_room", raised=True, message=str(e), seconds=round(time.time() - started, 1))
 
 
+def busy():
+    # Room for 2 workers exists, but another placement group holds 3 of the 4 CPUs: start()
+    # waits, says so, and gives up after its timeout.
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    other = placement_group([{"CPU": 2}, {"CPU": 1}], strategy="PACK")
+    ray.get(other.ready(), timeout=60)
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=30,
+                                                       placement_group_timeout_s=12),
+                           num_workers=2)
+    started = time.time()
+    try:
+        executor.start()
+        report("busy", raised=False)
+    except RuntimeError as e:
+        report("busy", raised=True, message=str(e), seconds=round(time.time() - started, 1))
+    finally:
+        remove_placement_group(other)
+
+
 def main():
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 2, "include_dashboard": False})
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, log_to_driver=False)
-    cases = [a for a in sys.argv[1:]] or ["sums", "digits_2", "digits_3", "failure", "no_room"]
+    cases = [a for a in sys.argv[1:]] or ["sums", "digits_2", "digits_3", "failure", "no_room",
+                                          "busy"]
     try:
         for case in cases:
             started = time.time()
             try:
                 {"sums": sums_and_executables, "digits_2": lambda: digits(2),
-                 "digits_3": lambda: digits(3), "failure": failure, "no_room": no_room}[case]()
+                 "digits_3": lambda: digits(3), "failure": failure, "no_room": no_room,
+                 "busy": busy}[case]()
             except Exception as e:  # noqa: BLE001 - reported, the test fails on it
                 report(case, error=f"{type(e).__name__}: {e}")
             print(f"# {case}: {time.time() - started:.1f} s", flush=True)

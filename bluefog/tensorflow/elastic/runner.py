@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import traceback
 from typing import Any, Callable
@@ -82,6 +83,24 @@ def _lost_rank(error: BaseException) -> bool:
     return isinstance(error, BluefogInternalError) or not basics.is_initialized()
 
 
+_LEFT = re.compile(r"rank\(s\) [0-9, ]+ left the job")
+_RANK_LINE = re.compile(r"\brank \d+: .*")
+
+
+def _loss_reason(error: BaseException) -> str:
+    """The part of a lost rank's error worth one line: which ranks left, else bluefog's own
+    line of it (TensorFlow puts its 'Graph execution error:' and the node's traceback first)."""
+    text = str(error)
+    left = _LEFT.search(text)
+    if left:
+        return left.group(0)
+    line = _RANK_LINE.search(text)
+    if line:
+        return line.group(0)[:300]
+    lines = [s.strip() for s in text.splitlines() if s.strip()]
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+
+
 def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
     reset = False
     while True:
@@ -98,7 +117,7 @@ def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
         except Exception as e:  # noqa: BLE001 - anything but a lost rank is re-raised
             if not _lost_rank(e):
                 raise
-            why = f"a rank was lost: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            why = f"a rank was lost ({_loss_reason(e)})"
             elastic_rounds.report_failure()
             if state._saved is not None:  # else the sync below starts from rank 0's values
                 state.restore()

@@ -20,6 +20,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "core/logging.h"
 #include "core/reduce_kernels.h"
 #include "core/status.h"
 #include "transport/exchange_slots.h"
@@ -154,7 +155,12 @@ TransportInfo GlooCommunicator::Init() {
   store_->set(Concat("bluefog/arrived/", rank_), std::vector<char>(host.begin(), host.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(Concat("bluefog/arrived/", r));
-  const auto deadline = std::chrono::steady_clock::now() + setup_.timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + setup_.timeout;
+  // Every few seconds each waiting rank says whom it waits for, so that a log (kubectl logs, a
+  // scheduler's output) shows a stuck rendezvous long before BLUEFOG_GLOO_TIMEOUT ends it.
+  constexpr std::chrono::seconds kProgressEvery(5);
+  auto next_progress = start + kProgressEvery;
   auto pause = std::chrono::milliseconds(1);
   for (std::vector<std::string> missing = keys;;) {
     missing = store_->Missing(missing);
@@ -162,9 +168,19 @@ TransportInfo GlooCommunicator::Init() {
     BF_ENFORCE(!setup_.external_store || !store_->Missing({kAbortKey}).empty(),
                StatusCode::kAborted, "rank ", rank_, ": the elastic driver gave up this round (",
                setup_.prefix, ") of the Gloo rendezvous: a rank of it is gone");
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::vector<int> ranks;
-      for (const std::string& k : missing) ranks.push_back(std::stoi(k.substr(16)));
+    std::vector<int> ranks;
+    for (const std::string& k : missing) ranks.push_back(std::stoi(k.substr(16)));
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_progress && now < deadline) {
+      next_progress = now + kProgressEvery;
+      if (LogEnabled(LogLevel::kWarning))
+        LogLine(LogLevel::kWarning, rank_,
+                Concat("Gloo rendezvous at ", setup_.master_addr, ":", setup_.master_port,
+                       ": waiting for rank(s) ", RanksText(ranks), " of ", size_, " (",
+                       std::chrono::duration_cast<std::chrono::seconds>(now - start).count(),
+                       " s of ", setup_.timeout.count() / 1000, ")"));
+    }
+    if (now >= deadline) {
       throw BluefogError(
           StatusCode::kAborted,
           Concat("rank ", rank_, ": Gloo rendezvous at ", setup_.master_addr, ":",

@@ -168,6 +168,21 @@ def test_removed_set_refuses_collectives(rank, size):
         bf.allreduce(tf.ones([1]), name="ps.removed", process_set=ps)
 
 
+def test_tape_after_its_set_was_removed_says_so(rank, size):
+    ps = bf.add_process_set(list(range(size)))
+    set_id = ps.process_set_id
+    x = tf.Variable([2.0])
+    with tf.GradientTape() as tape:
+        y = bf.allreduce(x, average=False, name="ps.tape.removed", process_set=ps)
+    assert bf.remove_process_set(ps) is True
+    with pytest.raises(KeyError) as raised:  # a lookup by id: KeyError, and a ValueError
+        tape.gradient(y, x)
+    assert isinstance(raised.value, ValueError)
+    text = str(raised.value)
+    assert text.startswith(f"rank {rank}: bluefog: process set {set_id} is not registered"), text
+    assert "remove_process_set" in text and "add_process_set" in text, text
+
+
 @pytest.mark.parametrize("bad", [[0.7], [0, "1"], "01", [True], [0, 1.0], 0])
 def test_ranks_must_be_integers(bad, rank, size):
     """A float or a string would be truncated or parsed into some other rank: only Python and

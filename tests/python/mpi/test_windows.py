@@ -6,6 +6,8 @@ separates phases: a finished ``win_put`` is in the target's buffer, so after ``s
 rank sees every other rank's writes. With one rank a window has no neighbours.
 """
 
+import warnings
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -151,6 +153,34 @@ def test_update_default_weights(weighted, run, rank, size):
     bf.win_get("w")  # what the neighbours publish now is their update
     for s, b in buffers("w").items():
         np.testing.assert_allclose(b, model(s), rtol=1e-6, err_msg=f"published by {s}")
+
+
+def test_putting_the_tensor_of_a_tensor_window_after_update_warns_once(rank, size):
+    """Bluefog's idiom (win_put(x); win_update(name) in a loop) on a window made from a
+    tf.Tensor: x cannot change, so the loop would never mix; the second put says so, once."""
+    x = tf.constant(value(rank))
+    bf.win_create(x, "w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bf.win_put(x, "w")  # the first value: right
+        sync()
+        y = bf.win_update("w")
+    with pytest.warns(UserWarning, match=rf"rank {rank}: bluefog win_put of window 'w': this is "
+                      r"the tf.Tensor the window was made from.*tf.Variable"):
+        bf.win_put(x, "w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bf.win_put(x, "w")  # once per window
+        bf.win_put(y, "w")  # the returned value: the right thing to put
+    var = tf.Variable(value(rank))
+    bf.win_create(var, "v")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # a variable's window: updated in place, nothing to warn about
+            bf.win_put(var, "v")
+            sync()
+            bf.win_update("v")
+    sync()
 
 
 def test_update_explicit_weights_reset_clone(rank, size):
