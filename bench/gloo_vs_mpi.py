@@ -8,12 +8,13 @@ Gloo is slower), the range of the per-round ratios and each backend's worst laun
 of its slowest launch). The worker (this file with --worker) times eager calls of one tensor per
 size after warm-up; a call's time is the slower rank's.
 
-Without --netns every rank runs on this host, for each rank count of --np (2 and 3). With ``--netns RATE [RATE ...]`` (root) each rank
-runs on its own pretend host: two network namespaces made by bench/netns/hosts.sh (prefix bfgv,
-10.213.79.0/24, so as not to meet other users of hosts.sh) whose link is shaped to RATE
-(``none``: not shaped; ``1gbit``, ``250mbit``: tc tbf), reached through bench/netns/rsh.sh by
-both launchers (``bfrun --gloo -H ... --rsh-agent``, ``mpirun -H ... --mca plm_rsh_agent``;
-MPI over its TCP transport). The namespaces are made for each RATE and removed after it.
+Without --netns every rank runs on this host, for each rank count of --np (2 and 3). With
+``--netns RATE [RATE ...]`` (root) each rank runs on its own pretend host: two network
+namespaces made by bench/netns/hosts.sh (prefix bfgv, 10.213.79.0/24, so as not to meet other
+users of hosts.sh) whose link is shaped to RATE (``none``: not shaped; ``1gbit``, ``250mbit``:
+tc tbf), reached through bench/netns/rsh.sh by both launchers (``bfrun --gloo -H ...
+--rsh-agent``, ``mpirun -H ... --mca plm_rsh_agent``; MPI over its TCP transport). The
+namespaces are made for each RATE and removed after it.
 """
 
 import argparse
