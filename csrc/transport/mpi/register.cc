@@ -22,24 +22,8 @@ void YieldWhenOversubscribed(const Config& config) {
   if (config.launcher_local_size > CPU_COUNT(&cpus)) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
 }
 
-// Open MPI's TCP transport carries everything between two processes over one socket and moves
-// bytes only while the process is inside an MPI call. Measured between two pretend hosts (a
-// ring's exchange of 1 MiB chunks each way at once, 4 in flight): one socket per pair moved
-// 58-68% of the link's rate, two 77-86%, two with the transport's own progress thread (which
-// waits for its sockets in epoll, as Gloo's does) 84-85%; 4 sockets no more than two. (Three
-// interleaved launches of each at 250 Mbit/s, 8 MiB: one socket 73-83%, two 74-94%, two and the
-// thread 75-96%; this machine's noise is as large as the thread's gain.) Unless the user chose
-// (the environment, which `mpirun --mca NAME VALUE` sets too), MPI_Init opens two sockets and
-// starts the thread. Between the ranks of one host Open MPI uses shared memory, where neither
-// costs anything.
-void TcpAcrossHosts() {
-  setenv("OMPI_MCA_btl_tcp_links", "2", 0);
-  setenv("OMPI_MCA_btl_tcp_progress_thread", "1", 0);
-}
-
 const BackendRegistration kMpi({"mpi", [](const Config& config, TransportInfo* info) {
                                   YieldWhenOversubscribed(config);
-                                  TcpAcrossHosts();
                                   auto mpi = std::make_unique<MpiCommunicator>(
                                       TransportOptions::FromConfig(config));
                                   *info = mpi->Init();
