@@ -24,7 +24,8 @@ constexpr int64_t kRingChunkBytes = int64_t{1} << 20;
 // With a neighbour on another host, this many chunks are in flight each way: the link keeps
 // moving while a chunk is summed and while the next chunk's transfer starts (which takes a
 // round trip through both processes' progress loops). Measured between two pretend hosts
-// (1 Gbit/s, two TCP links per pair): 1 chunk at a time moved 78% of the link's rate, 4 86%.
+// (1 Gbit/s, bench/tcp_exchange.c, 16 MiB each way): 1 chunk at a time moved 52-53% of the
+// link's rate, 4 at a time 65%.
 constexpr int kCrossDepth = 4;
 
 // Chunks 0 .. chunks - 1 exchanged with the neighbours across hosts, kCrossDepth in flight:
