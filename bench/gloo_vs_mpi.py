@@ -9,12 +9,14 @@ of its slowest launch). The worker (this file with --worker) times eager calls o
 size after warm-up; a call's time is the slower rank's.
 
 Without --netns every rank runs on this host, for each rank count of --np (2 and 3). With
-``--netns RATE [RATE ...]`` (root) each rank runs on its own pretend host: two network
-namespaces made by bench/netns/hosts.sh (prefix bfgv, 10.213.79.0/24, so as not to meet other
-users of hosts.sh) whose link is shaped to RATE (``none``: not shaped; ``1gbit``, ``250mbit``:
-tc tbf), reached through bench/netns/rsh.sh by both launchers (``bfrun --gloo -H ...
---rsh-agent``, ``mpirun -H ... --mca plm_rsh_agent``; MPI over its TCP transport). The
-namespaces are made for each RATE and removed after it.
+``--netns RATE [RATE ...]`` (root) the ranks run on two pretend hosts, --per-host ranks on each
+(1, 2: each count in turn): two network namespaces made by bench/netns/hosts.sh (prefix bfgv,
+10.213.79.0/24, so as not to meet other users of hosts.sh) whose link is shaped to RATE
+(``none``: not shaped; ``1gbit``, ``250mbit``: tc tbf), reached through bench/netns/rsh.sh by
+both launchers (``bfrun --gloo -H ... --rsh-agent``, ``mpirun -H ... --mca plm_rsh_agent``;
+MPI over its TCP transport). The namespaces are made for each RATE and removed after it. Each
+table then gives the link's floor (the time the link needs for the bytes each host must send
+across) and the share of the link's rate each backend's slowest launch moved.
 """
 
 import argparse
@@ -72,13 +74,13 @@ def size_text(kib: float) -> str:
 
 
 def launch(backend: str, calls: int, netns: bool = False, np_: int = 2,
-           sizes_kib=SIZES_KIB) -> dict:
+           sizes_kib=SIZES_KIB, per_host: int = 1, mca=()) -> dict:
     py = sys.executable
     me = [py, os.path.abspath(__file__), "--worker", "--calls", str(calls), "--sizes-kib",
           *map(str, sizes_kib)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(NETNS_ENV if netns else {}))
     agent = os.path.join(NETNS, "rsh.sh")
-    hosts = ",".join(f"{h}:1" for h in NETNS_HOSTS)
+    hosts = ",".join(f"{h}:{per_host}" for h in NETNS_HOSTS)
     if backend == "gloo":
         cmd = [py, "-m", "bluefog.run", "--gloo", "-np", str(np_)]
         if netns:
@@ -94,6 +96,8 @@ def launch(backend: str, calls: int, netns: bool = False, np_: int = 2,
                     "plm_rsh_no_tree_spawn", "1", "--mca", "pml", "ob1", "--mca", "btl",
                     "self,tcp", "--mca", "btl_tcp_if_include", net, "--mca",
                     "oob_tcp_if_include", net, "-x", "PATH"]
+        for setting in mca:
+            cmd += ["--mca", *setting.split("=", 1)]
         cmd += me
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     for line in out.stdout.splitlines():
@@ -112,27 +116,30 @@ def link_bits_per_s(rate: str) -> float:
     return 0.0
 
 
-def measure(args, netns_rate: str = "", np_: int = 2) -> float:
+def measure(args, netns_rate: str = "", np_: int = 2, per_host: int = 1) -> float:
     """Prints the table; returns the worst Gloo / MPI ratio of any size (one host)."""
     netns = bool(netns_rate)
+    if netns:
+        np_ = 2 * per_host
     # times[backend][kib]: one list of call times per launch, in launch order.
     sizes = args.sizes_kib
     times = {"gloo": {k: [] for k in sizes}, "mpi": {k: [] for k in sizes}}
     for r in range(args.rounds):
         for backend in (("gloo", "mpi") if r % 2 == 0 else ("mpi", "gloo")):
-            res = launch(backend, args.calls, netns, np_, sizes)
+            res = launch(backend, args.calls, netns, np_, sizes, per_host, args.mca)
             assert res["backend"] == backend, res["backend"]
-            assert (len(res["hosts"]), res["local_size"]) == ((2, 1) if netns else (1, np_)), res
+            assert (len(res["hosts"]), res["local_size"]) == ((2, per_host) if netns else
+                                                              (1, np_)), res
             for kib, ts in res["times"].items():
                 times[backend][float(kib)].append(ts)
-    where = (f"2 pretend hosts, 1 rank each, link {netns_rate}" if netns else
+    where = (f"2 pretend hosts, {per_host} rank(s) each, link {netns_rate}" if netns else
              f"{np_} ranks on one host")
     print(f"\nbf.allreduce, {where}, median of {args.rounds} launches x {args.calls} calls "
           "per backend")
     bits = link_bits_per_s(netns_rate) if netns else 0.0
-    floor_head = " | link floor" if bits else ""
+    floor_head = " | link floor | worst launch's share of the link Gloo / MPI" if bits else ""
     print(f"| size | Gloo | MPI | Gloo / MPI | per round | worst launch Gloo / MPI{floor_head} |")
-    print("|---|---|---|---|---|---|" + ("---|" if bits else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|" if bits else ""))
     worst_ratio = 0.0
     for kib in sizes:
         g = statistics.median([t for ts in times["gloo"][kib] for t in ts])
@@ -142,9 +149,14 @@ def measure(args, netns_rate: str = "", np_: int = 2) -> float:
         worst_g = max(statistics.median(ts) for ts in times["gloo"][kib])
         worst_m = max(statistics.median(ts) for ts in times["mpi"][kib])
         worst_ratio = max(worst_ratio, worst_g / worst_m)
-        # At 2 ranks each rank sends (and receives) the whole buffer once: half in the
-        # reduce-scatter, half in the allgather.
-        floor = f" | {kib * 8 * 2**10 / bits * 1e3:.0f} ms" if bits else ""
+        # Each host must send the other (and receive from it) the whole buffer's worth at
+        # least: half of the partial sums and half of the result. At 1 rank per host the ring
+        # sends exactly that (half in the reduce-scatter, half in the allgather); at several,
+        # the hierarchical allreduce splits it over the host's ranks. The share of the link is
+        # that floor over the time.
+        floor_s = kib * 8 * 2**10 / bits if bits else 0.0
+        floor = (f" | {floor_s * 1e3:.0f} ms | {floor_s / worst_g:.0%} / {floor_s / worst_m:.0%}"
+                 if bits else "")
         print(f"| {size_text(kib)} | {g * 1e3:.2f} ms | {m * 1e3:.2f} ms | {g / m:.2f} | "
               f"{min(per_round):.2f}-{max(per_round):.2f} | "
               f"{worst_g * 1e3:.2f} / {worst_m * 1e3:.2f} ms ({worst_g / worst_m:.2f}){floor} |",
@@ -167,8 +179,12 @@ def main() -> None:
     p.add_argument("--np", type=int, nargs="+", default=[2, 3],
                    help="ranks on one host, each count measured in turn (without --netns)")
     p.add_argument("--netns", nargs="+", metavar="RATE",
-                   help="one rank on each of 2 pretend hosts, for each link RATE (none: not "
-                        "shaped; 1gbit, 250mbit...); needs root")
+                   help="2 pretend hosts, for each link RATE (none: not shaped; 1gbit, "
+                        "250mbit...); needs root")
+    p.add_argument("--per-host", type=int, nargs="+", default=[1],
+                   help="ranks on each pretend host (with --netns), each count in turn")
+    p.add_argument("--mca", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="Open MPI settings added to the mpirun launches (--mca NAME VALUE)")
     args = p.parse_args()
     if args.worker:
         worker(args.calls, args.sizes_kib)
@@ -185,7 +201,8 @@ def main() -> None:
         hosts_sh("down", "2")  # what an interrupted run left
         hosts_sh("up", "2", rate)
         try:
-            measure(args, rate)
+            for per_host in args.per_host:
+                measure(args, rate, per_host=per_host)
         finally:
             hosts_sh("down", "2")
 

@@ -65,6 +65,38 @@ TEST(RuntimeMpi, LargeAllreduceSumAndAverageAcrossChunks) {
   }
 }
 
+// Across hosts the ring keeps several chunks in flight each way and the two-host split of the
+// hierarchical allreduce several receives: a count whose segments span more chunks than are in
+// flight (reusing each receive slot), split unevenly, for the sum, the average and the max.
+TEST(RuntimeMpi, AllreduceOfManyChunksInFlight) {
+  const int64_t count = int64_t{13} * 262144 * Size() / 2 + 2 * Size() + 1;  // 13 MiB at 2 ranks
+  std::vector<float> in(count);
+  for (int64_t i = 0; i < count; ++i) in[i] = static_cast<float>((i % 97) + Rank());
+  auto sum = Submit(OpType::kAllreduce, "deep.sum", DataType::kFloat32, {count}, in.data());
+  auto avg = Submit(OpType::kAllreduce, "deep.avg", DataType::kFloat32, {count}, in.data(), true);
+  Request req;
+  req.meta.name = "deep.max";
+  req.meta.op = OpType::kAllreduce;
+  req.meta.dtype = DataType::kFloat32;
+  req.meta.shape = {count};
+  req.meta.reduce_op = ReduceOp::kMax;
+  req.input = in.data();
+  auto max = SubmitBuilt(std::move(req), count * static_cast<int64_t>(sizeof(float)));
+  ASSERT_TRUE(Wait(*sum).ok());
+  ASSERT_TRUE(Wait(*avg).ok());
+  ASSERT_TRUE(Wait(*max).ok());
+  const int n = Size();
+  const float* s = reinterpret_cast<const float*>(sum->output.data());
+  const float* a = reinterpret_cast<const float*>(avg->output.data());
+  const float* m = reinterpret_cast<const float*>(max->output.data());
+  for (int64_t i = 0; i < count; ++i) {
+    const float expected = static_cast<float>(n * (i % 97) + n * (n - 1) / 2);
+    ASSERT_EQ(s[i], expected) << i;
+    ASSERT_EQ(a[i], expected / static_cast<float>(n)) << i;
+    ASSERT_EQ(m[i], static_cast<float>((i % 97) + n - 1)) << i;
+  }
+}
+
 // Large allreduces run alone (not fused) and last; the small ones around them still fuse. Mixed
 // and submitted together, every result must be right whatever the order of execution.
 TEST(RuntimeMpi, LargeAndSmallAllreducesSubmittedTogether) {
