@@ -132,17 +132,17 @@ class GlooElasticDriver:
             env.pop(k, None)
         env.update(self.worker_env(wid), PYTHONUNBUFFERED="1")
         command = list(self.args.command)
-        stdin = subprocess.DEVNULL
+        remote_env = None
         if not gloo_launch.is_local(host):
             agent = shlex.split(self.args.rsh_agent or self.env.get("BLUEFOG_RSH_AGENT")
                                 or "ssh")
             names = list(self.forwarded_env(self.env, self.extra_names)) + [
                 "MASTER_ADDR", "MASTER_PORT", "BLUEFOG_JOB_TOKEN", "BLUEFOG_BACKEND",
                 "BLUEFOG_GLOO_EXTERNAL_STORE", "PYTHONUNBUFFERED", elastic_rounds.ENV_WORKER]
-            command = gloo_launch.remote_command(agent, host, env, names, command)
-            env, stdin = self.env, subprocess.PIPE
-        proc = subprocess.Popen(command, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, preexec_fn=gloo_launch._die_with_parent)
+            remote_env = gloo_launch.remote_input(env, names)
+            command = gloo_launch.remote_command(agent, host, command)
+            env = self.env
+        proc = gloo_launch.start_rank(command, env, remote_env)
         gloo_launch.janitor().watch(proc)
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             threading.Thread(target=self._forward, args=(wid, stream, sink), daemon=True).start()
