@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--discovery-interval", dest="discovery_interval", type=float, default=1.0,
                    help="seconds between two runs of the discovery script (default 1)")
     e.add_argument("--discovery-timeout", dest="discovery_timeout", type=float, default=30.0,
-                   help=argparse.SUPPRESS)
+                   help="seconds a run of the discovery script may take; a longer one is "
+                        "ended and counts as failed (default 30)")
     e.add_argument("--reset-limit", dest="reset_limit", type=int,
                    help="give up after the job re-formed (relaunched over mpirun) this many "
                         "times, for failures and resizes alike (default: no limit)")

@@ -68,6 +68,40 @@ class Worker:
         self.stopped = False  # stopped by the driver (its slot went away): not a failure
 
 
+class Discovery:
+    """Runs the host discovery script every `interval` seconds on a thread of its own (as
+    Horovod's driver does), so that a slow script never holds back the driver's loop: a lost
+    worker is handled while the script runs. A run that takes over `timeout` seconds is ended
+    and counts as a failed one (the hosts stay as they were)."""
+
+    def __init__(self, run, interval: float):
+        self.run = run
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.latest: Optional[eh.Hosts] = None
+        self.fresh = False
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="bluefog-discovery",
+                                       daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.interval):
+            hosts = self.run()
+            if hosts is not None:
+                with self.lock:
+                    self.latest, self.fresh = hosts, True
+
+    def take(self) -> Optional[eh.Hosts]:
+        """The hosts of the last run that succeeded since the last take(), else None."""
+        with self.lock:
+            hosts, self.fresh = (self.latest if self.fresh else None), False
+        return hosts
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
 class GlooElasticDriver:
     def __init__(self, args, env: Dict[str, str], extra_names: Sequence[str], forwarded_env):
         self.args = args
@@ -84,7 +118,7 @@ class GlooElasticDriver:
         self.out_lock = threading.Lock()
         self.fixed = eh.parse_host_spec(args.hosts) if args.hosts else None
         self.max_np = args.max_np
-        self.last_discovery = 0.0
+        self.discovery: Optional[Discovery] = None
         self.failure_seen: Dict[str, float] = {}
         cooldown = getattr(args, "blacklist_cooldown_range", None)
         self.blacklist = eh.Blacklist(tuple(cooldown) if cooldown else None)
@@ -132,17 +166,17 @@ class GlooElasticDriver:
             env.pop(k, None)
         env.update(self.worker_env(wid), PYTHONUNBUFFERED="1")
         command = list(self.args.command)
-        stdin = subprocess.DEVNULL
+        remote_env = None
         if not gloo_launch.is_local(host):
             agent = shlex.split(self.args.rsh_agent or self.env.get("BLUEFOG_RSH_AGENT")
                                 or "ssh")
             names = list(self.forwarded_env(self.env, self.extra_names)) + [
                 "MASTER_ADDR", "MASTER_PORT", "BLUEFOG_JOB_TOKEN", "BLUEFOG_BACKEND",
                 "BLUEFOG_GLOO_EXTERNAL_STORE", "PYTHONUNBUFFERED", elastic_rounds.ENV_WORKER]
-            command = gloo_launch.remote_command(agent, host, env, names, command)
-            env, stdin = self.env, subprocess.PIPE
-        proc = subprocess.Popen(command, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, preexec_fn=gloo_launch._die_with_parent)
+            remote_env = gloo_launch.remote_input(env, names)
+            command = gloo_launch.remote_command(agent, host, command)
+            env = self.env
+        proc = gloo_launch.start_rank(command, env, remote_env)
         gloo_launch.janitor().watch(proc)
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             threading.Thread(target=self._forward, args=(wid, stream, sink), daemon=True).start()
@@ -234,6 +268,8 @@ class GlooElasticDriver:
         for host in eh.rank_hosts(slots)[:first]:
             members.append(self.start_worker(host))
         self.publish(members, "start")
+        if self.fixed is None:
+            self.discovery = Discovery(self.hosts, self.args.discovery_interval)
 
         stopped: List[int] = []
 
@@ -254,6 +290,8 @@ class GlooElasticDriver:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+            if self.discovery is not None:
+                self.discovery.stop()
             self.store.close()
 
     def listen(self, hosts: eh.Hosts) -> str:
@@ -351,39 +389,37 @@ class GlooElasticDriver:
                 return
 
     def _grow(self, running: List[str], now: float) -> None:
-        if self.fixed is not None or now - self.last_discovery < self.args.discovery_interval:
+        hosts = self.discovery.take() if self.discovery is not None else None
+        if hosts is None:
             ready = self._ready_joiners(len(running))
         else:
-            self.last_discovery = now
-            hosts = self.hosts()
-            if hosts is not None:
-                alive = [w for w in self.workers.values() if not w.ended]
-                per_host: Dict[str, int] = {}
-                for w in alive:
-                    per_host[w.host] = per_host.get(w.host, 0) + 1
-                room = (self.max_np or 1 << 30) - len(alive)
-                listed = dict(hosts)
-                for host in sorted(per_host):
-                    # Fewer slots there now (or none): its newest workers are stopped, and the
-                    # job re-forms without them as after a failure.
-                    extra = per_host[host] - listed.get(host, 0)
-                    on_host = [w for w in alive if w.host == host]
-                    for w in sorted(on_host, key=lambda w: int(w.wid))[-extra:] if extra > 0 \
-                            else []:
-                        log(f"stopping worker {w.wid} on {host}: the discovery script lists "
-                            f"{listed.get(host, 0)} slot(s) there")
-                        w.stopped = True
-                        self.stop(w.proc)
-                        per_host[host] -= 1
-                for host, slots in hosts:
-                    if not self.blacklist.allows(host, now):
-                        continue
-                    while slots > per_host.get(host, 0) and room > 0:
-                        wid = self.start_worker(host)
-                        self.joining.append(wid)
-                        log(f"started worker {wid} on {host} (new slot)")
-                        per_host[host] = per_host.get(host, 0) + 1
-                        room -= 1
+            alive = [w for w in self.workers.values() if not w.ended]
+            per_host: Dict[str, int] = {}
+            for w in alive:
+                per_host[w.host] = per_host.get(w.host, 0) + 1
+            room = (self.max_np or 1 << 30) - len(alive)
+            listed = dict(hosts)
+            for host in sorted(per_host):
+                # Fewer slots there now (or none): its newest workers are stopped, and the
+                # job re-forms without them as after a failure.
+                extra = per_host[host] - listed.get(host, 0)
+                on_host = [w for w in alive if w.host == host]
+                for w in sorted(on_host, key=lambda w: int(w.wid))[-extra:] if extra > 0 \
+                        else []:
+                    log(f"stopping worker {w.wid} on {host}: the discovery script lists "
+                        f"{listed.get(host, 0)} slot(s) there")
+                    w.stopped = True
+                    self.stop(w.proc)
+                    per_host[host] -= 1
+            for host, slots in hosts:
+                if not self.blacklist.allows(host, now):
+                    continue
+                while slots > per_host.get(host, 0) and room > 0:
+                    wid = self.start_worker(host)
+                    self.joining.append(wid)
+                    log(f"started worker {wid} on {host} (new slot)")
+                    per_host[host] = per_host.get(host, 0) + 1
+                    room -= 1
             ready = self._ready_joiners(len(running))
         if ready:
             self.publish(running + ready, f"worker(s) {ready} joining")

@@ -114,27 +114,62 @@ def rank_env(base: Dict[str, str], r: Rank, size: int, addr: str, port: int,
     return env
 
 
-def remote_command(agent: Sequence[str], host: str, env: Dict[str, str], names: Sequence[str],
-                   command: Sequence[str]) -> List[str]:
-    """AGENT HOST 'cd CWD && env K=V... sh -c ...': the command runs in bfrun's folder, and ends
-    when the remote shell's input closes (bfrun ended it or died), since ssh does not pass
-    signals on. Where the host has setsid(1), the command runs in a process group of its own
-    and the whole group is ended, so that a wrapper script's children end with it."""
-    assigns = " ".join(shlex.quote(f"{k}={env[k]}") for k in names if k in env)
+def remote_input(env: Dict[str, str], names: Sequence[str]) -> bytes:
+    """What `remote_command`'s shell reads first from its input: one line per variable of
+    `names` set in `env`, then ``.``. A value's bytes other than printable ASCII, quotes and
+    backslashes are octal escapes for printf(1)'s ``%b``, so that every line is one line."""
+    def escaped(value: str) -> str:
+        return "".join(c if c.isascii() and c.isprintable() and c not in "'\\" else
+                       "".join(f"\\0{b:03o}" for b in c.encode()) for c in value)
+
+    lines = [f"{k}=$(printf '%bx' '{escaped(env[k])}'); {k}=${{{k}%x}}; export {k}"
+             for k in names if k in env]
+    return ("\n".join(lines + ["."]) + "\n").encode()
+
+
+def remote_command(agent: Sequence[str], host: str, command: Sequence[str]) -> List[str]:
+    """AGENT HOST 'cd CWD && sh -c ...': the command runs in bfrun's folder with the variables
+    that the shell reads first from its input (`remote_input`), and ends when the remote
+    shell's input closes (bfrun ended it or died), since ssh does not pass signals on. No
+    variable's value is on any command line, where every local user of either host could read
+    it (/proc/PID/cmdline): only the command is. Where the host has setsid(1), the command runs
+    in a process group of its own and the whole group is ended, so that a wrapper script's
+    children end with it."""
+    # read(1) of sh takes one byte at a time from a pipe, so nothing past the "." line is
+    # consumed. Input that ends before it (bfrun died) ends the rank before it starts.
     # A background job's input is /dev/null unless redirected: fd 3 keeps the remote input.
     # A background job of a shell without job control is no group leader, so setsid(1) execs
     # in place (no fork): $p is then the group's id.
     # A signal to this shell (a stand-in for ssh that keeps it in bfrun's rank group) is passed
     # on to that group.
-    inner = ("exec 3<&0; g=; command -v setsid >/dev/null 2>&1 && g=setsid; "
+    inner = ("while :; do IFS= read -r l || exit 1; [ \"$l\" = . ] && break; eval \"$l\"; "
+             "done; "
+             "exec 3<&0; g=; command -v setsid >/dev/null 2>&1 && g=setsid; "
              "$g " + " ".join(shlex.quote(c) for c in command) + " </dev/null & p=$!; "
              "end() { kill -TERM -$p 2>/dev/null || kill -TERM $p 2>/dev/null; }; "
              "trap 'end; exit 143' TERM; trap 'end; exit 130' INT; trap 'end; exit 129' HUP; "
              "{ cat <&3 >/dev/null 2>&1; end; } & w=$!; "
              "wait $p; s=$?; kill $w 2>/dev/null; exit $s")
-    line = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec env {assigns} "
-            f"sh -c {shlex.quote(inner)}")
+    line = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec sh -c {shlex.quote(inner)}"
     return [*agent, host, line]
+
+
+def start_rank(cmd: List[str], env: Dict[str, str], remote_env: Optional[bytes]
+               ) -> subprocess.Popen:
+    """Starts one rank's process (of its own group, ended with this process): `cmd` itself, or
+    for a remote rank (`remote_env` from `remote_input`) the remote shell, whose input then
+    carries the variables and stays open while the rank should run."""
+    p = subprocess.Popen(cmd, env=env,
+                         stdin=subprocess.DEVNULL if remote_env is None else subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=_die_with_parent)
+    if remote_env is not None:
+        try:
+            p.stdin.write(remote_env)
+            p.stdin.flush()
+        except OSError:
+            pass  # the remote shell already ended: its status says why
+    return p
 
 
 def _die_with_parent() -> None:
@@ -203,7 +238,8 @@ class Job:
 
     def __init__(self, ranks: List[Rank], commands: List[List[str]], envs: List[Dict[str, str]],
                  on_line: Optional[Callable[[int, bool, bytes], Optional[bytes]]] = None,
-                 out=None, err=None, tag: bool = True):
+                 out=None, err=None, tag: bool = True,
+                 remote_envs: Optional[List[Optional[bytes]]] = None):
         self.ranks = ranks
         self.on_line = on_line
         self.tag = tag
@@ -213,12 +249,10 @@ class Job:
         self.procs: List[subprocess.Popen] = []
         self.readers: List[threading.Thread] = []
         self.exits: List[int] = []  # rank indices in the order their processes ended
-        for r, cmd, env in zip(ranks, commands, envs):
-            # A remote rank's input stays open while it should run (remote_command).
-            stdin = subprocess.DEVNULL if is_local(r.host) else subprocess.PIPE
+        for r, cmd, env, remote_env in zip(ranks, commands, envs,
+                                           remote_envs or [None] * len(ranks)):
             try:
-                p = subprocess.Popen(cmd, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+                p = start_rank(cmd, env, remote_env)
             except OSError as e:
                 self.terminate()
                 raise LaunchError(f"cannot start rank {r.rank} on {r.host}: {cmd[0]}: "
@@ -334,13 +368,14 @@ def launch(command: Sequence[str], np_: int, hosts: Optional[str] = None,
     names = list(forwarded_env(base, extra_names) if forwarded_env else extra_names) + [
         "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
         "BLUEFOG_JOB_TOKEN", "BLUEFOG_BACKEND", "PYTHONUNBUFFERED"]
-    commands, envs = [], []
+    commands, envs, remote_envs = [], [], []
     for r in ranks:
         renv = rank_env(base, r, np_, addr, port, token)
-        envs.append(renv if is_local(r.host) else base)
-        commands.append(list(command) if is_local(r.host)
-                        else remote_command(agent, r.host, renv, names, command))
-    return Job(ranks, commands, envs, **job_kwargs)
+        local = is_local(r.host)
+        envs.append(renv if local else base)
+        commands.append(list(command) if local else remote_command(agent, r.host, command))
+        remote_envs.append(None if local else remote_input(renv, names))
+    return Job(ranks, commands, envs, remote_envs=remote_envs, **job_kwargs)
 
 
 def main(args: argparse.Namespace,

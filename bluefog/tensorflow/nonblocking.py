@@ -4,11 +4,17 @@
 A ``*_nonblocking`` call checks its arguments and fixes the request's name on the caller's thread
 (unnamed calls get ``"<op>.nonblocking.<n>"``, the n-th unnamed non-blocking call of that op in
 this process, so ranks that issue them in one order match), then hands the blocking op to a
-waiter thread of this module's pool and returns a ``Handle`` at once. The waiter runs the same
-TensorFlow kernel as the blocking op: the kernel enqueues the request to the C++ runtime and the
-runtime's own threads negotiate and run the collective; the waiter only blocks, with the GIL
-released, until the kernel's ``done`` fires. The caller keeps computing meanwhile; requests
-are matched across ranks by name, so several handles may be in flight in any order.
+waiter thread of its own and returns a ``Handle`` at once. The waiter runs the same TensorFlow
+kernel as the blocking op: the kernel enqueues the request to the C++ runtime and the runtime's
+own threads negotiate and run the collective; the waiter only blocks, with the GIL released,
+until the kernel's ``done`` fires. The caller keeps computing meanwhile; requests are matched
+across ranks by name, so any number of handles may be in flight, issued in any order (one
+thread per handle in flight: no pool whose size could hold back the collective every rank
+waits for).
+
+A handle's name is its own from the call until ``synchronize``: a blocking or non-blocking
+collective of that name meanwhile raises ValueError at once. Both events are in program order,
+so every rank that issues the same calls decides alike, however far each rank's collective got.
 
 ``synchronize(handle)`` (alias ``wait``) returns the result or raises the op's error, prefixed
 with the rank, the op, the tensor's name and the handle; a handle is synchronized once. Until
@@ -32,16 +38,14 @@ from typing import Dict, Optional, Union
 
 import tensorflow as tf
 
-from bluefog.tensorflow import mpi_ops, neighbor_ops
+from bluefog.tensorflow import mpi_ops, neighbor_ops, op_library
 from bluefog.tensorflow.op_rules import op_error_prefix, rank_str
 
 __all__ = ["Handle", "allreduce_nonblocking", "allgather_nonblocking", "broadcast_nonblocking",
            "neighbor_allreduce_nonblocking", "neighbor_allgather_nonblocking",
            "hierarchical_neighbor_allreduce_nonblocking", "poll", "synchronize", "wait"]
 
-_MAX_WAITERS = 64  # in-flight handles beyond this queue for a waiter thread
 _lock = threading.Lock()
-_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _ids = itertools.count(1)
 _unnamed: Dict[str, itertools.count] = {}
 # Handles not yet synchronized, by id. Strong references: an int id is a valid handle until it
@@ -92,6 +96,7 @@ def _report_open() -> None:
         _open.clear()
     for handle in left:
         handle._done = True
+        op_library.release_name(handle.name)
         _warn_unwaited(handle, "still open at exit")
 
 
@@ -100,19 +105,33 @@ def _start(op: str, name: Optional[str], run, *args, **kwargs) -> Handle:
         raise RuntimeError(f"{op_error_prefix(op, name)}: non-blocking collectives run eagerly "
                            "only; inside tf.function call the blocking op (its kernel is "
                            "asynchronous, so TensorFlow already overlaps it with other ops)")
-    global _pool
     with _lock:
         if name is None:
             name = f"{op}.{next(_unnamed.setdefault(op, itertools.count()))}"
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(_MAX_WAITERS,
-                                                          thread_name_prefix="bluefog-waiter")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{op_error_prefix(op)}: name must be a non-empty str, got {name!r}")
-    future = _pool.submit(run, *args, name=name, **kwargs)
+    future: concurrent.futures.Future = concurrent.futures.Future()
     handle = Handle(op, name, future)
+    op_library.reserve_name(name, f"bluefog {op} of tensor '{name}' (handle {handle.id})",
+                            op_error_prefix(op, name))
+
+    def waiter():
+        op_library._issuing.name = name
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(run(*args, name=name, **kwargs))
+        except BaseException as error:  # noqa: BLE001 - handed to synchronize
+            future.set_exception(error)
+
     with _lock:
         _open[handle.id] = handle
+    try:
+        threading.Thread(target=waiter, name=f"bluefog-waiter-{handle.id}", daemon=True).start()
+    except BaseException:
+        with _lock:
+            _open.pop(handle.id, None)
+        op_library.release_name(name)
+        raise
     return handle
 
 
@@ -146,7 +165,7 @@ def synchronize(handle: Union[Handle, int]):
                              "synchronized already; synchronize each handle exactly once")
     found._done = True
     try:
-        return found._future.result()
+        result = found._future.result()
     except Exception as error:  # noqa: BLE001 - re-raised with the handle's context
         prefix = (f"rank {rank_str()}: bluefog {found.op} of tensor '{found.name}' "
                   f"(handle {found.id}) failed: ")
@@ -157,6 +176,9 @@ def synchronize(handle: Union[Handle, int]):
         except Exception:  # noqa: BLE001 - an exception type with another constructor
             raise RuntimeError(prefix + str(error)) from error
         raise wrapped from error
+    finally:
+        op_library.release_name(found.name)
+    return result
 
 
 def wait(handle: Union[Handle, int]):

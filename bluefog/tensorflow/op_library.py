@@ -48,6 +48,29 @@ def _allow_concurrent_collectives_in_functions() -> None:
 _allow_concurrent_collectives_in_functions()
 
 _lock = threading.Lock()
+# Names held by non-blocking handles from their call until their synchronize (program order,
+# the same on every rank, unlike when each rank's collective finishes), with what holds them.
+# Only the thread issuing that handle's collective (`_issuing.name`) may use a held name.
+_reserved: dict = {}
+_issuing = threading.local()
+
+
+def reserve_name(name: str, holder: str, error_prefix: str) -> None:
+    """Holds `name` for a non-blocking handle (described by `holder`) until `release_name`:
+    ValueError (after `error_prefix`) when another handle holds it, which every rank issuing
+    the same calls in the same order raises alike."""
+    with _lock:
+        if name in _reserved:
+            raise ValueError(f"{error_prefix}: {_reserved[name]} has this name and is not yet "
+                             "synchronized; synchronize it first or give this collective "
+                             "another name")
+        _reserved[name] = holder
+        _name_tensors.pop(name, None)  # so that the lean eager path checks the name too
+
+
+def release_name(name: str) -> None:
+    with _lock:
+        _reserved.pop(name, None)
 _name_counters: dict = {}
 
 
@@ -76,6 +99,10 @@ def request_name(op: str, name: Optional[str]) -> str:
             shown = name.replace("\0", "\\0")
             raise ValueError(f"{op_rules.op_error_prefix(op, shown)}: the name contains a NUL "
                              "character, where a C string would end; pass a name without \\0")
+        if name in _reserved and getattr(_issuing, "name", None) != name:
+            raise ValueError(f"{op_rules.op_error_prefix(op, name)}: {_reserved[name]} has this "
+                             "name and is not yet synchronized; synchronize it first or give "
+                             "this collective another name")
         return name
     with _lock:
         n = _name_counters.get(op, 0)
@@ -128,7 +155,7 @@ def name_input(name: str):
             _name_tensors.move_to_end(name)
             return t
     t = tf.constant(name)
-    if ".noname." not in name:  # unnamed calls never repeat a name
+    if ".noname." not in name and name not in _reserved:  # unnamed calls never repeat a name
         with _lock:
             _name_tensors[name] = t
             if len(_name_tensors) > _CACHE_SIZE:
@@ -165,7 +192,7 @@ def eager_name(tensor, name, op: str):
     if type(tensor) is not _EagerTensor or type(name) is not str:
         return None
     t = _name_tensors.get(name)
-    if t is None:
+    if t is None or name in _reserved:
         return None
     if tensor.dtype not in op_rules.accepted_dtypes(op) or not tf.executing_eagerly():
         return None

@@ -342,3 +342,26 @@ def test_blacklisted_host_gets_workers_again_after_its_cooldown(tmp_path):
                       out, re.M)
     assert sorted(d[0] for d in done) == ["0", "1", "3"], out[-6000:]
     assert all(d[1:] == ("3", "500", "500") for d in done), done
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_slow_discovery_script_does_not_delay_reforming(tmp_path):
+    """The discovery script takes 60 s from its second run on: a worker lost meanwhile still
+    gets the job re-formed at once (discovery runs beside the driver's loop)."""
+    hosts, _ = discovery_script(tmp_path, "localhost:3")
+    script = tmp_path / "slow_discover.sh"
+    ran = tmp_path / "ran"
+    script.write_text(f"#!/bin/sh\n[ -e {ran} ] && sleep 60\n: > {ran}\n"
+                      f"while IFS= read -r line; do echo \"$line\"; done < {hosts}\n")
+    script.chmod(0o755)
+    job = inplace_job("--min-np", "2", "--host-discovery-script", str(script),
+                      "--discovery-interval", "0.5", steps="400", step_ms="30",
+                      die=("2:30:step",))
+    try:
+        job.wait_for(r"DYING worker 2 at step 30", TIMEOUT_S)
+        died = time.time()
+        job.wait_for(r"round 1: 2 worker\(s\)", TIMEOUT_S)
+        reformed = time.time() - died
+    finally:
+        job.kill()
+    assert reformed < 8, f"re-formed {reformed:.1f} s after the loss:\n{job.output[-6000:]}"

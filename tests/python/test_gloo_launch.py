@@ -117,6 +117,68 @@ def test_bfrun_gloo_rsh_agent_and_env(tmp_path, no_mpirun_env):
     assert "FAKE_RSH elsewhere" in result.output  # rank 2 went through the agent
 
 
+def _cmdlines_holding(needles):
+    """The pids whose /proc/PID/cmdline holds any of `needles` (what every local user reads)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if any(n.encode() in cmdline for n in needles):
+            found.append((int(pid), cmdline.replace(b"\0", b" ")[:200]))
+    return found
+
+
+def test_bfrun_gloo_remote_rank_secrets_not_on_any_command_line(tmp_path, no_mpirun_env):
+    """A 2-"host" job: while it runs, no process's command line holds the job token or a
+    forwarded variable's value; the remote rank still gets both, byte for byte. The stand-in
+    remote shell lives for the whole job with its arguments, as ssh does."""
+    secret_hex = os.urandom(12).hex()
+    secret = f"{secret_hex} it's \"odd\"\n$HOME \\x %s é"
+    job = _script(tmp_path, f"""
+        import os, time
+        out = {str(tmp_path)!r} + "/rank" + os.environ["RANK"]
+        with open(out + ".tmp", "w") as f:
+            f.write(os.environ["BLUEFOG_JOB_TOKEN"] + "\\0" + os.environ.get("MY_API_SECRET", ""))
+        os.rename(out + ".tmp", out)
+        deadline = time.time() + 60
+        while not os.path.exists({str(tmp_path)!r} + "/done") and time.time() < deadline:
+            time.sleep(0.05)
+        """)
+    proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", "-H",
+                             "localhost:1,elsewhere:1", "--rsh-agent", FAKE_RSH,
+                             "-x", "MY_API_SECRET", PYTHON, job],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**no_mpirun_env, "MY_API_SECRET": secret,
+                                 "FAKE_RSH_SESSION": "1"})
+    try:
+        deadline = time.time() + 60
+        seen = []
+        while time.time() < deadline and proc.poll() is None:
+            files = [tmp_path / f"rank{r}" for r in (0, 1)]
+            done = all(f.exists() for f in files)
+            tokens = {f.read_text().split("\0")[0] for f in files if f.exists()}
+            seen += _cmdlines_holding([secret_hex, *tokens])
+            if done:
+                break
+            time.sleep(0.02)
+        (tmp_path / "done").write_text("")
+        out = proc.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    token0, _ = (tmp_path / "rank0").read_text().split("\0")
+    token1, got = (tmp_path / "rank1").read_text().split("\0")
+    assert token0 == token1 and len(token0) == 32
+    assert got == secret
+    assert "FAKE_RSH elsewhere" in out
+    assert not seen, f"secrets on command lines: {seen}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_bfrun_gloo_signal_ends_every_rank(tmp_path, no_mpirun_env, sig):
     job = _script(tmp_path, """

@@ -154,3 +154,34 @@ def test_refused_inside_tf_function(rank):
     with pytest.raises(RuntimeError, match=rf"rank {rank}: bluefog allreduce_nonblocking .*"
                                            "eagerly only"):
         f(_x(rank))
+
+
+@pytest.mark.timeout(120)
+def test_more_handles_than_any_pool_in_reverse_order_on_one_rank(rank, size):
+    """200 named handles, issued in reverse order on rank 0: each finishes whatever the order
+    (no pool of waiters may hold them all while the matching ones queue behind)."""
+    n = 200
+    order = range(n - 1, -1, -1) if rank == 0 else range(n)
+    handles = {i: bf.allreduce_nonblocking(tf.constant([float(rank + i)]), average=False,
+                                           name=f"nb.many.{i}") for i in order}
+    for i in range(n):
+        expected = sum(r + i for r in range(size))
+        np.testing.assert_allclose(bf.synchronize(handles[i]).numpy(), [expected])
+
+
+@pytest.mark.timeout(120)
+def test_blocking_call_on_a_name_in_flight_fails_on_every_rank(rank, size):
+    """A blocking collective named as a handle not yet synchronized fails at once on every rank,
+    whether or not the handle's collective already finished on that rank (here rank 0 waits
+    for it to finish first, the others do not); the next collective then runs."""
+    handle = bf.allreduce_nonblocking(tf.constant([1.0]), average=False, name="nb.shared")
+    if rank == 0:
+        while not bf.poll(handle):
+            pass
+    with pytest.raises(ValueError, match=r"nb.shared.*not yet synchronized"):
+        bf.allreduce(tf.constant([2.0]), name="nb.shared")
+    with pytest.raises(ValueError, match=r"nb.shared.*not yet synchronized"):
+        bf.allreduce_nonblocking(tf.constant([2.0]), name="nb.shared")
+    np.testing.assert_allclose(bf.synchronize(handle).numpy(), [float(size)])
+    np.testing.assert_allclose(bf.allreduce(tf.constant([3.0]), average=False,
+                                            name="nb.shared").numpy(), [3.0 * size])
