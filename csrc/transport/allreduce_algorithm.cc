@@ -4,6 +4,20 @@
 
 namespace bluefog {
 
+void RunAllreduce(const std::vector<AllreduceAlgorithm*>& list, const void* in, void* out,
+                  int64_t count, DataType dtype, ReduceOp op, int64_t divisor) {
+  BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
+             "only a sum can be averaged (PlanAverage decides who divides)");
+  const AllreduceCall call{
+      in, out, count, dtype, op, divisor, count * static_cast<int64_t>(ElementSize(dtype))};
+  for (AllreduceAlgorithm* algorithm : list) {
+    if (algorithm->AppliesTo(call)) {
+      algorithm->Run(call);
+      return;
+    }
+  }
+}
+
 std::vector<AllreduceAlgorithm*> ForceAllreduce(std::vector<AllreduceAlgorithm*> list,
                                                 const std::string& forced, bool must, int rank,
                                                 const char* backend) {

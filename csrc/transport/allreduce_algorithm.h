@@ -50,6 +50,11 @@ inline bool OneHostCall(const Tuning& tuning, int size, const AllreduceCall& cal
          tuning.ring_threshold_bytes.load(std::memory_order_relaxed) > 0;
 }
 
+// A backend's Allreduce: the call run by the first algorithm of `list` that applies (the list's
+// last applies to every call). Only a sum may be divided (`divisor` > 1).
+void RunAllreduce(const std::vector<AllreduceAlgorithm*>& list, const void* in, void* out,
+                  int64_t count, DataType dtype, ReduceOp op, int64_t divisor);
+
 // The list a backend asks, given BLUEFOG_ALLREDUCE_ALGORITHM (`forced`): empty, `list` as it
 // is; else the algorithm of `list` called so, then the list's last (the backend's own, which
 // takes every call: the calls the forced one does not apply to, too small for it or with fewer

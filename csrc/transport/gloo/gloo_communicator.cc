@@ -382,17 +382,8 @@ void GlooCommunicator::ExchangeRests(const char* slots, const std::string& mine,
 
 void GlooCommunicator::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
                                  ReduceOp op, int64_t divisor) {
-  BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
-             "only a sum can be averaged (PlanAverage decides who divides)");
   if (count <= 0) return;
-  const AllreduceCall call{
-      in, out, count, dtype, op, divisor, count * static_cast<int64_t>(ElementSize(dtype))};
-  for (AllreduceAlgorithm* algorithm : allreduce_) {
-    if (algorithm->AppliesTo(call)) {
-      algorithm->Run(call);
-      return;
-    }
-  }
+  RunAllreduce(allreduce_, in, out, count, dtype, op, divisor);
 }
 
 void GlooCommunicator::RingAllreduce(const AllreduceCall& call) {

@@ -255,16 +255,7 @@ void MpiCommunicator::Shutdown() {
 
 void MpiCommunicator::Allreduce(const void* in, void* out, int64_t count, DataType dtype,
                                 ReduceOp op, int64_t divisor) {
-  BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
-             "only a sum can be averaged (PlanAverage decides who divides)");
-  const AllreduceCall call{
-      in, out, count, dtype, op, divisor, count * static_cast<int64_t>(ElementSize(dtype))};
-  for (AllreduceAlgorithm* algorithm : allreduce_) {
-    if (algorithm->AppliesTo(call)) {
-      algorithm->Run(call);
-      return;
-    }
-  }
+  RunAllreduce(allreduce_, in, out, count, dtype, op, divisor);
 }
 
 void MpiCommunicator::ReduceScatter(const void* in, void* out,
