@@ -419,7 +419,8 @@ void GlooCommunicator::ReduceScatter(const void* in, void* out,
   BF_ENFORCE(op == ReduceOp::kSum || divisor == 1, StatusCode::kInternal,
              "only a sum can be averaged (PlanAverage decides who divides)");
   const size_t element = ElementSize(dtype);
-  std::vector<int64_t> offset(static_cast<size_t>(size_) + 1, 0);
+  std::vector<int64_t>& offset = slice_offsets_;  // reused: no allocation per call
+  offset.assign(static_cast<size_t>(size_) + 1, 0);
   for (int r = 0; r < size_; ++r) offset[r + 1] = offset[r] + counts_per_rank[r];
   const char* src = static_cast<const char*>(in);
   if (size_ == 1) {

@@ -151,6 +151,7 @@ class GlooCommunicator : public Communicator {
   std::vector<char> exchange_send_;
   std::vector<char> exchange_recv_;
   std::vector<char> scratch_;
+  std::vector<int64_t> slice_offsets_;  // ReduceScatter's, per rank
 };
 
 }  // namespace bluefog
