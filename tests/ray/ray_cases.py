@@ -31,7 +31,14 @@ def report(name, **fields):
 
 
 def digits(workers):
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=workers)
+    # 2 workers: one on each node (STRICT_SPREAD), since PACK may put both on one node or not,
+    # depending on what Ray still holds from the case before. 3 workers of 1 CPU on two nodes
+    # of 2 CPUs (PACK) cannot fit on one node: a node with 2 ranks and one with 1.
+    settings = RayExecutor.create_settings(timeout_s=120)
+    if workers == 2:
+        executor = RayExecutor(settings, num_hosts=2, num_workers_per_host=1)
+    else:
+        executor = RayExecutor(settings, num_workers=workers)
     executor.start(extra_env_vars=QUIET)
     try:
         started = time.time()
