@@ -64,9 +64,14 @@ def worker(calls: int, sizes_kib) -> None:
     name = np.frombuffer(socket.gethostname().encode()[:64].ljust(64), np.uint8)
     hosts = bf.allgather(tf.constant(name[None, :])).numpy()
     hosts = sorted({bytes(h).decode().strip() for h in hosts})
+    from bluefog.common import basics
+
+    # MPI across hosts: whether the allreduces took Gloo's pairs (BLUEFOG_CROSS_HOST, the probe).
+    cross = bool(basics._tuning("cross_host_calls")) if bf.backend() == "mpi" else False
     if bf.rank() == 0:
         print("RESULT " + json.dumps({"backend": bf.backend(), "times": out, "hosts": hosts,
-                                      "local_size": bf.local_size()}), flush=True)
+                                      "local_size": bf.local_size(), "cross_host": cross}),
+              flush=True)
 
 
 def size_text(kib: float) -> str:
@@ -74,7 +79,7 @@ def size_text(kib: float) -> str:
 
 
 def launch(backend: str, calls: int, netns: bool = False, np_: int = 2,
-           sizes_kib=SIZES_KIB, per_host: int = 1, mca=()) -> dict:
+           sizes_kib=SIZES_KIB, per_host: int = 1, mca=(), cross_host: str = "") -> dict:
     py = sys.executable
     me = [py, os.path.abspath(__file__), "--worker", "--calls", str(calls), "--sizes-kib",
           *map(str, sizes_kib)]
@@ -98,6 +103,9 @@ def launch(backend: str, calls: int, netns: bool = False, np_: int = 2,
                     "oob_tcp_if_include", net, "-x", "PATH"]
         for setting in mca:
             cmd += ["--mca", *setting.split("=", 1)]
+        if cross_host:
+            env["BLUEFOG_CROSS_HOST"] = cross_host
+            cmd += ["-x", "BLUEFOG_CROSS_HOST"]
         cmd += me
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     for line in out.stdout.splitlines():
@@ -124,9 +132,13 @@ def measure(args, netns_rate: str = "", np_: int = 2, per_host: int = 1) -> floa
     # times[backend][kib]: one list of call times per launch, in launch order.
     sizes = args.sizes_kib
     times = {"gloo": {k: [] for k in sizes}, "mpi": {k: [] for k in sizes}}
+    crossed = []  # per MPI launch: whether its allreduces took Gloo's pairs across hosts
     for r in range(args.rounds):
         for backend in (("gloo", "mpi") if r % 2 == 0 else ("mpi", "gloo")):
-            res = launch(backend, args.calls, netns, np_, sizes, per_host, args.mca)
+            res = launch(backend, args.calls, netns, np_, sizes, per_host, args.mca,
+                         args.cross_host)
+            if backend == "mpi":
+                crossed.append(res.get("cross_host", False))
             assert res["backend"] == backend, res["backend"]
             assert (len(res["hosts"]), res["local_size"]) == ((2, per_host) if netns else
                                                               (1, np_)), res
@@ -136,6 +148,10 @@ def measure(args, netns_rate: str = "", np_: int = 2, per_host: int = 1) -> floa
              f"{np_} ranks on one host")
     print(f"\nbf.allreduce, {where}, median of {args.rounds} launches x {args.calls} calls "
           "per backend")
+    if netns:
+        print(f"MPI across hosts (BLUEFOG_CROSS_HOST={args.cross_host or 'auto'}): "
+              + ", ".join("Gloo's pairs" if c else "MPI's transport" for c in crossed)
+              + " (per launch)")
     bits = link_bits_per_s(netns_rate) if netns else 0.0
     floor_head = " | link floor | worst launch's share of the link Gloo / MPI" if bits else ""
     print(f"| size | Gloo | MPI | Gloo / MPI | per round | worst launch Gloo / MPI{floor_head} |")
@@ -185,6 +201,9 @@ def main() -> None:
                    help="ranks on each pretend host (with --netns), each count in turn")
     p.add_argument("--mca", nargs="+", default=[], metavar="NAME=VALUE",
                    help="Open MPI settings added to the mpirun launches (--mca NAME VALUE)")
+    p.add_argument("--cross-host", default="", metavar="HOW",
+                   help="BLUEFOG_CROSS_HOST for the mpirun launches (auto, mpi, gloo; default: "
+                        "unset, which is auto)")
     args = p.parse_args()
     if args.worker:
         worker(args.calls, args.sizes_kib)

@@ -75,6 +75,11 @@ struct Config {
   // (transport/allreduce_algorithm.h); empty: each call the first of the backend's list that
   // applies.
   std::string allreduce_algorithm;
+  // BLUEFOG_CROSS_HOST: which transport an MPI job's allreduces across hosts take: "auto" (a
+  // probe at init picks the faster of MPI's and Gloo's TCP pairs), "mpi", or "gloo".
+  std::string cross_host = "auto";
+  // BLUEFOG_GLOO_IFACE: the network interface Gloo's connections listen on (empty: chosen).
+  std::string gloo_iface;
 
   // The backend (BLUEFOG_BACKEND): "mpi", "gloo", or empty to choose by the launcher (see
   // UseGloo). Gloo's rendezvous is read from the variables torchrun and most schedulers set:

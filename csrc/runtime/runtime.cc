@@ -106,6 +106,8 @@ void Runtime::Shutdown() {
 
 void Runtime::Main(std::promise<void>* started) {
   try {
+    // The level now, for what the transport logs while it connects (with its rank).
+    SetLogContext(config_.log_level, 0);
     transport_ = RequireBackend(config_).make(config_, &info_);
     inline_threshold_ = config_.inline_threshold_bytes;
     std::lock_guard<std::mutex> lock(heap_mutex_);

@@ -42,13 +42,19 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
     *value = Load(shared_calls);
   else if (knob == "one_host_calls")
     *value = Load(one_host_calls);
+  else if (knob == "cross_host")
+    *value = Load(cross_host);
+  else if (knob == "cross_host_calls")
+    *value = Load(cross_host_calls);
   else
     return false;
   return true;
 }
 
 bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
-  if (knob == "shared_calls" || knob == "one_host_calls" || !Get(knob, before)) return false;
+  if (knob == "shared_calls" || knob == "one_host_calls" || knob == "cross_host_calls" ||
+      !Get(knob, before))
+    return false;
   const bool on = value != 0;
   if (knob == "ring_threshold")
     ring_threshold_bytes = value;
@@ -76,6 +82,8 @@ bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
     direct_fault_rank = value;
   else if (knob == "graph_join_us")
     graph_join_us = value;
+  else if (knob == "cross_host")
+    cross_host = on;
   return true;
 }
 

@@ -22,6 +22,9 @@ struct TransportOptions {
   int64_t streaming_store_bytes = Config().streaming_store_bytes;
   int64_t graph_join_us = Config().graph_join_us;
   std::string allreduce_algorithm;  // BLUEFOG_ALLREDUCE_ALGORITHM (allreduce_algorithm.h)
+  std::string cross_host = Config().cross_host;  // BLUEFOG_CROSS_HOST (data_plane.h)
+  std::string gloo_iface;                        // BLUEFOG_GLOO_IFACE
+  double gloo_timeout_seconds = Config().gloo_timeout_seconds;
 
   static TransportOptions FromConfig(const Config& config) {
     TransportOptions o;
@@ -35,6 +38,9 @@ struct TransportOptions {
     o.streaming_store_bytes = config.streaming_store_bytes;
     o.graph_join_us = config.graph_join_us;
     o.allreduce_algorithm = config.allreduce_algorithm;
+    o.cross_host = config.cross_host;
+    o.gloo_iface = config.gloo_iface;
+    o.gloo_timeout_seconds = config.gloo_timeout_seconds;
     return o;
   }
 };
@@ -63,6 +69,9 @@ struct Tuning {
   // MPI: a neighbour exchange with one peer on another host sends, then receives (or the
   // reverse), instead of both at once (MpiCommunicator::PhasedExchange).
   std::atomic<bool> phased_exchange{true};
+  // MPI across hosts: calls take the data plane (Gloo's TCP pairs) where one is connected; set
+  // at init by the probe or BLUEFOG_CROSS_HOST (mpi/cross_host.cc).
+  std::atomic<bool> cross_host{false};
   std::atomic<bool> direct;
   std::atomic<bool> staged{true};
   std::atomic<bool> shared{true};
@@ -84,13 +93,15 @@ struct Tuning {
   // of the one-host paths (the timed choice).
   std::atomic<uint64_t> shared_calls{0};
   std::atomic<uint64_t> one_host_calls{0};
+  std::atomic<uint64_t> cross_host_calls{0};  // allreduces through the data plane
 
   // By name, for the C API: the value before, or false when `knob` is not one of
   // kKnobNames (and for the read-only counters).
   static constexpr const char* kKnobNames =
       "ring_threshold, one_host_threshold, hierarchical, two_host_split, phased_exchange, "
       "direct, staged, shared, streaming_stores, recheck_calls, worse_percent, "
-      "direct_fault_rank, graph_join_us, shared_calls and one_host_calls (read-only)";
+      "direct_fault_rank, graph_join_us, cross_host, shared_calls, one_host_calls and "
+      "cross_host_calls (read-only)";
   bool Get(const std::string& knob, int64_t* value) const;
   bool Set(const std::string& knob, int64_t value, int64_t* before);
 };

@@ -31,6 +31,18 @@ const BackendEntry* FindBackend(const std::string& name) {
   return nullptr;
 }
 
+const BackendEntry* FindDataPlane(const std::string& name) {
+  const BackendEntry* e = FindBackend(name);
+  return e != nullptr && e->data_plane ? e : nullptr;
+}
+
+std::string DataPlaneNames() {
+  std::string names;
+  for (const BackendEntry& e : Entries())
+    if (e.data_plane) names += (names.empty() ? "" : ", ") + e.name;
+  return names.empty() ? "none" : names;
+}
+
 std::string BackendNames() {
   std::string names;
   for (const BackendEntry& e : Entries()) names += (names.empty() ? "" : ", ") + e.name;

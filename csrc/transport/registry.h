@@ -12,6 +12,7 @@
 
 #include "core/config.h"
 #include "transport/communicator.h"
+#include "transport/data_plane.h"
 
 namespace bluefog {
 
@@ -20,6 +21,10 @@ struct BackendEntry {
   // Connects this process to the job `config` describes (collective over the job's ranks);
   // fills `info` with where this rank sits. Throws BluefogError.
   std::function<std::unique_ptr<Communicator>(const Config& config, TransportInfo* info)> make;
+  // Optional: this backend's transport as a data plane over `over`'s ranks (data_plane.h),
+  // connected through `over` (collective over its ranks). Throws BluefogError.
+  std::function<std::unique_ptr<DataPlane>(Communicator& over, const DataPlaneOptions& options)>
+      data_plane;
 };
 
 // Registers `entry` (at static initialization, from the backend's own file).
@@ -30,6 +35,10 @@ class BackendRegistration {
 
 // The backend registered as `name`, or nullptr.
 const BackendEntry* FindBackend(const std::string& name);
+// The backend registered as `name` when it offers a data plane, or nullptr.
+const BackendEntry* FindDataPlane(const std::string& name);
+// The names of the backends that offer a data plane ("gloo"), or "none".
+std::string DataPlaneNames();
 // The registered names, in registration order ("mpi, gloo").
 std::string BackendNames();
 // The backend `config` asks for; a clear error naming what this build lacks and what to do

@@ -30,6 +30,36 @@ TEST(RuntimeMpi, HierarchicalAllreduceWhereExpected) {
   EXPECT_EQ(info.cross_rank, expected ? Rank() / 2 : 0);
 }
 
+// Across hosts an MPI job's allreduces from 64 KiB take Gloo's pairs where BLUEFOG_CROSS_HOST
+// or the probe chose them. BLUEFOG_EXPECT_CROSS_HOST (set by the pretend-hosts tests): 1, they
+// must; 0, they must not. Either way sums and averages are exact.
+TEST(RuntimeMpi, CrossHostAllreduceWhereExpected) {
+  const char* expect = std::getenv("BLUEFOG_EXPECT_CROSS_HOST");
+  if (expect == nullptr) GTEST_SKIP() << "not a pretend-hosts run";
+  const int64_t before = Runtime::Get().GetTuning("cross_host_calls");
+  const int n = Size();
+  const int64_t count = (int64_t{1} << 18) + 5;  // 1 MiB of float32 and a few
+  std::vector<float> data(count);
+  for (int64_t i = 0; i < count; ++i) data[i] = static_cast<float>(i % 5 + Rank());
+  for (bool average : {false, true}) {
+    auto done = Submit(OpType::kAllreduce, average ? "cross.avg" : "cross.sum", DataType::kFloat32,
+                       {count}, data.data(), average);
+    ASSERT_TRUE(Wait(*done).ok());
+    const float* out = reinterpret_cast<const float*>(done->output.data());
+    for (int64_t i = 0; i < count; ++i) {
+      const float sum = static_cast<float>(n * (i % 5) + n * (n - 1) / 2);
+      ASSERT_EQ(out[i], average ? sum / n : sum) << i;
+    }
+  }
+  const int64_t taken = Runtime::Get().GetTuning("cross_host_calls") - before;
+  EXPECT_EQ(Runtime::Get().GetTuning("cross_host") != 0, std::string(expect) == "1");
+  if (std::string(expect) == "1") {
+    EXPECT_GE(taken, 2);
+  } else {
+    EXPECT_EQ(taken, 0);
+  }
+}
+
 // Whether small collectives complete from the negotiation round's bytes in this run (the
 // ring and direct tests turn it off, BLUEFOG_INLINE_THRESHOLD=0, to reach those paths).
 bool InlineExpected() {

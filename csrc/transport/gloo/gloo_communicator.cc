@@ -12,7 +12,6 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
@@ -24,6 +23,7 @@
 #include "core/reduce_kernels.h"
 #include "core/status.h"
 #include "transport/exchange_slots.h"
+#include "transport/gloo/gloo_allreduce.h"
 #include "transport/gloo/tcp_store.h"
 #include "transport/shared_heap.h"
 
@@ -72,19 +72,6 @@ std::string HostName() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
-}
-
-// Gloo splits a buffer into segments by whole elements of T, so T must have the dtype's size;
-// the reduction itself is bluefog's kernel for the dtype (float16, bfloat16 and bool included).
-template <typename T>
-void GlooAllreduce(const std::shared_ptr<gloo::Context>& context, void* data, int64_t count,
-                   DataType dtype, ReduceOp op) {
-  gloo::AllreduceOptions opts(context);
-  opts.setOutput(static_cast<T*>(data), static_cast<size_t>(count));
-  opts.setReduceFunction([dtype, op](void* c, const void* a, const void* b, size_t n) {
-    ReduceOf(c, a, b, static_cast<int64_t>(n), dtype, op);
-  });
-  gloo::allreduce(opts);
 }
 
 // Gloo's own allreduce (a ring over its TCP pairs): whatever the one-host algorithms do not
@@ -222,10 +209,11 @@ TransportInfo GlooCommunicator::Init() {
     info.homogeneous = hosts[r] == hosts[r - r % L] && local_rank[r] == r % L;
 
   gloo::transport::tcp::attr attr;
+  attr.iface = setup_.iface;
   attr.hostname = setup_.host;
-  if (attr.hostname.empty())
+  if (attr.hostname.empty() && attr.iface.empty())
     attr.hostname = LocalAddressToward(setup_.master_addr, setup_.master_port);
-  if (attr.hostname.empty()) attr.hostname = host;
+  if (attr.hostname.empty() && attr.iface.empty()) attr.hostname = host;
   Run("device creation", [&] { device_ = gloo::transport::tcp::CreateDevice(attr); });
   world_ranks_.resize(size_);
   for (int r = 0; r < size_; ++r) world_ranks_[r] = r;
@@ -396,14 +384,7 @@ void GlooCommunicator::RingAllreduce(const AllreduceCall& call) {
   const size_t element = ElementSize(dtype);
   if (in != out) std::memcpy(out, in, static_cast<size_t>(count) * element);
   if (size_ > 1) {
-    Run("allreduce", [&] {
-      switch (element) {
-        case 1: GlooAllreduce<uint8_t>(context_, out, count, dtype, op); break;
-        case 2: GlooAllreduce<uint16_t>(context_, out, count, dtype, op); break;
-        case 4: GlooAllreduce<uint32_t>(context_, out, count, dtype, op); break;
-        default: GlooAllreduce<uint64_t>(context_, out, count, dtype, op); break;
-      }
-    });
+    Run("allreduce", [&] { GlooAllreduce(context_, out, count, dtype, op); });
   }
   if (divisor > 1) DivideBy(out, count, dtype, divisor);
 }

@@ -14,6 +14,7 @@
 
 #include "transport/allreduce_algorithm.h"
 #include "transport/communicator.h"
+#include "transport/data_plane.h"
 #include "transport/local/local_host.h"
 #include "transport/options.h"
 
@@ -44,6 +45,7 @@ struct GlooSetup {
   // The address peers reach this rank's Gloo connections at; empty: this host's address on
   // the route to MASTER_ADDR (127.0.0.1 when that is a loopback address), else its name.
   std::string host;
+  std::string iface;  // BLUEFOG_GLOO_IFACE: listen on this interface instead (`host` unused)
   std::chrono::milliseconds timeout{300000};
   // An elastic round (bfrun --gloo --min-np): every key under this prefix; the store served
   // by bfrun rather than rank 0; and the rendezvous given up at once when the driver sets
@@ -60,6 +62,9 @@ std::unique_ptr<WindowLink> MakeGlooWindowLink(std::shared_ptr<gloo::Context> co
                                                std::shared_ptr<TcpStore> store, int rank, int size,
                                                size_t header_bytes,
                                                std::chrono::milliseconds timeout);
+
+// Gloo's TCP pairs as a data plane over `over` (data_plane.cc; transport/data_plane.h).
+std::unique_ptr<DataPlane> MakeGlooDataPlane(Communicator& over, const DataPlaneOptions& options);
 
 class GlooCommunicator : public Communicator {
  public:

@@ -1,5 +1,6 @@
 // The Gloo backend's entry in the registry (transport/registry.h): the communicator over the
-// job's rendezvous variables (Config::UseGloo).
+// job's rendezvous variables (Config::UseGloo), and its TCP pairs as a data plane over another
+// backend's communicator (data_plane.cc).
 #include "transport/gloo/gloo_communicator.h"
 #include "transport/gloo/tcp_store.h"
 #include "transport/registry.h"
@@ -20,13 +21,14 @@ std::unique_ptr<Communicator> MakeGloo(const Config& config, TransportInfo* info
   setup.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(config.gloo_timeout_seconds * 1000.0));
   setup.prefix = config.gloo_prefix;
+  setup.iface = config.gloo_iface;
   setup.external_store = config.gloo_external_store;
   auto gloo = std::make_unique<GlooCommunicator>(setup, TransportOptions::FromConfig(config));
   *info = gloo->Init();
   return gloo;
 }
 
-const BackendRegistration kGloo({"gloo", MakeGloo});
+const BackendRegistration kGloo({"gloo", MakeGloo, MakeGlooDataPlane});
 
 }  // namespace
 }  // namespace bluefog

@@ -15,6 +15,7 @@
 #include "transport/exchange_slots.h"
 #include "transport/mpi/allreduce/algorithms.h"
 #include "transport/mpi/comm_handle.h"
+#include "transport/registry.h"
 #include "transport/shared_heap.h"
 
 namespace bluefog {
@@ -147,7 +148,24 @@ TransportInfo MpiCommunicator::Init() {
   }
 
   try {
-    SetUp(size_ > 1 && info.local_size == size_, /*world=*/true);
+    // Across hosts: a data plane over the ranks that share a link (the cross communicator when
+    // the hierarchical allreduce runs, else every rank), where BLUEFOG_CROSS_HOST and the probe
+    // choose it; or over every rank when BLUEFOG_ALLREDUCE_ALGORITHM names one (then the list
+    // is checked once that is connected).
+    const bool hosts = same_host_ < size_;
+    const bool forced_plane = hosts && FindDataPlane(options_.allreduce_algorithm) != nullptr;
+    SetUp(size_ > 1 && info.local_size == size_, /*world=*/!forced_plane);
+    if (forced_plane) {
+      ConnectCrossHost(options_.allreduce_algorithm, /*world=*/true, rank_, rank_ == 0);
+    } else if (hosts) {
+      (cross_ ? cross_.get() : this)
+          ->ConnectCrossHost(options_.cross_host, /*world=*/!cross_, rank_, rank_ == 0);
+    } else if (options_.cross_host != "auto" && options_.cross_host != "mpi") {
+      BF_ENFORCE(FindDataPlane(options_.cross_host) != nullptr, StatusCode::kInvalidArgument,
+                 "rank ", rank_, ": BLUEFOG_CROSS_HOST=", options_.cross_host,
+                 " is not a transport this build can use across hosts; use auto, mpi or one of: ",
+                 DataPlaneNames());
+    }
   } catch (...) {
     // A set-up every rank refused alike (BLUEFOG_ALLREDUCE_ALGORITHM): free what Init made and
     // finalize MPI, so the process ends cleanly after reporting it.
@@ -241,6 +259,8 @@ void MpiCommunicator::Shutdown() {
     heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
   }
   allreduce_.clear();
+  own_allreduce_.clear();
+  plane_.reset();
   local_.reset();
   MPI_Op_free(&AsOp(bluefog_op_));
   if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));

@@ -13,6 +13,7 @@
 #include "core/types.h"
 #include "transport/allreduce_algorithm.h"
 #include "transport/communicator.h"
+#include "transport/data_plane.h"
 #include "transport/local/local_host.h"
 #include "transport/options.h"
 
@@ -79,6 +80,8 @@ class MpiCommunicator : public Communicator {
   void* Requests(size_t n);
   // MPI_Waitall on `n` MPI_Request that leaves the core to others during a long wait.
   void WaitSparingly(void* requests, int n = 1);
+  // Gloo's TCP pairs over this communicator's ranks (cross_host.cc), or nullptr.
+  DataPlane* data_plane() const { return plane_.get(); }
   // Whether `rank` runs on another host than this rank.
   bool OnOtherHost(int rank) const { return host_of_[rank] != host_of_[rank_]; }
 
@@ -93,6 +96,11 @@ class MpiCommunicator : public Communicator {
   // most `limit` (negative: without one); false when that ran out.
   void StartExchangeSlots();
   bool AwaitExchangeSlots(const std::function<void()>& on_wait, std::chrono::microseconds limit);
+  // Collective: connects a data plane over this communicator's ranks (on several hosts) as
+  // BLUEFOG_CROSS_HOST (`how`) says, and for "auto" probes whether it beats MPI's transport
+  // (Tuning::cross_host); then makes the allreduce list again (cross_host.cc). `world_rank`
+  // for errors and logs; `speak`: this rank logs the choice.
+  void ConnectCrossHost(const std::string& how, bool world, int world_rank, bool speak);
   // Collective: host_of_ from `shared` (this rank's host's ranks within comm_).
   void MapHosts(void* shared);
   // NeighborExchange's one peer on another host, sent to and received from in two phases.
@@ -108,6 +116,7 @@ class MpiCommunicator : public Communicator {
   void* local_comm_ = nullptr;
   bool has_local_comm_ = false;
   std::unique_ptr<MpiCommunicator> cross_;
+  std::unique_ptr<DataPlane> plane_;
   int local_rank_ = 0;
   int local_size_ = 1;
   void* bluefog_op_ = nullptr;

@@ -22,13 +22,15 @@ void YieldWhenOversubscribed(const Config& config) {
   if (config.launcher_local_size > CPU_COUNT(&cpus)) setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
 }
 
-const BackendRegistration kMpi({"mpi", [](const Config& config, TransportInfo* info) {
+const BackendRegistration kMpi({"mpi",
+                                [](const Config& config, TransportInfo* info) {
                                   YieldWhenOversubscribed(config);
                                   auto mpi = std::make_unique<MpiCommunicator>(
                                       TransportOptions::FromConfig(config));
                                   *info = mpi->Init();
                                   return std::unique_ptr<Communicator>(std::move(mpi));
-                                }});
+                                },
+                                /*data_plane=*/nullptr});
 
 }  // namespace
 }  // namespace bluefog

@@ -38,6 +38,19 @@ class HierarchicalAllreduce : public AllreduceAlgorithm {
   std::vector<int> displs_;
 };
 
+// Across hosts over the communicator's data plane (Gloo's TCP pairs; cross_host.cc), where one
+// is connected and the probe at init or BLUEFOG_CROSS_HOST chose it (Tuning::cross_host).
+class CrossHostAllreduce : public AllreduceAlgorithm {
+ public:
+  explicit CrossHostAllreduce(MpiCommunicator* comm) : comm_(comm) {}
+  const char* name() const override;
+  bool AppliesTo(const AllreduceCall& call) const override;
+  void Run(const AllreduceCall& call) override;
+
+ private:
+  MpiCommunicator* comm_;
+};
+
 // Reduce-scatter then allgather around the ring (ring.cc).
 class RingAllreduce : public AllreduceAlgorithm {
  public:

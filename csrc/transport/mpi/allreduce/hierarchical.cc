@@ -65,7 +65,10 @@ void HierarchicalAllreduce::Run(const AllreduceCall& call) {
   // Across hosts both directions of every link busy at once. (Open MPI's allreduce of two
   // ranks was measured here to reduce, then send back: each direction idle half the time.)
   MpiCommunicator* cross = comm_->cross();
-  if (cross->size() == 2 && local_size > 1 &&
+  // (Over Gloo's pairs, where the probe chose them, both directions move at once anyway.)
+  const bool plane =
+      cross->data_plane() != nullptr && comm_->tuning().cross_host.load(std::memory_order_relaxed);
+  if (cross->size() == 2 && local_size > 1 && !plane &&
       comm_->tuning().two_host_split.load(std::memory_order_relaxed) &&
       mine * elem >= kSplitChunkBytes) {
     TwoHostSlice(slice, mine, dtype, call.op, call.divisor);

@@ -13,8 +13,10 @@ std::vector<AllreduceAlgorithm*> MakeAllreduceList(
   if (local) list = local->algorithms();  // one host
   owned->clear();
   owned->push_back(std::make_unique<HierarchicalAllreduce>(comm));  // several hosts
-  owned->push_back(std::make_unique<RingAllreduce>(comm));          // anywhere, large
-  owned->push_back(std::make_unique<MpiNativeAllreduce>(comm));     // everything else
+  if (comm->data_plane())                                           // across hosts, where chosen
+    owned->push_back(std::make_unique<CrossHostAllreduce>(comm));
+  owned->push_back(std::make_unique<RingAllreduce>(comm));       // anywhere, large
+  owned->push_back(std::make_unique<MpiNativeAllreduce>(comm));  // everything else
   for (const auto& a : *owned) list.push_back(a.get());
   return list;
 }
