@@ -144,17 +144,20 @@ stress: build
 soak: build
 	timeout 600 $(MPIRUN) -np 3 $(PY) tests/stress/soak_state.py --seconds 300
 
+# The bench targets also write their results as data files into $(BENCH_OUT) (the format:
+# bench/results.py; docs/data/ holds the published ones, drawn by `make docs`).
+BENCH_OUT ?= build/bench/results
 bench: build cpp-build
-	$(PY) bench/run.py
+	$(PY) bench/run.py --out $(BENCH_OUT)/run.json
 
 # bluefog against Horovod 0.28.1 (built once into ~/.cache/bluefog with tensorflow-cpu 2.15):
 # eager and tf.function allreduce 4 B - 64 MiB, and training steps; interleaved launches.
 bench-horovod: build
-	$(PY) bench/vs_horovod.py
+	$(PY) bench/vs_horovod.py --out $(BENCH_OUT)/vs_horovod.json
 
 # bf.allreduce 64 KiB-64 MiB at 2 and 3 ranks: bfrun --gloo against mpirun, launches interleaved.
 bench-gloo: build
-	$(PY) bench/gloo_vs_mpi.py
+	$(PY) bench/gloo_vs_mpi.py --out $(BENCH_OUT)/gloo_vs_mpi.json
 
 # The source distribution (dist/bluefog_tf-<version>.tar.gz). It needs only `build` and the
 # build backend, in a small venv of its own (build/sdist-venv), not the dev environment: no

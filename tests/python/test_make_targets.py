@@ -69,3 +69,11 @@ def test_install_commands_work_outside_a_checkout():
             if "install 'bluefog-tf[" in f.read():
                 found.append(os.path.relpath(path, REPO))
     assert not found, found
+
+
+@needs_make
+def test_bench_targets_write_data_files():
+    for target, script in (("bench", "bench/run.py"), ("bench-gloo", "bench/gloo_vs_mpi.py"),
+                           ("bench-horovod", "bench/vs_horovod.py")):
+        lines = [line for line in _commands("-W", "requirements.txt", target) if script in line]
+        assert lines and "--out build/bench/results/" in lines[0], (target, lines)
