@@ -3,13 +3,23 @@
 `<!-- bfrun-help -->` in a page becomes the output of `bfrun --help`, and `<!-- ibfrun-help -->`
 that of `ibfrun --help`, `ibfrun start --help` and `ibfrun stop --help`, each run from this
 checkout's source at build time, so the command-line reference is never a stale copy.
+
+The figures (`figures/NAME.png`, one per entry of docs/figures.py's FIGURES) are drawn from the
+results files in docs/data/ and added to the site as generated files, never written into docs/;
+`<!-- bench-table: NAME -->` becomes the table NAME of docs/figures.py, from the same files.
+Drawn figures are kept in build/figures-cache under a hash of docs/figures.py and docs/data/, so
+a rebuild with neither changed draws nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import sys
+
+from mkdocs.structure.files import File
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MARKS = {
@@ -29,7 +39,51 @@ def _help(args: list) -> str:
     return out.stdout
 
 
+_TABLE = re.compile(r"^<!-- bench-table: ([\w-]+) -->$", re.M)  # a line of its own
+
+
+def _figures():
+    sys.path.insert(0, os.path.join(_ROOT, "docs"))
+    try:
+        import figures  # docs/figures.py: matplotlib, imported only when the site is built
+    finally:
+        sys.path.pop(0)
+    return figures
+
+
+def _data_hash() -> str:
+    h = hashlib.sha256()
+    docs = os.path.join(_ROOT, "docs")
+    paths = [os.path.join(docs, "figures.py")] + sorted(
+        os.path.join(docs, "data", n) for n in os.listdir(os.path.join(docs, "data")))
+    for path in paths:
+        h.update(os.path.relpath(path, _ROOT).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def on_files(files, config):
+    figures = _figures()
+    cache = os.path.join(_ROOT, "build", "figures-cache")
+    os.makedirs(cache, exist_ok=True)
+    key = _data_hash()
+    for name in figures.FIGURES:
+        path = os.path.join(cache, f"{name}.{key}.png")
+        if not os.path.exists(path):
+            png = figures.render(name)
+            with open(path + ".tmp", "wb") as f:
+                f.write(png)
+            os.replace(path + ".tmp", path)
+        with open(path, "rb") as f:
+            files.append(File.generated(config, f"figures/{name}.png", content=f.read()))
+    return files
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' API)
+    if "<!-- bench-table:" in markdown:
+        figures = _figures()
+        markdown = _TABLE.sub(lambda m: figures.table(m.group(1)), markdown)
     for mark, commands in _MARKS.items():
         if mark in markdown:
             text = "\n".join(_help(c).rstrip() + "\n" for c in commands)
