@@ -9,6 +9,11 @@ results files in docs/data/ and added to the site as generated files, never writ
 `<!-- bench-table: NAME -->` becomes the table NAME of docs/figures.py, from the same files.
 Drawn figures are kept in build/figures-cache under a hash of docs/figures.py and docs/data/, so
 a rebuild with neither changed draws nothing.
+
+404.html links to the site from "/" (MkDocs without `site_url`), which opened as a file, or from
+a server under a sub-path, finds no stylesheet; its links are made relative to the site's root,
+where it lies, and a server (not file://) gets `<base href="/">` for a missing page deeper down.
+The search index is also written as search/search_index.js, which the theme loads from file://.
 """
 
 from __future__ import annotations
@@ -78,6 +83,27 @@ def on_files(files, config):
         with open(path, "rb") as f:
             files.append(File.generated(config, f"figures/{name}.png", content=f.read()))
     return files
+
+
+def on_post_template(output: str, template_name: str, config) -> str:  # noqa: ARG001
+    if template_name != "404.html":
+        return output
+    output = re.sub(r'\b(href|src)="/(?!/)', r'\1="./', output)
+    output = output.replace('"base": "/"', '"base": "."').replace('"search": "/', '"search": "./')
+    base = ("<script>if (location.protocol !== \"file:\") "
+            "document.write('<base href=\"/\">')</script>")
+    return output.replace("<head>", "<head>" + base, 1)
+
+
+def on_post_build(config) -> None:
+    """The search index as a script too: opened as a file, the theme loads the index through
+    search/search_index.js (a page cannot fetch a file), as Material's offline plugin writes it."""
+    path = os.path.join(config["site_dir"], "search", "search_index.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            data = f.read()
+        with open(path[:-len("json")] + "js", "w", encoding="utf-8") as f:
+            f.write(f"var __index = {data}")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' API)
