@@ -11,11 +11,11 @@ writes every figure as PNG into --out, to look at results before they are publis
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import os
 import statistics
-import sys
 
 import matplotlib
 
@@ -25,9 +25,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "data")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-import results  # noqa: E402  (bench/results.py)
+
+def _load_results_module():
+    """bench/results.py, loaded from its file: bench/ on sys.path would shadow other modules
+    (bench/run.py, bench/timing.py) in whatever process draws the figures."""
+    spec = importlib.util.spec_from_file_location(
+        "bluefog_bench_results", os.path.join(ROOT, "bench", "results.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+results = _load_results_module()
 
 KiB, MiB = 1 << 10, 1 << 20
 BLUEFOG, HOROVOD, MPI, GLOO = "#1565c0", "#c62828", "#424242", "#2e7d32"

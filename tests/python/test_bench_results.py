@@ -5,16 +5,18 @@ timeline there is a merged 2-rank Chrome trace. Single process, no TensorFlow.""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-import results  # noqa: E402
+# From its file: bench/ on sys.path would shadow modules of other tests (bench/run.py).
+_spec = importlib.util.spec_from_file_location("bluefog_bench_results",
+                                               os.path.join(ROOT, "bench", "results.py"))
+results = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(results)
 
 # The fields docs/figures.py reads from each file.
 FIELDS = {
