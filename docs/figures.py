@@ -109,35 +109,39 @@ def _plot_series(ax, series: dict, transform=lambda b, t: t) -> None:
 
 
 def allreduce_latency(data: str):
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     one = _one_host_series(data)
     _plot_series(axes[0], one)
     axes[0].set_title("One host, 2 ranks: time per allreduce")
-    sizes = sorted({b for s, _, _ in one.values() for b in s})
     hosts = _hosts_series(data)
     _plot_series(axes[1], hosts)
     floor = [r for r in load(data, "gloo_vs_mpi_hosts") if r["link_floor_s"]]
     axes[1].plot([r["bytes"] for r in floor], [r["link_floor_s"] for r in floor], color="#9e9e9e",
                  ls=":", label="1 Gbit/s link floor")
     axes[1].set_title("2 hosts, 1 rank each: time per allreduce")
-    for ax, s in ((axes[0], sizes), (axes[1], sorted({b for v in hosts.values() for b in v[0]}))):
-        _size_axis(ax, s)
+    for ax, series in ((axes[0], one), (axes[1], hosts)):
+        _size_axis(ax, sorted({b for v in series.values() for b in v[0]}))
         ax.set_yscale("log")
         ax.set_ylabel("seconds (median)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def gloo_one_host(data: str):
     ratio = load(data, "gloo_vs_mpi_one_host")
+    fig, ax = plt.subplots(figsize=(8, 4))
     for n, color in ((2, GLOO), (3, "#81c784")):
         mine = [r for r in ratio if r["ranks"] == n]
         b = [r["bytes"] for r in mine]
-        axes[2].plot(b, [r["gloo_over_mpi"] for r in mine], color=color, marker="o",
-                     label=f"{n} ranks{' (on 2 cores)' if n == 3 else ''}, median")
-        axes[2].plot(b, [r["worst_launch_ratio"] for r in mine], color=color, marker="x", ls="",
-                     label=f"{n} ranks, slowest launch of each")
-    axes[2].axhline(1.0, color=MPI, lw=1)
-    _size_axis(axes[2], sorted({r["bytes"] for r in ratio}))
-    axes[2].set_ylabel("Gloo's time / MPI's (below 1: Gloo faster)")
-    axes[2].set_title("One host: bfrun --gloo against mpirun")
-    axes[2].legend(fontsize=7)
+        ax.plot(b, [r["gloo_over_mpi"] for r in mine], color=color, marker="o",
+                label=f"{n} ranks{' (on 2 cores)' if n == 3 else ''}, median")
+        ax.plot(b, [r["worst_launch_ratio"] for r in mine], color=color, marker="x", ls="",
+                label=f"{n} ranks, slowest launch of each")
+    ax.axhline(1.0, color=MPI, lw=1)
+    _size_axis(ax, sorted({r["bytes"] for r in ratio}))
+    ax.set_ylabel("Gloo's time / MPI's (below 1: Gloo faster)")
+    ax.set_title("One host: bf.allreduce under bfrun --gloo against mpirun")
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -156,7 +160,7 @@ def allreduce_busbw(data: str):
         _size_axis(ax, sorted({b for v in series.values() for b in v[0]}))
         ax.set_yscale("log")
         ax.set_ylabel("bus bandwidth, GB/s")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     return fig
 
 
@@ -296,6 +300,7 @@ def timeline(data: str):
 
 
 FIGURES = {"allreduce_latency": allreduce_latency, "allreduce_busbw": allreduce_busbw,
+           "gloo_one_host": gloo_one_host,
            "training_step": training_step, "tta_hosts": tta_hosts,
            "elastic_recovery": elastic_recovery, "timeline": timeline}
 
