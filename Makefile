@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
-	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo \
+	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo browser-deps \
 	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm test-bluefog-examples
 
 all: build
@@ -91,9 +91,22 @@ test-no-mpi: $(VENV)/.deps-stamp
 	cd build/no-mpi && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) \
 	  --output-on-failure --timeout 300
 
+# Debian's chromium, for the documentation site's browser test (tests/python/test_site_browser.py,
+# through Playwright's Python package, which downloads no browser). Installed only when missing;
+# where it cannot be, the test is skipped and says why (and fails under CI).
+browser-deps:
+	@if ! command -v chromium >/dev/null; then \
+	  echo "Installing chromium from Debian (the site's browser test)..."; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    chromium >/dev/null || echo "Could not install chromium; install it by hand, or the" \
+	    "site's browser test is skipped."; \
+	fi
+
 # Single-process tests (some start mpirun jobs of their own: bfrun, faults, timeline, stalls,
-# stress, fuzzing), then the TF suite on 1, 2, 3 and 4 ranks.
-test-python: build
+# stress, fuzzing; the site in a browser, hence docs and browser-deps), then the TF suite on 1,
+# 2, 3 and 4 ranks.
+test-python: build docs browser-deps
 	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi
 	for n in 1 2 3 4; do \
 	  echo "== pytest under mpirun -np $$n =="; \
@@ -144,17 +157,20 @@ stress: build
 soak: build
 	timeout 600 $(MPIRUN) -np 3 $(PY) tests/stress/soak_state.py --seconds 300
 
+# The bench targets also write their results as data files into $(BENCH_OUT) (the format:
+# bench/results.py; docs/data/ holds the published ones, drawn by `make docs`).
+BENCH_OUT ?= build/bench/results
 bench: build cpp-build
-	$(PY) bench/run.py
+	$(PY) bench/run.py --out $(BENCH_OUT)/run.json
 
 # bluefog against Horovod 0.28.1 (built once into ~/.cache/bluefog with tensorflow-cpu 2.15):
 # eager and tf.function allreduce 4 B - 64 MiB, and training steps; interleaved launches.
 bench-horovod: build
-	$(PY) bench/vs_horovod.py
+	$(PY) bench/vs_horovod.py --out $(BENCH_OUT)/vs_horovod.json
 
 # bf.allreduce 64 KiB-64 MiB at 2 and 3 ranks: bfrun --gloo against mpirun, launches interleaved.
 bench-gloo: build
-	$(PY) bench/gloo_vs_mpi.py
+	$(PY) bench/gloo_vs_mpi.py --out $(BENCH_OUT)/gloo_vs_mpi.json
 
 # The source distribution (dist/bluefog_tf-<version>.tar.gz). It needs only `build` and the
 # build backend, in a small venv of its own (build/sdist-venv), not the dev environment: no

@@ -14,12 +14,15 @@ import argparse
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results  # noqa: E402  (bench/results.py)
 
 
 def one_run(commit_every: int, kill_at: int) -> dict:
@@ -71,17 +74,32 @@ def main():
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--commit-every", type=int, default=10)
     p.add_argument("--kill-at", type=int, default=11, help="rank 0's step (epoch 0) at the kill")
+    results.add_out_option(p)
     args = p.parse_args()
     print("run  restored commit (s)  first step after (s)  steps redone  weights identical")
-    results = []
+    runs = []
     for i in range(args.runs):
         r = one_run(args.commit_every, args.kill_at)
-        results.append(r)
+        runs.append(r)
         print(f"{i:3d}  {r['restored']:19.2f}  {r['first_step']:20.2f}  {r['redone']:12d}  "
               f"{r['identical']}", flush=True)
-    firsts = sorted(r["first_step"] for r in results)
+    firsts = sorted(r["first_step"] for r in runs)
     print(f"first step after the failure: {firsts[0]:.2f}-{firsts[-1]:.2f} s, median "
           f"{firsts[len(firsts) // 2]:.2f} s")
+    if args.out:
+        redone = [r["redone"] for r in runs]
+        restored = [r["restored"] for r in runs]
+        results.write(args.out, "elastic_recovery", [
+            {"mode": "in place", "event": "commit restored", "min_s": min(restored),
+             "median_s": statistics.median(restored), "max_s": max(restored),
+             "runs": len(restored), "source": "bench/elastic_recovery.py"},
+            {"mode": "in place", "event": "first step after the failure", "min_s": firsts[0],
+             "median_s": statistics.median(firsts), "max_s": firsts[-1], "runs": len(firsts),
+             "steps_redone_min": min(redone), "steps_redone_max": max(redone),
+             "source": "bench/elastic_recovery.py"}],
+            "Seconds from a worker's SIGKILL to each event, 3 local workers of "
+            "examples/elastic_digits.py under bfrun --gloo --min-np 2, committing every "
+            f"{args.commit_every} steps; min_s/max_s: the range over the runs.")
 
 
 if __name__ == "__main__":

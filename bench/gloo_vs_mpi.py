@@ -32,6 +32,18 @@ SIZES_KIB = (64, 256, 1024, 4096, 16384, 65536)
 NETNS = os.path.join(REPO, "bench", "netns")
 NETNS_ENV = {"BF_NETNS_PREFIX": "bfgv", "BF_NETNS_NET": "10.213.79"}
 NETNS_HOSTS = [f"{NETNS_ENV['BF_NETNS_NET']}.{i}" for i in (1, 2)]
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results  # noqa: E402  (bench/results.py)
+
+RECORDS = []  # what --out writes: one per size, rank count and link (docs/data/gloo_vs_mpi_*)
+
+
+def link_text(rate: str) -> str:
+    """tc's rate as the tables write it: "1gbit" -> "1 Gbit/s", "none" -> "not shaped"."""
+    for unit, text in (("gbit", "Gbit/s"), ("mbit", "Mbit/s"), ("kbit", "kbit/s")):
+        if rate.endswith(unit):
+            return f"{rate[:-len(unit)]} {text}"
+    return "not shaped"
 
 
 def worker(calls: int, sizes_kib) -> None:
@@ -173,6 +185,14 @@ def measure(args, netns_rate: str = "", np_: int = 2, per_host: int = 1) -> floa
         floor_s = kib * 8 * 2**10 / bits if bits else 0.0
         floor = (f" | {floor_s * 1e3:.0f} ms | {floor_s / worst_g:.0%} / {floor_s / worst_m:.0%}"
                  if bits else "")
+        RECORDS.append({
+            "where": "2 hosts" if netns else "one host", "ranks": np_, "per_host":
+            per_host if netns else np_, "link": link_text(netns_rate) if netns else None,
+            "bytes": int(kib * 1024), "gloo_s": g, "mpi_s": m, "gloo_over_mpi": g / m,
+            "per_round_min": min(per_round), "per_round_max": max(per_round),
+            "gloo_worst_launch_s": worst_g, "mpi_worst_launch_s": worst_m,
+            "worst_launch_ratio": worst_g / worst_m, "link_floor_s": floor_s or None,
+            "mpi_across_hosts_gloo_pairs": all(crossed) if netns else None})
         print(f"| {size_text(kib)} | {g * 1e3:.2f} ms | {m * 1e3:.2f} ms | {g / m:.2f} | "
               f"{min(per_round):.2f}-{max(per_round):.2f} | "
               f"{worst_g * 1e3:.2f} / {worst_m * 1e3:.2f} ms ({worst_g / worst_m:.2f}){floor} |",
@@ -204,6 +224,7 @@ def main() -> None:
     p.add_argument("--cross-host", default="", metavar="HOW",
                    help="BLUEFOG_CROSS_HOST for the mpirun launches (auto, mpi, gloo; default: "
                         "unset, which is auto)")
+    results.add_out_option(p)
     args = p.parse_args()
     if args.worker:
         worker(args.calls, args.sizes_kib)
@@ -213,6 +234,7 @@ def main() -> None:
         print(f"\nworst launch Gloo / MPI over {size_text(min(args.sizes_kib))}-"
               f"{size_text(max(args.sizes_kib))}: " +
               ", ".join(f"{n} ranks {w:.2f}" for n, w in worst.items()))
+        save(args)
         return
     if os.geteuid() != 0:
         raise SystemExit("gloo_vs_mpi.py --netns: needs root (it makes network namespaces)")
@@ -224,6 +246,18 @@ def main() -> None:
                 measure(args, rate, per_host=per_host)
         finally:
             hosts_sh("down", "2")
+    save(args)
+
+
+def save(args) -> None:
+    if args.out:
+        results.write(args.out, "gloo_vs_mpi", RECORDS,
+                      f"Eager bf.allreduce of one float32 tensor, bfrun --gloo against mpirun, "
+                      f"{args.rounds} launches per backend interleaved, {args.calls} calls per "
+                      "size and launch, a call's time the slower rank's. gloo_s, mpi_s: median "
+                      "over every call; per_round_min/max: the per-round Gloo / MPI ratio's "
+                      "range; *_worst_launch_s: the median of each backend's slowest launch; "
+                      "link_floor_s: each host sending the other the buffer once.")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import results  # noqa: E402  (bench/results.py)
+
 PY = sys.executable
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", TF_CPP_MIN_LOG_LEVEL="2")
@@ -64,7 +67,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--max-bytes", type=int, default=64 << 20)
     p.add_argument("--no-mwms", action="store_true", help="skip MultiWorkerMirroredStrategy")
+    results.add_out_option(p)
     args = p.parse_args()
+    saved = []  # every record of every program, with its rank count and program
     if not shutil.which("mpirun"):
         raise SystemExit("mpirun not found: run `make deps` (installs openmpi-bin)")
     mpi_exe, mpi_lib = build_mpi_baseline()
@@ -76,6 +81,7 @@ def main() -> None:
         res += records(MPIRUN + ["-np", str(n), mpi_exe, "--json"] + common, 600)
         if not args.no_mwms:
             res += records([PY, "bench/tf_mwms.py", "--ranks", str(n), "--json"] + common, 900)
+        saved += [dict(r, ranks=n, program="bf_allreduce/mpi_allreduce/tf_mwms") for r in res]
         by = {(r["impl"], r.get("bytes")): r["median_s"] for r in res if "median_s" in r}
         faults = {(r["impl"], r["bytes"]): r["faults_per_call"] for r in res
                   if "faults_per_call" in r}
@@ -118,6 +124,7 @@ def main() -> None:
         transport = os.path.join(ROOT, "build", "cpp", "transport_bench")
         if os.path.exists(transport):  # built by `make bench` (make cpp-build)
             rows = records(MPIRUN + ["-np", str(n), transport], 600)
+            saved += [dict(r, ranks=n, program="transport_bench") for r in rows]
             print(f"\nThe transport alone, from C++ without TensorFlow or negotiation, {n} ranks "
                   "(batches interleaved with in-place MPI_Allreduce; MPI / bluefog): "
                   + "; ".join(f"{fmt_size(r['bytes'])} MPI {fmt_time(r['mpi_s'])}, ring "
@@ -167,6 +174,7 @@ def main() -> None:
         latency = os.path.join(ROOT, "build", "cpp", "runtime_latency_bench")
         if os.path.exists(latency):  # the runtime alone, without TensorFlow
             rows = records(MPIRUN + ["-np", str(n), latency], 600)
+            saved += [dict(r, ranks=n, program="runtime_latency_bench") for r in rows]
             print(f"\nThe runtime alone, from C++, {n} ranks (Enqueue and wait; batches "
                   "interleaved): " + "; ".join(
                       f"{fmt_size(r['bytes'])} caller-run {fmt_time(r['bf_drive'])}, handed off "
@@ -178,18 +186,21 @@ def main() -> None:
     footprint = os.path.join(ROOT, "build", "cpp", "store_footprint_bench")
     if os.path.exists(footprint):  # one process, no communication (make cpp-build)
         rows = records([footprint], 300)
+        saved += [dict(r, ranks=1, program="store_footprint_bench") for r in rows]
         print("\nKeeping the input, one process summing two buffers (no communication; time over "
               "the in-place sum's): " + "; ".join(
                   f"{fmt_size(r['bytes'])} in place {fmt_time(r['in_place_s'])}, out of place "
                   f"{r['plain_s'] / r['in_place_s']:.2f}x, streamed "
                   f"{r['streamed_s'] / r['in_place_s']:.2f}x" for r in rows))
     comp = records(MPIRUN + ["-np", "2", PY, "bench/compression.py", "--mib", "16"], 600)[0]
+    saved.append(dict(comp, ranks=2, program="compression"))
     ms = comp["median_ms"]
     print(f"\nGradient compression, 2 ranks on this machine, 8 float32 tensors of 16 MiB in all "
           f"(grouped, tf.function): none {ms['none']:.2f} ms, fp16 {ms['fp16']:.2f} ms "
           f"({comp['vs_none']['fp16']:.2f}x), bf16 {ms['bf16']:.2f} ms "
           f"({comp['vs_none']['bf16']:.2f}x); across a slow link see docs/benchmarks.md")
     tape = records(MPIRUN + ["-np", "1", PY, "bench/tape_overhead.py"], 600)
+    saved += [dict(r, ranks=1, program="tape_overhead") for r in tape]
     t = {r["impl"]: r["median_s"] for r in tape}
     ratio = t["distributed_tape"] / t["plain_tape"] - 1
     print(f"\nTraining step at 1 rank: plain tape {fmt_time(t['plain_tape'])}, "
@@ -199,6 +210,13 @@ def main() -> None:
     print("\n### Floors\n")
     for what, ok, value in floors:
         print(f"- {'PASS' if ok else 'FAIL'}: {what} ({value})")
+    if args.out:
+        saved += [{"program": "floors", "floor": what, "passed": ok, "value": value}
+                  for what, ok, value in floors]
+        results.write(args.out, "run", saved,
+                      "Every record each program printed, with `ranks` and `program` added: "
+                      "`impl` names the kind of call, `median_s` its median time per call "
+                      "(bench/timing.py); `floors` records are the PASS/FAIL list.")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import async_straggler  # noqa: E402
+import results  # noqa: E402
+
+LABELS = {"allreduce": "allreduce (DistributedOptimizer, hierarchical across hosts)",
+          "hierarchical": "hierarchical_neighbor_allreduce, inner/outer machine schedule",
+          "winput": "DistributedWinPutOptimizer (asynchronous)"}
 
 NETNS = os.path.join(HERE, "netns")
 NETNS_ENV = {"BF_NETNS_PREFIX": "bftt", "BF_NETNS_NET": "10.213.83"}
@@ -52,6 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--margin", type=float, default=0.01, help="target: allreduce final - this")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--json", default="", help="also append the JSON lines to this file")
+    results.add_out_option(p)
     return p.parse_args(argv)
 
 
@@ -90,6 +96,19 @@ def report(args, runs) -> None:
             out.write(line + "\n")
     if out:
         out.close()
+    if args.out:
+        steps = {m: statistics.median(r["step_ms_median_per_rank"][0] for r in runs
+                                      if r["method"] == m) / 1e3
+                 for m in {r["method"] for r in runs}}
+        results.write(args.out, "tta_hosts", [
+            {"method": r["method"], "label": LABELS.get(r["method"], r["method"]),
+             "round": r["round"], "time_to_target_s": r["time_to_target"],
+             "median_step_s": steps[r["method"]], "final_acc": r["final_acc"],
+             "target": target} for r in runs],
+            f"2 pretend hosts joined by a {args.rate} link, {args.ranks // 2} ranks each; "
+            f"{args.epochs} epochs. time_to_target_s: rank 0's training time until its model "
+            "first reaches the target (allreduce's final accuracy minus the margin), "
+            "evaluation excluded (null: never); median_step_s: the method's median step.")
     print(f"\n2 pretend hosts x {args.ranks // 2} ranks, link {args.rate}, hidden "
           f"{args.hidden}, {args.epochs} epochs; target = allreduce's median final accuracy "
           f"- {args.margin * 100:g} pp = {target:.4f} (rank 0's model)")

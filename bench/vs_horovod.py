@@ -46,7 +46,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import results  # noqa: E402  (bench/results.py)
 from run import ENV, MPIRUN, build_mpi_baseline, fmt_size  # noqa: E402
+
+# What --out writes: allreduce records (with `call`, as docs/data/allreduce_horovod.json) and
+# training-step records (with `model`, as docs/data/training_step.json).
+RECORDS = []
 
 HOROVOD_VENV = os.path.expanduser("~/.cache/bluefog/horovod-0.28.1-tf2.15")
 
@@ -135,6 +140,17 @@ def steps(args, hvd_py: str) -> None:
             over_alone = [r["step_s"] / a - 1 for r, a in zip(runs, alone)]
             eff = [r["images_per_s_per_rank"] / o["images_per_s_per_rank"]
                    for r, o in zip(runs, ones)]
+            RECORDS.append({
+                "model": model, "framework": "bluefog" if fw == "bluefog" else "Horovod",
+                "ranks": args.ranks, "step_s": statistics.median(step),
+                "step_worst_s": max(step),
+                "compute_only_s": statistics.median(r["compute_s"] for r in runs),
+                "overhead_pct": statistics.median(over) * 100,
+                "overhead_worst_pct": max(over) * 100, "tf_alone_s": statistics.median(alone),
+                "over_tf_alone_pct": statistics.median(over_alone) * 100,
+                "over_tf_alone_worst_pct": max(over_alone) * 100,
+                "scaling_efficiency": statistics.median(eff),
+                "scaling_efficiency_worst": min(eff)})
             print(f"| {model} | {fw} | {statistics.median(step):.4f} ({max(step):.4f}) | "
                   f"{statistics.median(r['compute_s'] for r in runs):.4f} | "
                   f"{statistics.median(over):+.1%} ({max(over):+.1%}) | "
@@ -179,15 +195,26 @@ def main() -> None:
     p.add_argument("--report", nargs="+", metavar="JSON",
                    help="only print the allreduce tables of saved sweeps (copies of "
                         "build/bench/vs_horovod_allreduce.json), their launches joined")
+    results.add_out_option(p)
     args = p.parse_args()
     if args.report:
         report(load_runs(args.report), args.ranks)
-        return
-    hvd_py = horovod_python(args.horovod_venv)
-    if not args.no_allreduce:
-        allreduces(args, hvd_py)
-    if args.models:
-        steps(args, hvd_py)
+    else:
+        hvd_py = horovod_python(args.horovod_venv)
+        if not args.no_allreduce:
+            allreduces(args, hvd_py)
+        if args.models:
+            steps(args, hvd_py)
+    if args.out:
+        results.write(args.out, "vs_horovod", RECORDS,
+                      f"{args.ranks} ranks; Horovod 0.28.1 with tensorflow-cpu 2.15 in its own "
+                      "venv. Records with `call`: horovod_over_bluefog is Horovod's per-call "
+                      "time over bluefog's, median over launch pairs; least_favourable_pair, "
+                      "slowest_launches as in the printed tables; bluefog_s, horovod_s: median "
+                      "time per call (per op for call chain); bluefog_over_mpi_in_place(_worst): "
+                      "the chain's op over raw in-place MPI, median (worst) launch. Records "
+                      "with `model`: seconds per step, median (worst) over the launches; "
+                      "*_pct: overheads in percent.")
 
 
 def allreduces(args, hvd_py: str) -> None:
@@ -260,6 +287,14 @@ def report(runs: dict, ranks: int) -> None:
         hv = [ratios(r, size) for r in runs["horovod"]]
         faster = partial(faster_by, bf, hv)
 
+        for call, key in (("eager", "time_eager"), ("tf.function", "time_function"),
+                          ("temporary", "time_temp")):
+            v = [h[key] / b[key] for b, h in zip(bf, hv)]
+            RECORDS.append({"call": call, "bytes": size, "horovod_over_bluefog":
+                            statistics.median(v), "least_favourable_pair": min(v),
+                            "slowest_launches": max(h[key] for h in hv) / max(b[key] for b in bf),
+                            "bluefog_s": statistics.median(b[key] for b in bf),
+                            "horovod_s": statistics.median(h[key] for h in hv)})
         print(f"| {fmt_size(size)} | {pair(bf, 'eager')} | {pair(hv, 'eager')} | "
               f"{pair(bf, 'function')} | {pair(hv, 'function')} | {pair(bf, 'temp')} | "
               f"{pair(hv, 'temp')} | {faster('eager')} | {faster('function')} | "
@@ -279,6 +314,18 @@ def report(runs: dict, ranks: int) -> None:
         hv = [ratios(r, size) for r in runs["horovod"]]
         faster = partial(faster_by, bf, hv)
 
+        v = [h["time_chain"] / b["time_chain"] for b, h in zip(bf, hv)]
+        RECORDS.append({
+            "call": "chain", "bytes": size,
+            "tf_call_bluefog_s": statistics.median(r["time_call"] for r in bf),
+            "tf_call_horovod_s": statistics.median(r["time_call"] for r in hv),
+            "bluefog_s": statistics.median(r["time_chain"] for r in bf),
+            "bluefog_over_mpi_in_place": statistics.median(r["chain"] for r in bf),
+            "bluefog_over_mpi_in_place_worst": max(r["chain"] for r in bf),
+            "horovod_s": statistics.median(r["time_chain"] for r in hv),
+            "horovod_over_bluefog": statistics.median(v), "least_favourable_pair": min(v),
+            "slowest_launches": max(h["time_chain"] for h in hv) /
+            max(b["time_chain"] for b in bf)})
         call = [fmt_us(statistics.median(r["time_call"] for r in rows)) for rows in (bf, hv)]
         op = [fmt_us(statistics.median(r["time_chain"] for r in rows)) for rows in (bf, hv)]
         print(f"| {fmt_size(size)} | {call[0]} / {call[1]} | {pair(bf, 'share')} | "

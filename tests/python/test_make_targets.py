@@ -69,3 +69,23 @@ def test_install_commands_work_outside_a_checkout():
             if "install 'bluefog-tf[" in f.read():
                 found.append(os.path.relpath(path, REPO))
     assert not found, found
+
+
+@needs_make
+def test_make_test_installs_chromium_and_builds_the_site():
+    """The README's `make test` runs the site's browser test: chromium from Debian when missing,
+    as `make deps` installs Open MPI, and the site built first."""
+    text = "\n".join(_commands("-W", "requirements.txt", "test-python")).replace("\\\n", " ")
+    assert "if ! command -v chromium" in text, text
+    install = text[text.index("if ! command -v chromium"):]
+    assert "apt-get install" in install.splitlines()[0] and \
+        " chromium " in install.splitlines()[0], install
+    assert "mkdocs build --strict" in text, text
+
+
+@needs_make
+def test_bench_targets_write_data_files():
+    for target, script in (("bench", "bench/run.py"), ("bench-gloo", "bench/gloo_vs_mpi.py"),
+                           ("bench-horovod", "bench/vs_horovod.py")):
+        lines = [line for line in _commands("-W", "requirements.txt", target) if script in line]
+        assert lines and "--out build/bench/results/" in lines[0], (target, lines)
