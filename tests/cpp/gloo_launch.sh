@@ -3,9 +3,16 @@
 # would: MASTER_ADDR=127.0.0.1, a free MASTER_PORT (and a second free port in
 # GLOO_TEST_SPARE_PORT for tests that need another rendezvous), RANK and WORLD_SIZE. Each
 # rank's output goes to a log printed when that rank fails; exits with the worst status.
+# GLOO_TEST_HOSTS=H: H pretend hosts, ranks in blocks, each rank in a UTS namespace of its own
+# named after its host (unshare, root), so the ranks see H host names; exits 77 (skipped) where
+# unshare cannot do that.
 # Usage: gloo_launch.sh N program [args...]
 set -u
 n=$1; shift
+if [ -n "${GLOO_TEST_HOSTS:-}" ] && ! unshare --uts /bin/true 2>/dev/null; then
+  echo "gloo_launch.sh: GLOO_TEST_HOSTS needs unshare --uts (root); skipped"
+  exit 77
+fi
 read -r port spare < <(python3 -c '
 import socket
 socks = [socket.socket() for _ in range(2)]
@@ -15,8 +22,12 @@ print(*(s.getsockname()[1] for s in socks))')
 logs=$(mktemp -d /tmp/bluefog-gloo-launch.XXXXXX)
 pids=()
 for ((r = 0; r < n; r++)); do
+  wrap=()
+  if [ -n "${GLOO_TEST_HOSTS:-}" ]; then
+    wrap=(unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "pretend$((r * GLOO_TEST_HOSTS / n))")
+  fi
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_TEST_SPARE_PORT=$spare RANK=$r WORLD_SIZE=$n \
-    "$@" >"$logs/rank$r" 2>&1 &
+    "${wrap[@]}" "$@" >"$logs/rank$r" 2>&1 &
   pids+=($!)
 done
 worst=0

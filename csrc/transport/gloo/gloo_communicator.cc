@@ -241,6 +241,10 @@ void GlooCommunicator::Connect(const std::string& prefix, const std::vector<std:
       [this](const AllreduceCall& call) { RingAllreduce(call); });
   allreduce_.clear();
   if (local_) allreduce_ = local_->algorithms();
+  if (const int L = prefix == "bluefog/world" ? HomogeneousLocalSize(hosts) : 0) {
+    hierarchical_ = MakeGlooHierarchical(this, L);
+    allreduce_.push_back(hierarchical_.get());
+  }
   allreduce_.push_back(ring_.get());
   allreduce_ = ForceAllreduce(allreduce_, options_.allreduce_algorithm,
                               /*must=*/prefix == "bluefog/world", world_ranks_[rank_], backend());
@@ -304,6 +308,7 @@ void GlooCommunicator::Shutdown() {
     heap->Retire();  // blocks still out stay mapped until TensorFlow frees them
   }
   allreduce_.clear();
+  hierarchical_.reset();  // its subsets first: they share this communicator's store
   local_.reset();
   context_.reset();
   store_.reset();

@@ -66,6 +66,13 @@ std::unique_ptr<WindowLink> MakeGlooWindowLink(std::shared_ptr<gloo::Context> co
 // Gloo's TCP pairs as a data plane over `over` (data_plane.cc; transport/data_plane.h).
 std::unique_ptr<DataPlane> MakeGlooDataPlane(Communicator& over, const DataPlaneOptions& options);
 
+// The number of ranks on each host when every host runs the same number (> 1) and host h holds
+// ranks h*L .. h*L+L-1, on several hosts; else 0 (hierarchical.cc).
+int HomogeneousLocalSize(const std::vector<std::string>& hosts);
+class GlooCommunicator;
+// The hierarchical allreduce over `world`'s hosts of `local_size` ranks each (hierarchical.cc).
+std::unique_ptr<AllreduceAlgorithm> MakeGlooHierarchical(GlooCommunicator* world, int local_size);
+
 class GlooCommunicator : public Communicator {
  public:
   explicit GlooCommunicator(GlooSetup setup, const TransportOptions& options = TransportOptions());
@@ -85,7 +92,11 @@ class GlooCommunicator : public Communicator {
   const char* backend() const override { return "gloo"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  TransportPaths paths() const override { return LocalPaths(local_.get()); }
+  TransportPaths paths() const override {
+    TransportPaths p = LocalPaths(local_.get());
+    p.hierarchical = hierarchical_ != nullptr && tuning_->hierarchical;
+    return p;
+  }
   Capabilities capabilities() const override {
     return {/*reinitializable=*/true, /*fails_fast=*/true, /*windows=*/true};
   }
@@ -146,7 +157,8 @@ class GlooCommunicator : public Communicator {
   std::vector<std::string> hosts_;    // each rank's host name, announced at the rendezvous
   std::unique_ptr<LocalHost> local_;  // every rank on this host: its segment and paths
   std::vector<AllreduceAlgorithm*> allreduce_;
-  std::unique_ptr<AllreduceAlgorithm> ring_;  // Gloo's own allreduce, last in allreduce_
+  std::unique_ptr<AllreduceAlgorithm> ring_;          // Gloo's own allreduce, last in allreduce_
+  std::unique_ptr<AllreduceAlgorithm> hierarchical_;  // the world's, on several alike hosts
   std::string exchange_mine_;  // StartExchange's message, for what does not fit its slot
   // How many subsets over each list of ranks this communicator made: a set removed and made
   // again (with its old id) must not find the old subset's addresses in the store.

@@ -143,6 +143,10 @@ TransportInfo MpiCommunicator::Init() {
   Check(MPI_Comm_size(AsComm(cross), &info.cross_size), "MPI_Comm_size");
   if (-sizes[0] == sizes[1] && info.local_size > 1 && info.local_size < size_) {
     cross_ = Adopt(cross);
+    // The hierarchical path's sum within the host goes through the one-host transport.
+    void* host = nullptr;
+    Check(MPI_Comm_dup(AsComm(local_comm_), &AsComm(host)), "MPI_Comm_dup");
+    host_ = Adopt(host);
   } else {
     Check(MPI_Comm_free(&AsComm(cross)), "MPI_Comm_free");
   }
@@ -265,6 +269,7 @@ void MpiCommunicator::Shutdown() {
   MPI_Op_free(&AsOp(bluefog_op_));
   if (has_local_comm_) MPI_Comm_free(&AsComm(local_comm_));
   if (cross_) cross_->Shutdown();
+  if (host_) host_->Shutdown();
   MPI_Comm_free(&AsComm(comm_));
   if (owns_mpi_) {
     int finalized = 0;

@@ -70,6 +70,8 @@ class MpiCommunicator : public Communicator {
   // Over the ranks with this rank's local rank, one per host, when the hierarchical allreduce
   // can run (else nullptr).
   MpiCommunicator* cross() const { return cross_.get(); }
+  // Over this host's ranks, with the one-host transport, where cross() is (else nullptr).
+  MpiCommunicator* host() const { return host_.get(); }
   const TransportOptions& options() const { return options_; }
   // Throws BluefogError(kInternal) with MPI's text when `code` is not MPI_SUCCESS.
   void Check(int code, const char* call) const;
@@ -116,6 +118,7 @@ class MpiCommunicator : public Communicator {
   void* local_comm_ = nullptr;
   bool has_local_comm_ = false;
   std::unique_ptr<MpiCommunicator> cross_;
+  std::unique_ptr<MpiCommunicator> host_;
   std::unique_ptr<DataPlane> plane_;
   int local_rank_ = 0;
   int local_size_ = 1;
