@@ -379,15 +379,15 @@ def run_env():
 
 
 def _collective_with_strays(scale):
-    """Rank 0 sends the rendezvous a garbage connection and another job's handshake, then
+    """Rank 0 sends the rendezvous a garbage connection and another job's rank, then
     both ranks allreduce: the store refuses both (logged) and the job goes on."""
     import os
     import socket
-    import struct
 
     import tensorflow as tf
 
     import bluefog.tensorflow as bf
+    from bluefog.common import gloo_store
 
     bf.init()
     answers = []
@@ -396,10 +396,12 @@ def _collective_with_strays(scale):
         with socket.create_connection(addr, timeout=10) as s:
             s.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)))
             answers.append(s.recv(16))  # closed: b""
-        token = b"another-jobs-token"
-        with socket.create_connection(addr, timeout=10) as s:
-            s.sendall(b"BFG1" + struct.pack("<I", len(token)) + token + struct.pack("<i", 1))
-            answers.append(s.recv(16))  # b"N"
+        try:  # another job's rank: the handshake's proofs do not match
+            gloo_store.StoreClient(*addr, gloo_store.job_token("another job"), rank=1,
+                                   timeout=10)
+            answers.append("accepted")
+        except ConnectionError:
+            answers.append("refused")
     x = bf.allreduce(tf.constant([scale * (bf.rank() + 1)]), average=False)
     return bf.rank(), bf.size(), float(x.numpy()[0]), answers
 
@@ -408,7 +410,7 @@ def _collective_with_strays(scale):
 def test_run_returns_every_ranks_result_and_refuses_strays(run_env, capfd):
     results = bluefog.run(_collective_with_strays, args=(2.0,), np=2, env=run_env,
                           timeout=JOB_TIMEOUT_S)
-    assert results == [(0, 2, 6.0, [b"", b"N"]), (1, 2, 6.0, [])]
+    assert results == [(0, 2, 6.0, [b"", "refused"]), (1, 2, 6.0, [])]
     err = capfd.readouterr().err
     assert "did not open with bluefog's handshake" in err, err[-3000:]
     assert "its job token differs from this job's" in err, err[-3000:]
