@@ -80,6 +80,16 @@ def test_plan_fills_hosts_in_order():
         gloo_launch.plan(2, "a:1,a:1")
 
 
+def test_listen_address_is_this_hosts_own_or_every_interface():
+    """Where a listener for other hosts binds: the address of this host's name, never a
+    loopback one (other hosts could not reach it); "" (every interface) when that is all the
+    name resolves to."""
+    import ipaddress
+
+    addr = gloo_launch.listen_address()
+    assert addr == "" or not ipaddress.ip_address(addr).is_loopback, addr
+
+
 def test_bfrun_gloo_dry_run_and_bad_args(no_mpirun_env):
     result = bfrun(["-np", "2", "--dry-run", "python", "x.py"], no_mpirun_env, timeout=60)
     assert result.returncode == 0, result.tail()
