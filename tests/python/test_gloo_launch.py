@@ -143,15 +143,19 @@ def _cmdlines_holding(needles):
     return found
 
 
-def test_bfrun_gloo_remote_rank_secrets_not_on_any_command_line(tmp_path, no_mpirun_env):
-    """A 2-"host" job: while it runs, no process's command line holds the job token or a
-    forwarded variable's value; the remote rank still gets both, byte for byte. The stand-in
-    remote shell lives for the whole job with its arguments, as ssh does."""
+@pytest.mark.parametrize("elastic", [[], ["--min-np", "2"]], ids=["fixed", "elastic"])
+def test_bfrun_gloo_remote_rank_secrets_not_on_any_command_line(tmp_path, no_mpirun_env,
+                                                                 elastic):
+    """A 2-"host" job, fixed or in-place elastic: while it runs, no process's command line
+    holds the job token or a forwarded variable's value; the remote rank still gets both, byte
+    for byte. The stand-in remote shell lives for the whole job with its arguments, as ssh
+    does."""
     secret_hex = os.urandom(12).hex()
     secret = f"{secret_hex} it's \"odd\"\n$HOME \\x %s é"
     job = _script(tmp_path, f"""
         import os, time
-        out = {str(tmp_path)!r} + "/rank" + os.environ["RANK"]
+        me = os.environ.get("BLUEFOG_ELASTIC_WORKER") or os.environ["RANK"]
+        out = {str(tmp_path)!r} + "/rank" + me
         with open(out + ".tmp", "w") as f:
             f.write(os.environ["BLUEFOG_JOB_TOKEN"] + "\\0" + os.environ.get("MY_API_SECRET", ""))
         os.rename(out + ".tmp", out)
@@ -159,8 +163,8 @@ def test_bfrun_gloo_remote_rank_secrets_not_on_any_command_line(tmp_path, no_mpi
         while not os.path.exists({str(tmp_path)!r} + "/done") and time.time() < deadline:
             time.sleep(0.05)
         """)
-    proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", "-H",
-                             "localhost:1,elsewhere:1", "--rsh-agent", FAKE_RSH,
+    proc = subprocess.Popen([PYTHON, "-m", "bluefog.run", "--gloo", "-np", "2", *elastic,
+                             "-H", "localhost:1,elsewhere:1", "--rsh-agent", FAKE_RSH,
                              "-x", "MY_API_SECRET", PYTHON, job],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**no_mpirun_env, "MY_API_SECRET": secret,
