@@ -15,7 +15,8 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
-	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo browser-deps \
+	sanitize-ci stress soak flood bench bench-horovod bench-gloo clean sdist docs test-gloo \
+	browser-deps \
 	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm test-bluefog-examples
 
 all: build
@@ -156,6 +157,13 @@ stress: build
 # descriptors, threads and state files checked (tests/stress/soak_state.py).
 soak: build
 	timeout 600 $(MPIRUN) -np 3 $(PY) tests/stress/soak_state.py --seconds 300
+
+# A stranger's flood of 10,000 connections (garbage, idle, slow-drip, wrong-token) against rank
+# 0's rendezvous server during a 3-rank Gloo job and against the store of an in-place elastic
+# job (tests/python/test_flood.py, which `make test` runs with 400); prints each listener's
+# descriptors and threads before, at the peak and after.
+flood: build
+	BLUEFOG_FLOOD_COUNT=10000 timeout 1200 $(PY) -m pytest -q -s tests/python/test_flood.py
 
 # The bench targets also write their results as data files into $(BENCH_OUT) (the format:
 # bench/results.py; docs/data/ holds the published ones, drawn by `make docs`).

@@ -5,16 +5,23 @@ so that an elastic ``bfrun --gloo`` can serve the store itself (it outlives ever
 job's store survives the loss of any worker) and so that the driver and the workers can
 exchange the rounds of the job (bluefog/common/elastic_rounds.py) through it. No TensorFlow.
 
-The wire (native byte order, as the C++ side): a connection opens with ``BFG1``, the token's
-length (u32), the token and the client's rank (i32); the server answers ``Y`` or ``N``. Then
-requests: an op byte (``S`` set, ``G`` get, ``H`` has), the key's length (u32), the key and, for a
-set, the value's length (u64) and the value. A set is answered ``K``; a get ``Y``, the length
-(u64) and the bytes, or ``N`` while the key is unset; a has ``Y`` or ``N``.
+The handshake (as csrc/transport/gloo/store_auth.h): the client sends ``BFG2``, a nonce of 16
+random bytes and its rank (i32); the server answers its own nonce and its proof; the client
+sends its proof; the server answers ``Y`` or ``N``. A proof is HMAC-SHA-256 keyed with the job's
+token over a label (``bluefog-store-server|`` or ``bluefog-store-client|``), both nonces and the
+rank (i32, little-endian): each end learns that the other holds the token, and the token never
+crosses the wire. Then requests (native byte order, as the C++ side): an op byte (``S`` set,
+``G`` get, ``H`` has), the key's length (u32), the key and, for a set, the value's length (u64)
+and the value. A set is answered ``K``; a get ``Y``, the length (u64) and the bytes, or ``N``
+while the key is unset; a has ``Y`` or ``N``.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
+import os
 import socket
 import struct
 import sys
@@ -22,10 +29,10 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-_MAGIC = b"BFG1"
+_MAGIC = b"BFG2"
+_NONCE = 16
 _MAX_KEY = 4096
 _MAX_VALUE = 64 << 20
-_MAX_TOKEN = 256
 # Connections that are not a rank's must not take the server's descriptors or threads (as in
 # tcp_store.cc): the whole handshake within this many seconds, at most this many waiting for
 # theirs at once (a new one closes the oldest, so a rank still gets in during a flood).
@@ -36,18 +43,18 @@ _OUT_OF_ROOM = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _LOGGED_REFUSALS = 10
 
 
-def _fnv(text: bytes, h: int) -> int:
-    for c in text:
-        h ^= c
-        h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
 def job_token(secret: str) -> str:
-    """The digest the ranks present for ``BLUEFOG_JOB_TOKEN=secret`` (JobToken in
-    tcp_store.cc)."""
-    text = f"bluefog-token|{secret}".encode()
-    return f"{_fnv(text, 14695981039346656037):016x}{_fnv(text, 0x9e3779b97f4a7c15):016x}"
+    """The key the ranks prove they hold for ``BLUEFOG_JOB_TOKEN=secret`` (JobToken in
+    store_auth.cc)."""
+    return hashlib.sha256(f"bluefog-token|{secret}".encode()).hexdigest()
+
+
+def proof(token: bytes, server: bool, client_nonce: bytes, server_nonce: bytes,
+          rank: int) -> bytes:
+    """HandshakeProof in store_auth.cc."""
+    label = b"bluefog-store-server|" if server else b"bluefog-store-client|"
+    message = label + client_nonce + server_nonce + struct.pack("<i", rank)
+    return hmac.new(token, message, hashlib.sha256).digest()
 
 
 def _read(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
@@ -190,11 +197,12 @@ class StoreServer:
             try:
                 if _read(conn, 4, deadline) != _MAGIC:
                     raise ConnectionError("it did not open with bluefog's handshake")
-                (n,) = struct.unpack("=I", _read(conn, 4, deadline))
-                if n > _MAX_TOKEN:
-                    raise ConnectionError("its token is too long")
-                token = _read(conn, n, deadline)
+                client_nonce = _read(conn, _NONCE, deadline)
                 (rank,) = struct.unpack("=i", _read(conn, 4, deadline))
+                server_nonce = os.urandom(_NONCE)
+                conn.sendall(server_nonce + proof(self.token, True, client_nonce, server_nonce,
+                                                  rank))
+                theirs = _read(conn, 32, deadline)
             except (ConnectionError, OSError) as e:
                 rank = -1
                 with self.lock:
@@ -205,7 +213,8 @@ class StoreServer:
                     f"no complete handshake within {HANDSHAKE_TIMEOUT_S:g} s"
                     if time.monotonic() >= deadline else str(e)))
                 return
-            if token != self.token:
+            if not hmac.compare_digest(
+                    theirs, proof(self.token, False, client_nonce, server_nonce, rank)):
                 self._refuse(f"from {peer}: its job token differs from this job's")
                 conn.sendall(b"N")
                 rank = -1
@@ -265,9 +274,17 @@ class StoreClient:
                                           f"answer within {timeout:g} s: {e}") from None
                 time.sleep(0.1)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        t = token.encode()
-        self.sock.sendall(_MAGIC + struct.pack("=I", len(t)) + t + struct.pack("=i", rank))
-        if _read(self.sock, 1) != b"Y":
+        # The server proves it holds the token first; this process answers even a wrong
+        # proof, so that the server names the mismatch in its log.
+        key = token.encode()
+        client_nonce = os.urandom(_NONCE)
+        self.sock.sendall(_MAGIC + client_nonce + struct.pack("=i", rank))
+        server_nonce = _read(self.sock, _NONCE)
+        server_ok = hmac.compare_digest(_read(self.sock, 32),
+                                        proof(key, True, client_nonce, server_nonce, rank))
+        self.sock.sendall(proof(key, False, client_nonce, server_nonce, rank))
+        if _read(self.sock, 1) != b"Y" or not server_ok:
+            self.sock.close()
             raise ConnectionError(f"the store at {self.where} refused this process's job token "
                                   "(BLUEFOG_JOB_TOKEN)")
         self.lock = threading.Lock()

@@ -161,7 +161,8 @@ class _RayDriver(GlooElasticDriver):
                 return 1
             time.sleep(1.0)
         self.addr = ray.util.get_node_ip_address()
-        self.store = gloo_store.StoreServer("", 0, gloo_store.job_token(self.secret),
+        # Bound to the address the workers are given, not to every interface.
+        self.store = gloo_store.StoreServer(self.addr, 0, gloo_store.job_token(self.secret),
                                             gone_prefix=self._gone_prefix)
         self.port = self.store.port
         members = [self.start_worker(h) for h in eh.rank_hosts(eh.assign(hosts, self.max_np))]

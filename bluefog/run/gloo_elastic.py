@@ -295,10 +295,11 @@ class GlooElasticDriver:
             self.store.close()
 
     def listen(self, hosts: eh.Hosts) -> str:
-        """Sets self.addr (where workers reach the store); returns the address to bind."""
+        """Sets self.addr (where workers reach the store); returns the address to bind: the
+        narrowest that every worker reaches (loopback when they all run on this host)."""
         everyone_local = all(gloo_launch.is_local(h) for h, _ in hosts)
         self.addr = "127.0.0.1" if everyone_local else socket.getfqdn()
-        return "127.0.0.1" if everyone_local else ""
+        return "127.0.0.1" if everyone_local else gloo_launch.listen_address()
 
     def loop(self) -> int:
         """Watches the workers until the job ends; returns bfrun's exit status."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ipaddress
 import os
 import random
 import secrets
@@ -71,6 +72,28 @@ class Rank:
 
 def is_local(host: str) -> bool:
     return host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn())
+
+
+def listen_address() -> str:
+    """Where a listener of this host binds when processes on other hosts must reach it by
+    this host's name (socket.getfqdn()): the address that name resolves to, so that no other
+    interface accepts; every interface ("") when the name resolves only to loopback (a
+    Debian-style /etc/hosts) or to nothing this host can bind."""
+    try:
+        infos = socket.getaddrinfo(socket.getfqdn(), None, type=socket.SOCK_STREAM)
+    except OSError:
+        return ""
+    for family, _, _, _, sockaddr in infos:
+        addr = sockaddr[0]
+        if ipaddress.ip_address(addr.split("%")[0]).is_loopback:
+            continue
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((addr, 0))
+            return addr
+        except OSError:
+            continue
+    return ""
 
 
 def plan(np_: int, hosts_spec: Optional[str]) -> List[Rank]:

@@ -199,8 +199,8 @@ def _tail(path: str, lines: int = 15) -> str:
 
 
 def _needs_remote_controller(args: argparse.Namespace) -> bool:
-    """Whether an engine may run on another host (then the controller listens on every
-    interface instead of on localhost only)."""
+    """Whether an engine may run on another host (then the controller listens on this host's
+    address, instead of on localhost only)."""
     hosts: List[str] = []
     if args.hosts:
         hosts = [h for h, _ in elastic_hosts.parse_host_spec(args.hosts)]
@@ -247,10 +247,19 @@ def _read_json(path: str, deadline: float, proc: subprocess.Popen, log: str) -> 
 
 def _spawn(cmd: List[str], log: str, env: Dict[str, str]) -> subprocess.Popen:
     """A process in a session of its own (it outlives ibfrun and no terminal signals it),
-    writing to `log`."""
-    with open(log, "wb") as out:
+    writing to `log`. What it creates is its owner's alone (umask 077): the controller's
+    connection files hold the key that lets a client run code on every engine."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "wb") as out:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                umask=0o077)
+
+
+def _private(path: str) -> None:
+    """Makes `path` (a connection file) readable by its owner only, if it is not already."""
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o600)
 
 
 def _wait_for_engines(client, n: int, deadline: float, launcher: subprocess.Popen,
@@ -322,7 +331,9 @@ def start(args: argparse.Namespace) -> int:
     controller_cmd = [sys.executable, "-m", "ipyparallel.controller",
                       f"--profile-dir={profile.location}"]
     if remote:
-        controller_cmd.append("--ip=*")
+        # Engines on other hosts reach the controller at this host's address; the key of its
+        # connection files authenticates every message (HMAC-SHA-256), the key never sent.
+        controller_cmd.append(f"--ip={gloo_launch.listen_address() or '*'}")
     if args.verbose:
         print("ibfrun: " + shlex.join(controller_cmd), file=sys.stderr, flush=True)
     controller = _spawn(controller_cmd, controller_log, env)
@@ -335,8 +346,11 @@ def start(args: argparse.Namespace) -> int:
     try:
         engine_info = _read_json(profile.path(_ENGINE_FILE), deadline, controller, controller_log)
         _read_json(profile.path(_CLIENT_FILE), deadline, controller, controller_log)
+        for name in (_ENGINE_FILE, _CLIENT_FILE):
+            _private(profile.path(name))
         # The engines read the controller's address and key from ipyparallel's variable, so
-        # engines on other hosts need no copy of the file (bfrun forwards the variable).
+        # engines on other hosts need no copy of the file. bfrun forwards the variable through
+        # mpirun's own channel (-x NAME, no value) or the remote shell's input: never argv.
         env["IPP_CONNECTION_INFO"] = json.dumps(engine_info)
         engines_cmd = _engines_command(args, profile)
         if args.verbose:

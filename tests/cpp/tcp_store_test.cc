@@ -11,10 +11,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/status.h"
 #include "transport/gloo/tcp_store.h"
 
 namespace bluefog {
@@ -141,13 +143,11 @@ TEST_F(TcpStoreServerTest, IdleConnectionsAreBoundedAndTimedOut) {
 }
 
 TEST_F(TcpStoreServerTest, SlowHandshakeIsHeldToItsDeadline) {
-  // The job's own handshake, one byte every 500 ms (22 s in all): closed at the 10 s deadline
-  // of the whole handshake, not kept alive by each byte.
-  std::string hello = "BFG1";
-  const uint32_t len = static_cast<uint32_t>(token_.size());
+  // The job's own opening (magic, nonce, rank), one byte every 500 ms (12 s in all): closed at
+  // the 10 s deadline of the whole handshake, not kept alive by each byte.
+  std::string hello(kStoreMagic, 4);
   const int32_t rank = 1;
-  hello.append(reinterpret_cast<const char*>(&len), 4).append(token_);
-  hello.append(reinterpret_cast<const char*>(&rank), 4);
+  hello.append(kNonceBytes, 'n').append(reinterpret_cast<const char*>(&rank), 4);
   int fd = Connect(port_);
   ASSERT_GE(fd, 0);
   const auto start = std::chrono::steady_clock::now();
@@ -163,6 +163,98 @@ TEST_F(TcpStoreServerTest, SlowHandshakeIsHeldToItsDeadline) {
   EXPECT_LT(took, std::chrono::seconds(15));
   ::close(fd);
   ExpectBackToStart();
+}
+
+TEST_F(TcpStoreServerTest, WrongTokenIsRefusedAndCounted) {
+  try {
+    TcpStore stray("127.0.0.1", port_, JobToken("another job", "", 0, 0), 1, milliseconds(5000));
+    FAIL() << "the server accepted a wrong token";
+  } catch (const BluefogError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused this rank's job token"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(server_->refused(), 1);
+  ExpectRankGetsIn("after-wrong-token");
+}
+
+// A listener that records what a client sends and answers with the server's half of the
+// handshake computed over `token` (the job's or not).
+class FakeServer {
+ public:
+  FakeServer(int port, std::string token) : token_(std::move(token)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ::listen(fd_, 4);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeServer() { Finish(); }
+  // Every byte the client sent, once it closed its connection.
+  std::string Finish() {
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    return received_;
+  }
+
+ private:
+  void Serve() {
+    int c = ::accept(fd_, nullptr, nullptr);
+    char hello[4 + kNonceBytes + 4];
+    ASSERT_EQ(::recv(c, hello, sizeof(hello), MSG_WAITALL), static_cast<ssize_t>(sizeof(hello)));
+    received_.assign(hello, sizeof(hello));
+    int32_t rank;
+    std::memcpy(&rank, hello + 4 + kNonceBytes, 4);
+    const std::string server_nonce(kNonceBytes, 's');
+    const Digest mine = HandshakeProof(token_, Prover::kServer, std::string(hello + 4, kNonceBytes),
+                                       server_nonce, rank);
+    (void)!::send(c, server_nonce.data(), kNonceBytes, MSG_NOSIGNAL);
+    (void)!::send(c, mine.data(), mine.size(), MSG_NOSIGNAL);
+    char proof[32];
+    if (::recv(c, proof, sizeof(proof), MSG_WAITALL) == 32) received_.append(proof, 32);
+    (void)!::send(c, "Y", 1, MSG_NOSIGNAL);  // says yes to anything: the client must not trust it
+    char rest[256];
+    for (ssize_t n; (n = ::recv(c, rest, sizeof(rest), 0)) > 0;) received_.append(rest, n);
+    ::close(c);
+  }
+  std::string token_;
+  std::string received_;
+  int fd_ = -1;
+  std::thread thread_;
+};
+
+TEST(TcpStoreHandshake, TheTokenNeverCrossesTheWire) {
+  const int port = FreePort();
+  const std::string secret = "the job's secret";
+  const std::string token = JobToken(secret, "", 0, 0);
+  FakeServer server(port, token);
+  auto client = std::make_unique<TcpStore>("127.0.0.1", port, token, 3, milliseconds(5000));
+  client.reset();
+  const std::string sent = server.Finish();
+  EXPECT_EQ(sent.size(), 4 + kNonceBytes + 4 + 32);  // the client's whole handshake came
+  EXPECT_EQ(sent.find(token), std::string::npos);
+  EXPECT_EQ(sent.find(secret), std::string::npos);
+  EXPECT_EQ(sent.find(token.substr(0, 8)), std::string::npos);
+}
+
+TEST(TcpStoreHandshake, AServerWithoutTheTokenIsNotTrusted) {
+  // A process that took the port first and answers "yes" to anything: the rank refuses it
+  // (it cannot prove it holds the token) instead of handing it the job's keys.
+  const int port = FreePort();
+  FakeServer server(port, JobToken("not the job's", "", 0, 0));
+  try {
+    TcpStore client("127.0.0.1", port, JobToken("the job's", "", 0, 0), 0, milliseconds(5000));
+    FAIL() << "the rank trusted a server without the job's token";
+  } catch (const BluefogError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused this rank's job token"), std::string::npos)
+        << e.what();
+  }
+  server.Finish();
 }
 
 }  // namespace

@@ -162,6 +162,32 @@ def test_engines_that_cannot_start_are_reported_and_cleaned_up(ipython_dir):
     assert result.returncode == 1, result.stderr  # nothing left to stop
 
 
+def _check_controller_is_private(ipython_dir, state):
+    """The controller of a one-host cluster listens on loopback only, its connection files
+    are its owner's alone, and its key is on no process's command line."""
+    import psutil
+
+    security = ipython_dir / "profile_bluefog" / "security"
+    assert security.stat().st_mode & 0o077 == 0, oct(security.stat().st_mode)
+    for name in ("ipcontroller-client.json", "ipcontroller-engine.json"):
+        assert (security / name).stat().st_mode & 0o077 == 0, name
+    key = json.loads((security / "ipcontroller-client.json").read_text())["key"]
+    assert len(key) >= 16
+    controller = psutil.Process(state["controller"])
+    listening = {c.laddr.ip for p in [controller, *controller.children(recursive=True)]
+                 for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    assert listening and listening <= {"127.0.0.1"}, listening
+    holding = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if key.encode() in f.read():
+                    holding.append(pid)
+        except OSError:
+            pass
+    assert not holding, f"the controller's key is on the command line of {holding}"
+
+
 @needs_cluster
 @pytest.mark.timeout(300)
 def test_notebook_runs_on_a_two_engine_cluster(ipython_dir):
@@ -176,6 +202,7 @@ def test_notebook_runs_on_a_two_engine_cluster(ipython_dir):
         assert "ipp.Client(profile='bluefog')" in started.stdout
         state = json.loads((ipython_dir / "profile_bluefog" / "pid" / "ibfrun.json").read_text())
         t_start = time.monotonic() - t0
+        _check_controller_is_private(ipython_dir, state)
 
         again = ibfrun(["start", "-np", "2"], timeout=60)
         assert again.returncode == 1

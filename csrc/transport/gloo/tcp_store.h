@@ -3,10 +3,12 @@
 // included, is a client implementing gloo::rendezvous::Store. The server keeps bytes under
 // keys and hands them back; it never interprets, runs or forwards what it receives.
 //
-// A client first presents the job's token (JobToken); the server closes, with a logged reason,
-// every connection whose token differs, so a stray process or another job's rank that reaches
-// this port cannot read or write the job's keys. The token is a check against mistakes, not
-// an authentication against an attacker on the network.
+// A client and the server first prove to each other that they hold the job's token, by a
+// challenge and response over fresh nonces (store_auth.h): the token itself never crosses the
+// wire. The server closes, with a logged reason, every connection that fails, so a stray
+// process or another job's rank that reaches this port cannot read or write the job's keys.
+// With a random BLUEFOG_JOB_TOKEN (what bfrun sets) this keeps out anyone who does not know it;
+// without one, the token is derived from the address and so guards against mistakes only.
 //
 // Whatever reaches the port cannot take the job's descriptors or threads: every connection is
 // closed and its thread joined as soon as it ends; one that has not presented a token within
@@ -28,11 +30,9 @@
 
 #include <gloo/rendezvous/store.h>
 
-namespace bluefog {
+#include "transport/gloo/store_auth.h"
 
-// The job's token: a digest of BLUEFOG_JOB_TOKEN when it is set, else of the rendezvous
-// address and the world size (so jobs at different addresses or sizes never mix).
-std::string JobToken(const std::string& secret, const std::string& addr, int port, int world_size);
+namespace bluefog {
 
 // Set by the server when rank `rank`'s connection to it ends (its process exited, or shut
 // bluefog down): read by the ranks whose Gloo connection to it broke.
