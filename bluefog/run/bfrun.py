@@ -279,8 +279,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bfrun: -np N is required (the number of ranks), or --min-np for elastic "
               "training", file=sys.stderr)
         return 2
-    if args.np is not None and args.np < 1:
-        print(f"bfrun: -np must be >= 1, got {args.np}", file=sys.stderr)
+    if args.np is not None and not 1 <= args.np <= elastic_hosts.MAX_SLOTS:
+        print(f"bfrun: -np must be from 1 to {elastic_hosts.MAX_SLOTS} (the number of ranks), "
+              f"got {args.np}", file=sys.stderr)
         return 2
     if args.hostfile and not os.path.isfile(args.hostfile):
         print(f"bfrun: hostfile {args.hostfile!r} does not exist", file=sys.stderr)
