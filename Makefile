@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
-	sanitize-ci stress soak bench bench-horovod bench-gloo clean sdist docs test-gloo \
+	sanitize-ci stress soak fuzz-launch bench bench-horovod bench-gloo clean sdist docs test-gloo \
 	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm test-bluefog-examples
 
 all: build
@@ -143,6 +143,13 @@ stress: build
 # descriptors, threads and state files checked (tests/stress/soak_state.py).
 soak: build
 	timeout 600 $(MPIRUN) -np 3 $(PY) tests/stress/soak_state.py --seconds 300
+
+# The launch fuzzer's 500 cases (torchrun's variables, TF_CONFIG, BLUEFOG_*/HOROVOD_* settings
+# and bfrun's options at 2-3 processes; `make test` runs a daily sample of 30). It prints its
+# seed first: FUZZ_SEED=S repeats a run.
+FUZZ_SEED ?=
+fuzz-launch: build
+	$(PY) tests/fuzz/fuzz_launch.py --cases 500 $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
 
 bench: build cpp-build
 	$(PY) bench/run.py
