@@ -279,6 +279,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bfrun: -np N is required (the number of ranks), or --min-np for elastic "
               "training", file=sys.stderr)
         return 2
+    problem = horovod_flags.check(args)
+    if problem:
+        print(f"bfrun: {problem}", file=sys.stderr)
+        return 2
     if args.np is not None and not 1 <= args.np <= elastic_hosts.MAX_SLOTS:
         print(f"bfrun: -np must be from 1 to {elastic_hosts.MAX_SLOTS} (the number of ranks), "
               f"got {args.np}", file=sys.stderr)
