@@ -67,7 +67,9 @@ class Case:
     args: List[str]  # bfrun's options (bfrun, mpirun)
     count: int  # allreduce elements
     changes: List[str] = dataclasses.field(default_factory=list)
-    expected: Optional[List[Optional[Tuple[int, int]]]] = None  # per process, env modes
+    # Per process (env, tf_config): the (rank, size) it was configured for; None where a
+    # mutation leaves that unsaid, and a rank of None where only the size is said.
+    expected: Optional[List[Optional[Tuple[Optional[int], int]]]] = None
     timeout: float = 40.0
 
     def describe(self) -> str:
@@ -195,8 +197,14 @@ def _env_expected(case: Case) -> None:
     case.expected = []
     for env in case.envs:
         backend = env.get("BLUEFOG_BACKEND", env.get("HOROVOD_CONTROLLER", ""))
-        if any(k.startswith(("OMPI_", "PMIX_", "PMI_")) for k in env) or backend == "mpi":
-            case.expected.append(None)  # MPI's view of the process: not torchrun's variables
+        if any(k.startswith(("OMPI_", "PMIX_", "PMI_")) for k in env):
+            # An MPI launcher's variables: the job is MPI's, of the size the launcher states.
+            sizes = [_int(env.get(k)) for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")]
+            size = next((v for v in sizes if v), None)
+            case.expected.append((None, size) if size and backend != "gloo" else None)
+            continue
+        if backend == "mpi":  # torchrun's variables ignored: a process of its own
+            case.expected.append((0, 1))
             continue
         rank, size = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
         case.expected.append((rank, size) if rank is not None and size is not None else None)
