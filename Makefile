@@ -145,7 +145,7 @@ soak: build
 	timeout 600 $(MPIRUN) -np 3 $(PY) tests/stress/soak_state.py --seconds 300
 
 # The launch fuzzer's 500 cases (torchrun's variables, TF_CONFIG, BLUEFOG_*/HOROVOD_* settings
-# and bfrun's options at 2-3 processes; `make test` runs a daily sample of 30). It prints its
+# and bfrun's options at 2-3 processes; `make test` runs a daily sample of 60). It prints its
 # seed first: FUZZ_SEED=S repeats a run.
 FUZZ_SEED ?=
 fuzz-launch: build

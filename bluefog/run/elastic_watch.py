@@ -86,6 +86,7 @@ class RoundWatch:
         """Those of ``unfinished`` that wait for a finished worker: they reported a failed
         collective, or reached a round, after it finished."""
         first = min(finished.values())
+        failed = {w: self.store.get(f"elastic/failed/{w}") for w in unfinished}
         return [w for w in unfinished
-                if int(self.store.get(f"elastic/failed/{w}") or b"-1") >= first
+                if failed[w] is not None and int(failed[w]) >= first
                 or self.joined_round(w) > first]

@@ -22,7 +22,7 @@ from mpi_jobs import PYTHON, run_job
 pytestmark = pytest.mark.skipif(not gloo_built(), reason="bluefog was built without Gloo")
 
 SEED = int(os.environ.get("BLUEFOG_FUZZ_LAUNCH_SEED", str(int(time.time() // 86400))))
-CASES = int(os.environ.get("BLUEFOG_FUZZ_LAUNCH_CASES", "30"))
+CASES = int(os.environ.get("BLUEFOG_FUZZ_LAUNCH_CASES", "60"))
 # A case ends within its own 40 s timeout; most take 1-4 s.
 JOB_TIMEOUT_S = 60 + CASES * 45
 
