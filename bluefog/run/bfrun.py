@@ -287,6 +287,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bfrun: -np must be from 1 to {elastic_hosts.MAX_SLOTS} (the number of ranks), "
               f"got {args.np}", file=sys.stderr)
         return 2
+    if args.hosts and not elastic:  # elastic mode checked them above
+        try:
+            elastic_hosts.parse_host_spec(args.hosts)
+        except ValueError as e:
+            print(f"bfrun: {e}", file=sys.stderr)
+            return 2
     if args.hostfile and not os.path.isfile(args.hostfile):
         print(f"bfrun: hostfile {args.hostfile!r} does not exist", file=sys.stderr)
         return 2

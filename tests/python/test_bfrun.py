@@ -119,6 +119,10 @@ def test_bad_arguments():
         for gloo in ([], ["--gloo"]):
             result = bfrun([*gloo, "-np", np_, "python", "-c", "pass"])
             assert result.returncode == 2 and f"got {np_}" in result.stderr, result.stderr
+    for gloo in ([], ["--gloo"]):  # over mpirun, a traceback from the start line's count
+        result = bfrun([*gloo, "-np", "3", "-H", "localhost:0", "python", "-c", "pass"])
+        assert result.returncode == 2, result.stderr
+        assert "bfrun: -H: 'localhost:0' has 0 slots" in result.stderr, result.stderr
     result = bfrun(["--gloo", "-H", "localhost:4294967299", "--min-np", "2", "python", "-c",
                     "pass"])
     assert result.returncode == 2 and "a host takes at most 65536" in result.stderr
