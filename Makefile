@@ -15,8 +15,8 @@ TEST_TIMEOUT ?= 900
 SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py') CMakeLists.txt pyproject.toml
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
-	sanitize-ci stress soak flood bench bench-horovod bench-gloo clean sdist docs test-gloo \
-	browser-deps \
+	sanitize-ci stress soak flood fuzz-launch bench bench-horovod bench-gloo clean sdist docs \
+	test-gloo browser-deps \
 	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm test-bluefog-examples
 
 all: build
@@ -168,6 +168,14 @@ flood: build
 # The bench targets also write their results as data files into $(BENCH_OUT) (the format:
 # bench/results.py; docs/data/ holds the published ones, drawn by `make docs`).
 BENCH_OUT ?= build/bench/results
+
+# The launch fuzzer's 500 cases (torchrun's variables, TF_CONFIG, BLUEFOG_*/HOROVOD_* settings
+# and bfrun's options at 2-3 processes; `make test` runs a daily sample of 60). It prints its
+# seed first: FUZZ_SEED=S repeats a run.
+FUZZ_SEED ?=
+fuzz-launch: build
+	$(PY) tests/fuzz/fuzz_launch.py --cases 500 $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
+
 bench: build cpp-build
 	$(PY) bench/run.py --out $(BENCH_OUT)/run.json
 

@@ -15,7 +15,11 @@ Keys in the store (besides the Gloo rendezvous' own, under ``r<N>/``):
   ``{"round": N, "workers": [id, ...], "hosts": [host, ...]}`` (rank r is ``workers[r]``);
 * ``elastic/waiting/<id>``: set by a worker when it first waits for a round (a new worker
   is ready: the driver adds it at the next round);
+* ``elastic/alive/<id>``: a count a worker raises every ``HEARTBEAT_S`` from its first
+  round on, from a thread of its own: the driver takes a worker whose count stops for a stopped
+  or frozen process, and kills it (the others would wait for it without an error);
 * ``elastic/failed/<id>``: the round a worker left because a collective failed;
+* ``elastic/finished/<id>``: the round a worker was in when its training function returned;
 * ``r<N>/bluefog/abort``: set by the driver when round N is given up before it formed.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -32,8 +37,11 @@ ROUND_KEY = "elastic/round"
 # reach their next commit).
 JOIN_TIMEOUT_S = 600.0
 
+HEARTBEAT_S = 1.0
+
 _client = None
 _last_round = [-1]
+_heartbeat: List[threading.Thread] = []
 
 
 def active() -> bool:
@@ -96,6 +104,7 @@ def join_next_round(timeout: float = JOIN_TIMEOUT_S) -> Tuple[int, Dict[str, str
     wid = worker_id()
     if _last_round[0] < 0:
         store.set(f"elastic/waiting/{wid}", b"1")
+        _start_heartbeat(store, wid)
     deadline = time.monotonic() + timeout
     while True:
         newest = newest_round()
@@ -113,6 +122,27 @@ def join_next_round(timeout: float = JOIN_TIMEOUT_S) -> Tuple[int, Dict[str, str
         time.sleep(0.02)
 
 
+def _start_heartbeat(store, wid: str) -> None:
+    """Raises ``elastic/alive/<wid>`` every HEARTBEAT_S while this process runs (a daemon
+    thread; the client's lock keeps its requests whole beside the training thread's)."""
+    if _heartbeat:
+        return
+
+    def beat() -> None:
+        count = 0
+        while True:
+            count += 1
+            try:
+                store.set(f"elastic/alive/{wid}", str(count).encode())
+            except (OSError, ValueError):
+                return  # the driver is gone: nothing to tell
+            time.sleep(HEARTBEAT_S)
+
+    _heartbeat.append(threading.Thread(target=beat, name="bluefog-elastic-heartbeat",
+                                       daemon=True))
+    _heartbeat[0].start()
+
+
 def superseded(n: int) -> bool:
     """Whether the driver has published a round newer than ``n`` (waiting up to 5 s for it:
     it may not have noticed the death that broke round n yet)."""
@@ -127,6 +157,12 @@ def superseded(n: int) -> bool:
 def report_failure() -> None:
     """Tells the driver this worker left its round because a collective failed."""
     _store().set(f"elastic/failed/{worker_id()}", str(_last_round[0]).encode())
+
+
+def report_finished() -> None:
+    """Tells the driver this worker's training function returned: the job is ending, and the
+    others must not wait for this worker in a new round."""
+    _store().set(f"elastic/finished/{worker_id()}", str(_last_round[0]).encode())
 
 
 def hosts_updated() -> Optional[int]:

@@ -279,9 +279,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bfrun: -np N is required (the number of ranks), or --min-np for elastic "
               "training", file=sys.stderr)
         return 2
-    if args.np is not None and args.np < 1:
-        print(f"bfrun: -np must be >= 1, got {args.np}", file=sys.stderr)
+    problem = horovod_flags.check(args)
+    if problem:
+        print(f"bfrun: {problem}", file=sys.stderr)
         return 2
+    if args.np is not None and not 1 <= args.np <= elastic_hosts.MAX_SLOTS:
+        print(f"bfrun: -np must be from 1 to {elastic_hosts.MAX_SLOTS} (the number of ranks), "
+              f"got {args.np}", file=sys.stderr)
+        return 2
+    if args.hosts and not elastic:  # elastic mode checked them above
+        try:
+            elastic_hosts.parse_host_spec(args.hosts)
+        except ValueError as e:
+            print(f"bfrun: {e}", file=sys.stderr)
+            return 2
     if args.hostfile and not os.path.isfile(args.hostfile):
         print(f"bfrun: hostfile {args.hostfile!r} does not exist", file=sys.stderr)
         return 2

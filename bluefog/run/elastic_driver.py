@@ -40,6 +40,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from bluefog.common import elastic_env
 from bluefog.run import elastic_hosts as eh
+from bluefog.run.discovery import Discovery, run_script
 
 # A process without a handler drops HOST_UPDATE_SIGNAL (its default action is to ignore it), so
 # the driver repeats it until the launch ends.
@@ -71,6 +72,7 @@ class ElasticDriver:
             eh.parse_host_spec(args.hosts) if args.hosts else None)
         self.discovered: eh.Hosts = []
         self.last_discovery_problem: Optional[str] = None
+        self.discovery: Optional[Discovery] = None
         self.lost: List[Tuple[str, str]] = []
         self.resets = 0
         self.proc: Optional[subprocess.Popen] = None
@@ -89,20 +91,12 @@ class ElasticDriver:
 
     def discover(self) -> Optional[eh.Hosts]:
         """The discovery script's hosts, or None when it failed (reported once per distinct
-        problem; the previous list is kept)."""
-        script = self.args.host_discovery_script
+        problem; the previous list is kept). Runs on the discovery thread after the first
+        time."""
         try:
-            out = subprocess.run(script, shell=True, capture_output=True, text=True,
-                                 timeout=self.args.discovery_timeout, env=self.env)
-            if out.returncode != 0:
-                raise ValueError(f"host discovery script {script!r} exited with "
-                                 f"{out.returncode}: {out.stderr.strip()[-300:]}")
-            hosts = eh.parse_discovery_output(out.stdout)
-        except subprocess.TimeoutExpired:
-            self._discovery_problem(f"host discovery script {script!r} took over "
-                                    f"{self.args.discovery_timeout} s")
-            return None
-        except (OSError, ValueError) as e:
+            hosts = run_script(self.args.host_discovery_script, self.args.discovery_timeout,
+                               self.env)
+        except ValueError as e:
             self._discovery_problem(str(e))
             return None
         self.last_discovery_problem = None
@@ -124,8 +118,10 @@ class ElasticDriver:
         return eh.assign(self.available(now), cap)
 
     def refresh(self) -> None:
-        if self.fixed_hosts is None:
-            found = self.discover()
+        """Takes the discovery thread's newest hosts, if it found any since; never waits for
+        the script."""
+        if self.discovery is not None:
+            found = self.discovery.take()
             if found is not None:
                 self.discovered = found
 
@@ -147,7 +143,7 @@ class ElasticDriver:
                 log(f"{eh.total_slots(hosts)} slot(s) available, waiting up to "
                     f"{self.args.elastic_timeout:.0f} s for --min-np {self.args.min_np}")
                 said = True
-            time.sleep(self.args.discovery_interval)
+            time.sleep(min(self.args.discovery_interval, 0.5))
         return None
 
     # -- one launch ----------------------------------------------------------------------------
@@ -291,6 +287,16 @@ class ElasticDriver:
         signal.signal(signal.SIGTERM, self.stop)
         log(f"state of the commits under {self.state_dir} on each host"
             + ("" if self.keep else " (removed when the job succeeds or is stopped)"))
+        if self.fixed_hosts is None:
+            self.discovered = self.discover() or []  # nothing to watch yet: wait for it
+            self.discovery = Discovery(self.discover, self.args.discovery_interval)
+        try:
+            return self._run()
+        finally:
+            if self.discovery is not None:
+                self.discovery.stop()
+
+    def _run(self) -> int:
         launched: Optional[eh.Hosts] = None
         while True:
             hosts = self.wait_for_hosts()

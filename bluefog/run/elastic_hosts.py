@@ -12,6 +12,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 Hosts = List[Tuple[str, int]]  # (host, slots), in launch order
 
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
+# The most ranks a job, or slots a host, may have: a count beyond it is a typo (or a value
+# wrapped around), and starting that many processes would never end.
+MAX_SLOTS = 65536
 
 
 def parse_host_spec(spec: str, what: str = "-H") -> Hosts:
@@ -49,6 +52,9 @@ def _parse_one(item: str, what: str) -> Tuple[str, int]:
         raise ValueError(f"{what}: {item!r} is not 'host' or 'host:slots'")
     if int(slots) < 1:
         raise ValueError(f"{what}: {item!r} has {slots} slots; a host needs at least 1")
+    if int(slots) > MAX_SLOTS:
+        raise ValueError(f"{what}: {item!r} has {slots} slots; a host takes at most "
+                         f"{MAX_SLOTS}")
     return host, int(slots)
 
 

@@ -16,7 +16,11 @@ lists the workers in rank order and has a key prefix of its own in the store.
   ``--max-np``); once they wait for a round, it publishes one that includes them, which the
   running workers notice at their next ``commit()`` (``HostsUpdatedInterrupt``); the new
   workers receive the state by broadcast before their first step.
-* Every worker exited 0: the job is done.
+* A worker not heard from (its heartbeat) for half the workers' Gloo timeout is hung: the
+  driver kills it, and it is lost as a dead one is (bluefog/run/elastic_watch.py).
+* Every worker exited 0: the job is done. A worker that returns from the training function
+  while others still train ends the job (status 1) once they find it gone, as Horovod's
+  driver does.
 * A host where a worker failed is blacklisted: no new worker starts there, for good or, with
   ``--blacklist-cooldown-range MIN MAX``, for a random MIN..MAX seconds doubled at each further
   failure there. The host's other workers go on (a lost process is not a lost host; if the host
@@ -44,11 +48,15 @@ from typing import Dict, List, Optional, Sequence
 from bluefog.common import elastic_rounds, gloo_store
 from bluefog.run import elastic_hosts as eh
 from bluefog.run import gloo_launch, horovod_flags
+from bluefog.run.discovery import Discovery, run_script
+from bluefog.run.elastic_watch import RoundWatch
 
 # How long the driver waits, after a worker reported a failed collective, for the death that
 # explains it before it re-forms the job with the same workers anyway.
 _FAILURE_GRACE_S = 2.0
 _POLL_S = 0.02
+# The workers' BLUEFOG_GLOO_TIMEOUT when the environment sets none (csrc/core/config.h).
+_DEFAULT_GLOO_TIMEOUT_S = 300.0
 
 
 def log(msg: str) -> None:
@@ -66,40 +74,7 @@ class Worker:
         self.proc = proc
         self.ended = False
         self.stopped = False  # stopped by the driver (its slot went away): not a failure
-
-
-class Discovery:
-    """Runs the host discovery script every `interval` seconds on a thread of its own (as
-    Horovod's driver does), so that a slow script never holds back the driver's loop: a lost
-    worker is handled while the script runs. A run that takes over `timeout` seconds is ended
-    and counts as a failed one (the hosts stay as they were)."""
-
-    def __init__(self, run, interval: float):
-        self.run = run
-        self.interval = interval
-        self.lock = threading.Lock()
-        self.latest: Optional[eh.Hosts] = None
-        self.fresh = False
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="bluefog-discovery",
-                                       daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stopping.wait(self.interval):
-            hosts = self.run()
-            if hosts is not None:
-                with self.lock:
-                    self.latest, self.fresh = hosts, True
-
-    def take(self) -> Optional[eh.Hosts]:
-        """The hosts of the last run that succeeded since the last take(), else None."""
-        with self.lock:
-            hosts, self.fresh = (self.latest if self.fresh else None), False
-        return hosts
-
-    def stop(self) -> None:
-        self.stopping.set()
+        self.hung = False  # killed by the driver: its heartbeat stopped
 
 
 class GlooElasticDriver:
@@ -124,6 +99,8 @@ class GlooElasticDriver:
         self.blacklist = eh.Blacklist(tuple(cooldown) if cooldown else None)
         self.reset_limit: Optional[int] = getattr(args, "reset_limit", None)
         self.resets = 0
+        self.cut_short = ""  # why the job ended while workers were still training
+        self._watch: Optional[RoundWatch] = None
         # on_line(worker id, is_stderr, line) -> None to print the line as it is, else what to
         # print instead (b"": nothing): bluefog.run takes its result out of the line.
         self.on_line = None
@@ -133,14 +110,10 @@ class GlooElasticDriver:
     def hosts(self) -> Optional[eh.Hosts]:
         if self.fixed is not None:
             return self.fixed
-        script = self.args.host_discovery_script
         try:
-            out = subprocess.run(script, shell=True, capture_output=True, text=True,
-                                 timeout=self.args.discovery_timeout, env=self.env)
-            if out.returncode != 0:
-                return None
-            return eh.parse_discovery_output(out.stdout)
-        except (OSError, ValueError, subprocess.SubprocessError):
+            return run_script(self.args.host_discovery_script, self.args.discovery_timeout,
+                              self.env)
+        except ValueError:
             return None
 
     # -- workers -------------------------------------------------------------------------------
@@ -227,6 +200,14 @@ class GlooElasticDriver:
 
     # -- rounds --------------------------------------------------------------------------------
 
+    @property
+    def watch(self) -> RoundWatch:
+        """The workers' progress in the store (made with the store, which run() starts). A
+        worker not heard from for half the workers' Gloo timeout (at least 5 s) is hung."""
+        if self._watch is None:
+            self._watch = RoundWatch(self.store, max(5.0, gloo_timeout(self.env) / 2))
+        return self._watch
+
     def publish(self, members: List[str], why: str) -> None:
         old = self.round
         if old >= 0:
@@ -236,6 +217,7 @@ class GlooElasticDriver:
             self.resets += 1
         self.round += 1
         self.members = list(members)
+        self.watch.published(self.round, self.members)
         hosts = [self.workers[w].host for w in members]
         self.store.set(elastic_rounds.round_key(self.round),
                        elastic_rounds.record(self.round, self.members, hosts))
@@ -324,6 +306,8 @@ class GlooElasticDriver:
                     continue
                 how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
                        else f"exited with status {code}")
+                if w.hung:
+                    how += " by bfrun: it hung"
                 where = (f"rank {self.members.index(w.wid)} of round {self.round}"
                          if w.wid in self.members else "not yet in a round")
                 self.lost.append(f"worker {w.wid} on {w.host} ({how})")
@@ -336,13 +320,20 @@ class GlooElasticDriver:
             running = [m for m in self.members if not self.workers[m].ended]
             ok = [m for m in self.members if self.workers[m].ended
                   and self.workers[m].proc.returncode == 0]
-            if ok:
-                # A worker finished: the job is ending (the others finish too, or fail).
+            finished = self.watch.finished(set(ok))
+            if finished:
+                # A worker finished: the job is ending (the others finish too, or fail). One
+                # that waits for a finished worker instead is stopped: nothing can re-form.
+                if not self.cut_short:
+                    self._end_early(finished, [m for m in running if m not in finished])
                 if running:
                     time.sleep(_POLL_S)
                     continue
                 for w in self.joining:
                     self.stop(self.workers[w].proc)
+                if self.cut_short:
+                    log(f"job failed: {self.cut_short}")
+                    return 1
                 failed = [m for m in self.members if m not in ok]
                 if failed:
                     log(f"job failed: worker(s) {failed} exited with an error after "
@@ -360,6 +351,7 @@ class GlooElasticDriver:
                 self.publish(running + ready, f"lost worker(s) {[m for m in dead]}")
                 continue
             self._check_failures(running, now)
+            self._check_heartbeats(now)
             self._grow(running, now)
             time.sleep(_POLL_S)
 
@@ -388,6 +380,36 @@ class GlooElasticDriver:
                 self.publish(running + self._ready_joiners(len(running)),
                              f"worker {wid} reported a failed collective")
                 return
+
+    def _end_early(self, finished: Dict[str, int], unfinished: List[str]) -> None:
+        """Workers still in the training function after another returned from it wait for it
+        in vain (elastic_watch.py): the job ends, as Horovod's ends when a worker succeeds."""
+        if not self.watch.waiting_for(finished, unfinished):
+            return
+        names = ", ".join(f"worker {w} ({self.watch.rank_in(w, r)})"
+                          for w, r in sorted(finished.items()))
+        self.cut_short = (f"{names} returned from the training function while worker(s) "
+                          f"{unfinished} had not; a worker that returns ends the job. Give "
+                          "every worker the same number of steps (uneven shards make one "
+                          "finish first: drop the remainder, or pad)")
+        log(f"{self.cut_short}; stopping worker(s) {unfinished}")
+        for wid in unfinished:
+            self.workers[wid].stopped = True
+            self.stop(self.workers[wid].proc)
+
+    def _check_heartbeats(self, now: float) -> None:
+        """Kills the workers whose heartbeat stopped (elastic_watch.py): lost as dead ones are,
+        the others re-form without them instead of waiting for them."""
+        alive = [w for w, x in self.workers.items() if not x.ended and not x.hung]
+        for wid in self.watch.silent(now, alive):
+            w = self.workers[wid]
+            where = (self.watch.rank_in(wid, self.round) if wid in self.members
+                     else "not yet in a round")
+            log(f"worker {wid} ({where}, on {w.host}) has not been heard from for "
+                f"{self.watch.deadline:.0f} s (half of BLUEFOG_GLOO_TIMEOUT): it is taken for "
+                "hung and killed")
+            w.hung = True
+            self.stop(w.proc, signal.SIGKILL)
 
     def _grow(self, running: List[str], now: float) -> None:
         hosts = self.discovery.take() if self.discovery is not None else None
@@ -424,6 +446,18 @@ class GlooElasticDriver:
             ready = self._ready_joiners(len(running))
         if ready:
             self.publish(running + ready, f"worker(s) {ready} joining")
+
+
+def gloo_timeout(env: Dict[str, str]) -> float:
+    """The workers' Gloo timeout in seconds, as their bf.init() reads it from ``env``."""
+    for name in ("BLUEFOG_GLOO_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS"):
+        try:
+            value = float(env[name])
+        except (KeyError, ValueError):
+            continue
+        if 0 < value < float("inf"):
+            return value
+    return _DEFAULT_GLOO_TIMEOUT_S
 
 
 def main(args, forwarded_env) -> int:

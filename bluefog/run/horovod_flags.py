@@ -13,9 +13,10 @@ ones) are not repeated here.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from bluefog.common.horovod_env import normalize_log_level
 
@@ -176,6 +177,24 @@ def read_config_file(path: str, args: argparse.Namespace) -> List[str]:
             elif getattr(args, dest, None) is None:
                 setattr(args, dest, value)
     return notices
+
+
+# horovodrun's options that take a number, by dest: each must be finite (nan, inf: refused).
+_NUMBERS = {"fusion_threshold_mb": "--fusion-threshold-mb", "cycle_time_ms": "--cycle-time-ms",
+            "stall_warning": "--stall-check-warning-time-seconds",
+            "stall_shutdown": "--stall-check-shutdown-time-seconds",
+            "gloo_timeout_seconds": "--gloo-timeout-seconds"}
+
+
+def check(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with horovodrun's numeric options in ``args``, or None. The ranks check
+    the values that reach them (a negative size, say) and name the variable; a value that is
+    not finite has no variable form and is refused here."""
+    for dest, flag in _NUMBERS.items():
+        value = getattr(args, dest, None)
+        if value is not None and not math.isfinite(float(value)):
+            return f"{flag} {value}: not a finite number"
+    return None
 
 
 def _set_variables(args: argparse.Namespace, env: Dict[str, str]) -> List[str]:

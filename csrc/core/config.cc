@@ -168,6 +168,17 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
   config.mpi_launched =
       !singleton && (launcher("OMPI_COMM_WORLD_SIZE") != nullptr ||
                      launcher("PMI_SIZE") != nullptr || launcher("PMIX_RANK") != nullptr);
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = config.mpi_launched ? launcher(var) : nullptr;
+    if (v == nullptr) continue;
+    char* end = nullptr;
+    const long size = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && size > 0 && size <= std::numeric_limits<int>::max()) {
+      config.launcher_size = static_cast<int>(size);
+      config.launcher_size_var = var;
+    }
+    break;
+  }
   return config;
 }
 

@@ -106,6 +106,12 @@ struct Config {
   // process was started with, because MPI initialised inside the process without a launcher (a
   // singleton: `import mpi4py` before bf.init()) sets PMIX_RANK=0 itself.
   bool mpi_launched = false;
+  // The number of processes the MPI launcher says it started (OMPI_COMM_WORLD_SIZE, else
+  // PMI_SIZE, as the process started; -1: none, or not a number) and the variable that says
+  // so. A job MPI forms of another size was not started by that launcher: its variables were
+  // left in the environment, and each such process would run alone.
+  int launcher_size = -1;
+  std::string launcher_size_var;
 
   // Whether the runtime runs on Gloo: BLUEFOG_BACKEND=gloo, or no BLUEFOG_BACKEND, no MPI
   // launcher and the four rendezvous variables set. Throws BluefogError naming the missing

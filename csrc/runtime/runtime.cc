@@ -109,6 +109,14 @@ void Runtime::Main(std::promise<void>* started) {
     // The level now, for what the transport logs while it connects (with its rank).
     SetLogContext(config_.log_level, 0);
     transport_ = RequireBackend(config_).make(config_, &info_);
+    BF_ENFORCE(
+        config_.UseGloo() || config_.launcher_size < 0 || config_.launcher_size == info_.size,
+        StatusCode::kPrecondition, "rank ", info_.rank, ": ", config_.launcher_size_var, "=",
+        config_.launcher_size, " says an MPI launcher started ", config_.launcher_size,
+        " processes, but MPI formed a job of ", info_.size,
+        ": this process was not started by that launcher (its variables are left in "
+        "the environment). Start it with mpirun or bfrun, or unset the OMPI_*, PMI_* "
+        "and PMIX_* variables");
     inline_threshold_ = config_.inline_threshold_bytes;
     std::lock_guard<std::mutex> lock(heap_mutex_);
     heap_ = transport_->shared_heap();

@@ -159,6 +159,16 @@ TEST(Config, MpiLauncherReadFromTheStartingEnvironment) {
   EXPECT_TRUE(FromMap(live).UseGloo());
 }
 
+TEST(Config, LauncherSizeIsReadForTheMpiJobToMatch) {
+  EXPECT_EQ(FromMap({{"OMPI_COMM_WORLD_SIZE", "3"}}).launcher_size, 3);
+  EXPECT_EQ(FromMap({{"OMPI_COMM_WORLD_SIZE", "3"}}).launcher_size_var, "OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(FromMap({{"PMI_SIZE", "2"}}).launcher_size, 2);
+  EXPECT_EQ(FromMap({{"PMIX_RANK", "0"}}).launcher_size, -1);  // says no size
+  EXPECT_EQ(FromMap({{"OMPI_COMM_WORLD_SIZE", "x"}}).launcher_size, -1);
+  EXPECT_EQ(FromMap({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_MCA_ess", "singleton"}}).launcher_size,
+            -1);  // a singleton's child: no launcher
+}
+
 TEST(Config, EagerInlineSwitch) {
   EXPECT_FALSE(FromMap({{"BLUEFOG_EAGER_INLINE", "0"}}).eager_inline);
   EXPECT_THROW(FromMap({{"BLUEFOG_EAGER_INLINE", "sometimes"}}), BluefogError);

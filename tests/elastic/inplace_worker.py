@@ -8,6 +8,8 @@ commit, or a rank left out of a sync, would show as a wrong value).
 --die W:S:WHERE (repeatable): worker W (BLUEFOG_ELASTIC_WORKER) kills itself with SIGKILL at
 step S, WHERE being "step" (after the step's allreduce, while the others go on to the next
 one) or "commit" (just before the commit of step S, which the others are then inside).
+--steps-of W:S: worker W trains only S steps (an uneven shard): its training function
+returns while the others still train.
 --die W:N:sync: worker W kills itself inside the first state sync of a round of N ranks in
 which it sends the state (the root), after the variables went out and before the attributes
 (the step) do: the others, a joining worker among them, are then inside the sync's broadcasts.
@@ -35,6 +37,7 @@ def main():
     p.add_argument("--commit-every", type=int, default=5)
     p.add_argument("--step-ms", type=float, default=30)
     p.add_argument("--die", action="append", default=[])
+    p.add_argument("--steps-of", action="append", default=[])
     p.add_argument("--graph", action="store_true",
                    help="the step's allreduce inside a tf.function (a lost rank then surfaces "
                         "as TensorFlow's 'Graph execution error')")
@@ -45,6 +48,8 @@ def main():
         w, s, where = d.split(":")
         if w == me:
             deaths[(int(s), where)] = True
+    steps = dict(w.split(":") for w in args.steps_of).get(me, args.steps)
+    steps = int(steps)
     print(f"START worker {me} pid {os.getpid()}", flush=True)
     counter = tf.Variable(0.0)
 
@@ -83,7 +88,7 @@ def main():
 
     @bf.elastic.run
     def train(state):
-        while state.step < args.steps:
+        while state.step < steps:
             n = step_sum()
             counter.assign_add(1.0)
             state.step += 1

@@ -114,7 +114,18 @@ def test_keepalive_defaults_only_with_hosts_and_never_over_the_users():
 def test_bad_arguments():
     assert bfrun(["-np", "2"]).returncode == 2  # no command
     result = bfrun(["-np", "0", "python", "-c", "pass"])
-    assert result.returncode == 2 and "-np must be >= 1" in result.stderr
+    assert result.returncode == 2 and "-np must be from 1 to 65536" in result.stderr
+    for np_ in ("4294967299", "65537"):  # a count wrapped at 2^32 started processes forever
+        for gloo in ([], ["--gloo"]):
+            result = bfrun([*gloo, "-np", np_, "python", "-c", "pass"])
+            assert result.returncode == 2 and f"got {np_}" in result.stderr, result.stderr
+    for gloo in ([], ["--gloo"]):  # over mpirun, a traceback from the start line's count
+        result = bfrun([*gloo, "-np", "3", "-H", "localhost:0", "python", "-c", "pass"])
+        assert result.returncode == 2, result.stderr
+        assert "bfrun: -H: 'localhost:0' has 0 slots" in result.stderr, result.stderr
+    result = bfrun(["--gloo", "-H", "localhost:4294967299", "--min-np", "2", "python", "-c",
+                    "pass"])
+    assert result.returncode == 2 and "a host takes at most 65536" in result.stderr
     result = bfrun(["python", "-c", "pass"])  # no -np
     assert result.returncode == 2 and "-np" in result.stderr
     result = bfrun(["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "-c", "pass"])

@@ -218,3 +218,25 @@ def test_a_failing_reset_callback_ends_the_job_with_its_traceback(tmp_path):
     assert re.search(r"giving up: a reset callback raised on rank\(s\) \[0, 1\]", out), \
         out[-4000:]
     assert "blacklisted" not in out and "slot(s) available, waiting" not in out, out[-4000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_discovery_script_does_not_hold_back_the_relaunch(tmp_path):
+    """The discovery script takes 20 s from its second run on; the first launch's rank stops
+    for a relaunch (status 75) meanwhile: the driver notices at once and relaunches on the
+    hosts it knows, instead of waiting for the script twice (discovery runs on a thread)."""
+    script = tmp_path / "slow_hosts.sh"
+    ran = tmp_path / "ran"
+    script.write_text(f"#!/bin/sh\n[ -e {ran} ] && sleep 20\n: > {ran}\necho localhost:1\n")
+    script.chmod(0o755)
+    rank = ('if [ "$BLUEFOG_ELASTIC_RESTART" = 0 ]; then sleep 2; echo "STOPPING t=$(date '
+            '+%s.%N)"; exit 75; fi; echo "SECOND LAUNCH"')
+    result = run_job(bfrun("--min-np", "1", "--host-discovery-script", str(script),
+                           "--discovery-interval", "0.2", "sh", "-c", rank), timeout=100)
+    out = result.output
+    assert result.returncode == 0 and not result.timed_out, out[-4000:]
+    stopped = float(re.search(r"STOPPING t=([\d.]+)", out).group(1))
+    relaunched = float(re.search(r"launch 1: 1 rank\(s\) on localhost:1 at ([\d.]+)", out)
+                       .group(1))
+    assert "SECOND LAUNCH" in out, out[-4000:]
+    assert relaunched - stopped < 8, f"relaunched {relaunched - stopped:.1f} s after:\n{out}"

@@ -281,9 +281,9 @@ def test_failure_while_the_state_goes_to_a_joining_worker(tmp_path):
     assert re.search(r"round 1: 3 worker\(s\) \['0', '1', '2'\] \(worker\(s\) \['2'\] joining\)",
                      out), out[-6000:]
     assert "DYING worker 0 in a sync at size 3" in out, out[-6000:]
-    # It died inside the broadcasts that give the newcomer the state.
-    assert re.search(r"^\[2\] bluefog elastic: worker 2 \(rank 2\): a rank was lost: .*"
-                     r"bluefog\.elastic\.sync\.", out, re.M), out[-6000:]
+    # It died inside the broadcasts that give the newcomer the state; the newcomer says so.
+    assert re.search(r"^\[2\] bluefog elastic: worker 2 \(rank 2\): a rank was lost \(rank\(s\) "
+                     r"0 left the job\)", out, re.M), out[-6000:]
     assert re.search(r"round 2: \d worker\(s\) \['1', '2'", out), out[-6000:]
     pids = dict(re.findall(r"^\[(\d+)\] START worker \d+ pid (\d+)", out, re.M))
     done = re.findall(r"^\[(\d+)\] DONE worker \d+ rank \d size (\d) step (\d+) counter (\d+) "
@@ -295,10 +295,72 @@ def test_failure_while_the_state_goes_to_a_joining_worker(tmp_path):
         assert (step, counter, pid) == (steps, steps, pids[w]), (w, done)
 
 
-def inplace_job(*options, steps="30", step_ms="30", die=()):
+def inplace_job(*options, steps="30", step_ms="30", die=(), extra=(), env=None):
     dies = [a for d in die for a in ("--die", d)]
     return BackgroundJob(bfrun(*options, PYTHON, "tests/elastic/inplace_worker.py", "--steps",
-                               steps, "--step-ms", step_ms, *dies))
+                               steps, "--step-ms", step_ms, *dies, *extra), env=env)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_hung_worker_is_lost_not_the_workers_that_wait_for_it():
+    """Worker 2 is stopped (SIGSTOP): the others wait in their next collective, without an
+    error. Its heartbeat stops, so 5 s later (half of BLUEFOG_GLOO_TIMEOUT 10 s) bfrun kills
+    it, and the two others re-form the job and finish it."""
+    job = inplace_job("-np", "3", "--min-np", "2", "-H", "localhost:3", steps="300",
+                      step_ms="30", env={"BLUEFOG_GLOO_TIMEOUT": "10"})
+    victim = None
+    try:
+        for w in ("0", "1", "2"):
+            pid = int(job.wait_for(rf"^\[{w}\] START worker {w} pid (\d+)", 120).group(1))
+        victim = pid
+        job.wait_for(r"STEP 10 size 3", 60)
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.time()
+        job.wait_for(r"round 1: ", 60)
+        reformed = time.time() - stopped
+        out = finish(job)
+    finally:
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except OSError:
+                pass
+        job.kill()
+    assert job.proc.returncode == 0, out[-6000:]
+    assert re.search(r"worker 2 \(rank 2 of round 0, on localhost\) has not been heard from "
+                     r"for 5 s \(half of BLUEFOG_GLOO_TIMEOUT\): it is taken for hung and "
+                     r"killed", out), out[-6000:]
+    assert "killed by signal SIGKILL by bfrun: it hung" in out, out[-6000:]
+    assert re.search(r"round 1: 2 worker\(s\) \['0', '1'\] \(lost worker\(s\) \['2'\]\)",
+                     out), out[-6000:]
+    done = re.findall(r"^\[(\d)\] DONE worker \d+ rank \d size (\d) step (\d+) counter (\d+)",
+                      out, re.M)
+    assert sorted(done) == [("0", "2", "300", "300"), ("1", "2", "300", "300")], out[-6000:]
+    assert not re.search(r"bfrun: elastic: worker [01] \(", out), out[-6000:]
+    assert reformed < 20, f"re-formed {reformed:.1f} s after the stop"
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_worker_that_returns_early_ends_the_job():
+    """Worker 1 trains 10 steps, the others 300 (uneven shards): once they find it gone, bfrun
+    ends the job within seconds, naming the worker that returned, instead of leaving them to
+    wait for a round for 600 s."""
+    job = inplace_job("-np", "3", "--min-np", "2", "-H", "localhost:3", steps="300",
+                      extra=("--steps-of", "1:10"))
+    try:
+        job.wait_for(r"^\[1\] DONE worker 1 ", 120)
+        returned = time.time()
+        out = finish(job, 60)
+        ended = time.time() - returned
+    finally:
+        job.kill()
+    assert job.proc.returncode == 1, out[-6000:]
+    assert re.search(r"bfrun: elastic: job failed: worker 1 \(rank 1 of round 0\) returned from "
+                     r"the training function while worker\(s\) \['0', '2'\] had not; a worker "
+                     r"that returns ends the job\. Give every worker the same number of steps",
+                     out), out[-6000:]
+    assert ended < 20, f"the job ended {ended:.1f} s after worker 1 returned:\n{out[-6000:]}"
+    assert "round 1" not in out and "blacklisted" not in out, out[-6000:]
 
 
 @slow

@@ -179,3 +179,17 @@ def test_timeline_filename_on_elastic_gloo_says_why_it_is_ignored(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bfrun: --timeline-filename: ignored (in-place elastic training renumbers" in (
         result.stderr)
+
+
+@pytest.mark.parametrize("backend", [[], ["--gloo"]])
+@pytest.mark.parametrize("flag", ["--fusion-threshold-mb", "--cycle-time-ms",
+                                  "--gloo-timeout-seconds"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_number_that_is_not_finite_is_refused_with_the_option(backend, flag, value):
+    """The launch fuzzer's --fusion-threshold-mb nan ended bfrun in a ValueError traceback."""
+    result = subprocess.run([sys.executable, "-m", "bluefog.run", *backend, "-np", "2", flag,
+                             value, sys.executable, "-c", "pass"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"bfrun: {flag} {value}: not a finite number" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

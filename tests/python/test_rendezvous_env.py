@@ -79,3 +79,17 @@ def test_values_past_an_int_are_refused(var, value):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("var", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_a_left_over_launcher_size_is_not_a_job_of_one(var):
+    """An MPI launcher's size variable with no launcher (left in a shell or an image) beside
+    torchrun's variables: each process used to run MPI alone as rank 0 of 1 (the launch
+    fuzzer's OMPI_COMM_WORLD_SIZE=2 cases); now each says the launcher's count and MPI's do
+    not match."""
+    result = _run(2, lambda r, port: {var: "2", "RANK": str(r), "WORLD_SIZE": "2",
+                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert not result.timed_out, result.tail()
+    assert "JOINED" not in result.output, result.tail()
+    assert result.output.count(f"REFUSED rank 0: {var}=2 says an MPI launcher started 2 "
+                               "processes, but MPI formed a job of 1") == 2, result.tail()

@@ -110,7 +110,9 @@ def _run_in_place(func: Callable[..., Any], state: State, args, kwargs) -> Any:
             # A new worker joining a running job resets as much as the others do.
             if reset or state.restored_commit:
                 state.on_reset()
-            return func(state, *args, **kwargs)
+            result = func(state, *args, **kwargs)
+            elastic_rounds.report_finished()
+            return result
         except HostsUpdatedInterrupt as e:
             # commit() raised it on every rank: the state is committed, nothing to restore.
             why = str(e)
