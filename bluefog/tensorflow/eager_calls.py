@@ -22,15 +22,12 @@ takes the op, so that gradients and placement are TensorFlow's; so does every ca
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import os
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from bluefog.common import basics
+from bluefog.common import extension
 from bluefog.tensorflow import op_rules
 
 try:  # private modules: without them every call takes the op
@@ -41,23 +38,7 @@ except ImportError:  # pragma: no cover - every TensorFlow 2.16-2.21 has them
 EagerTensor = _EagerTensor
 
 
-def _load_extension():
-    """The ``_eager`` extension module from the folder of the core library, which is loaded
-    first (with its MPI symbols global) so that the module binds to that same core."""
-    basics._load()
-    folder = basics.library_dir()
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(folder, "_eager" + suffix)
-        if os.path.isfile(path):
-            spec = importlib.util.spec_from_file_location("bluefog.lib._eager", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    raise ImportError(f"bluefog's extension module _eager was not found in {folder}; rebuild "
-                      "the package (make build)")
-
-
-_eager = _load_extension()
+_eager = extension.load_eager_extension()
 
 # TensorFlow's DataType enum value -> the core's (op_rules.CORE_DTYPES is in the core's order).
 _CORE_DTYPE = {dtype.as_datatype_enum: value for value, dtype in enumerate(op_rules.CORE_DTYPES)}

@@ -14,15 +14,13 @@ TensorFlow is not imported (its import costs seconds per process): the extension
 in ``sys.modules`` for that moment only.
 """
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 import types
 
 import numpy as np
 
-from bluefog.common import basics
+from bluefog.common import basics, extension
 
 _ERRORS = ("InvalidArgumentError", "FailedPreconditionError", "AbortedError", "InternalError",
            "ResourceExhaustedError")
@@ -43,24 +41,15 @@ def load_eager():
     errors = types.SimpleNamespace(**{n: type(n, (OpError,), {}) for n in _ERRORS})
     stand_in = types.ModuleType("tensorflow")
     stand_in.errors = errors
-    basics._load()  # the core first, with its symbols global: the extension binds to it
-    folder = basics.library_dir()
     saved = sys.modules.get("tensorflow")
     sys.modules["tensorflow"] = stand_in
     try:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "_eager" + suffix)
-            if os.path.isfile(path):
-                spec = importlib.util.spec_from_file_location("bluefog.lib._eager", path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                return module
+        return extension.load_eager_extension()
     finally:
         if saved is None:
             del sys.modules["tensorflow"]
         else:
             sys.modules["tensorflow"] = saved
-    raise ImportError(f"no _eager extension in {folder}")
 
 
 def main() -> int:
