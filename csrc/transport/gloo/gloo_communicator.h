@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "transport/allreduce_algorithm.h"
 #include "transport/communicator.h"
 #include "transport/data_plane.h"
@@ -170,5 +171,24 @@ class GlooCommunicator : public Communicator {
   std::vector<char> scratch_;
   std::vector<int64_t> slice_offsets_;  // ReduceScatter's, per rank
 };
+
+// Runs one Gloo call, turning its exceptions into BluefogError naming rank and op (here so that
+// each file of the backend can use it).
+template <typename F>
+void GlooCommunicator::Run(const char* op, F&& body) {
+  try {
+    body();
+  } catch (const BluefogError& e) {
+    if (e.code() == StatusCode::kAborted) throw TransportError(e.code(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    throw TransportError(StatusCode::kAborted,
+                         Concat("rank ", world_ranks_.empty() ? rank_ : world_ranks_[rank_],
+                                ": Gloo ", op, " failed", GoneNote(), ": ", e.what(),
+                                ". A peer may have exited, or not called it within "
+                                "BLUEFOG_GLOO_TIMEOUT (",
+                                setup_.timeout.count() / 1000, " s)"));
+  }
+}
 
 }  // namespace bluefog

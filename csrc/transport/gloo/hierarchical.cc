@@ -35,7 +35,8 @@ class GlooHierarchicalAllreduce : public AllreduceAlgorithm {
     if (!local_) Connect();
     const int64_t elem = static_cast<int64_t>(ElementSize(call.dtype));
     const int l = local_->rank();
-    std::vector<int64_t> bytes(local_size_);
+    std::vector<int64_t>& bytes = bytes_;  // per local rank, kept: no allocation per call
+    bytes.resize(local_size_);
     int64_t offset = 0, mine_offset = 0;
     for (int k = 0; k < local_size_; ++k) {
       const int64_t n = call.count / local_size_ + (k < call.count % local_size_ ? 1 : 0);
@@ -69,6 +70,7 @@ class GlooHierarchicalAllreduce : public AllreduceAlgorithm {
   std::unique_ptr<Communicator> local_;
   std::unique_ptr<Communicator> cross_;
   std::vector<char> scratch_;
+  std::vector<int64_t> bytes_;
 };
 
 }  // namespace

@@ -103,6 +103,16 @@ void RingAllreduce::Run(const AllreduceCall& call) {
     *lo = std::min(len, c * chunk);
     return std::min(len, (c + 1) * chunk) - *lo;
   };
+  // Chunk c of the segments sent and received at a step: where each starts, and its elements.
+  struct Piece {
+    int64_t send_lo, send_n, recv_lo, recv_n;
+  };
+  auto pieces = [&](int64_t c, int send_seg, int recv_seg) {
+    Piece p;
+    p.send_n = piece(c, seg_count(send_seg), &p.send_lo);
+    p.recv_n = piece(c, seg_count(recv_seg), &p.recv_lo);
+    return p;
+  };
   for (int step = 0; step < n - 1; ++step) {
     const int send_seg = mod(rank - step);
     const int recv_seg = mod(rank - step - 1);
@@ -126,19 +136,15 @@ void RingAllreduce::Run(const AllreduceCall& call) {
       Pipelined(
           comm_, chunks,
           [&](int64_t c, MPI_Request* pair) {
-            int64_t send_lo, recv_lo;
-            const int64_t send_n = piece(c, seg_count(send_seg), &send_lo);
-            const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
-            post(send_base + send_lo * elem, send_n * elem, slot(c), recv_n * elem, pair);
+            const Piece p = pieces(c, send_seg, recv_seg);
+            post(send_base + p.send_lo * elem, p.send_n * elem, slot(c), p.recv_n * elem, pair);
           },
           [&](int64_t c) { reduce(c, slot(c)); });
       continue;
     }
     for (int64_t c = 0; c < chunks; ++c) {
-      int64_t send_lo, recv_lo;
-      const int64_t send_n = piece(c, seg_count(send_seg), &send_lo);
-      const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
-      sendrecv(send_base + send_lo * elem, send_n * elem, scratch, recv_n * elem);
+      const Piece p = pieces(c, send_seg, recv_seg);
+      sendrecv(send_base + p.send_lo * elem, p.send_n * elem, scratch, p.recv_n * elem);
       reduce(c, scratch);
     }
   }
@@ -155,11 +161,9 @@ void RingAllreduce::Run(const AllreduceCall& call) {
     Pipelined(
         comm_, chunks,
         [&](int64_t c, MPI_Request* pair) {
-          int64_t send_lo, recv_lo;
-          const int64_t send_n = piece(c, seg_count(send_seg), &send_lo);
-          const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
-          post(send_base + send_lo * elem, send_n * elem, recv_base + recv_lo * elem, recv_n * elem,
-               pair);
+          const Piece p = pieces(c, send_seg, recv_seg);
+          post(send_base + p.send_lo * elem, p.send_n * elem, recv_base + p.recv_lo * elem,
+               p.recv_n * elem, pair);
         },
         [](int64_t) {});
   }
