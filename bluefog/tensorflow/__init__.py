@@ -88,6 +88,10 @@ from bluefog.tensorflow.decentralized import (  # noqa: F401
     DistributedAdaptWithCombineOptimizer,
     DistributedNeighborAllreduceOptimizer,
 )
+from bluefog.tensorflow.feedback import (  # noqa: F401
+    compression_stats,
+    reset_compression_stats,
+)
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.join_op import join  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
@@ -193,7 +197,7 @@ __all__ = [
     "allgather", "allgather_nonblocking", "allgather_object", "allreduce", "allreduce_nonblocking",
     "alltoall", "backend", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
     "broadcast_nonblocking", "broadcast_object", "broadcast_parameters", "broadcast_variables",
-    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "ccl_built", "compression_stats", "cross_rank", "cross_size", "cuda_built", "ddl_built",
     "get_current_created_window_names", "get_win_version", "global_process_set", "gloo_built",
     "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
     "hierarchical_neighbor_allreduce", "hierarchical_neighbor_allreduce_nonblocking",
@@ -204,7 +208,8 @@ __all__ = [
     "nccl_built", "neighbor_allgather", "neighbor_allgather_nonblocking", "neighbor_allreduce",
     "neighbor_allreduce_nonblocking", "out_neighbor_machine_ranks", "out_neighbor_ranks", "poll",
     "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
-    "rocm_built", "set_machine_topology", "set_topology", "shutdown", "size", "size_op",
+    "reset_compression_stats", "rocm_built", "set_machine_topology", "set_topology", "shutdown",
+    "size", "size_op",
     "start_timeline", "stop_timeline", "synchronize", "timeline_context", "timeline_end_activity",
     "timeline_start_activity", "turn_off_win_ops_with_associated_p",
     "turn_on_win_ops_with_associated_p", "unified_mpi_window_model_supported", "wait",

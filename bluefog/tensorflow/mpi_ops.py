@@ -15,6 +15,7 @@ from bluefog.tensorflow import adasum as _adasum
 from bluefog.tensorflow import eager_calls
 from bluefog.tensorflow.compression import Compression
 from bluefog.tensorflow.compression import check as compression_check
+from bluefog.tensorflow.feedback import ReducingCompressor
 from bluefog.tensorflow.op_library import (
     device_scope,
     eager_inline_attrs,
@@ -201,11 +202,19 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
                 "Horovod); convert it to a dense tensor first (tf.convert_to_tensor)")
         scale = (_check_scale(prescale_factor, postscale_factor, tensor.values.dtype, reduce_op,
                               op_error_prefix("allreduce", name)) if scaled else 1.0)
+        if isinstance(compression, ReducingCompressor):
+            compression = Compression.none  # IndexedSlices are gathered uncompressed
         return _allreduce_indexed_slices(tensor, average, name, device, compression, scale,
                                          process_set)
     if not isinstance(tensor, tf.Tensor):
         tensor = to_tensor(tensor, "allreduce", name)
     check_dtype(tensor, "allreduce", name)
+    if isinstance(compression, ReducingCompressor):
+        if tensor.dtype.is_floating:
+            return _reduced(compression, [tensor], average, name, name, reduce_op,
+                            prescale_factor * postscale_factor, process_set, device,
+                            op_error_prefix("allreduce", name))[0]
+        compression = Compression.none  # integers are reduced uncompressed
     if compression is Compression.none and not device and reduce_op == "sum" and not scaled \
             and not set_attrs:  # op None, bf.Sum or bf.Average (Adasum returned above)
         return _plain_allreduce(tensor, average, name, None, tf.executing_eagerly())
@@ -283,6 +292,10 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     results: list = [None] * len(tensors)
     contexts: list = [None] * len(tensors)
     by_dtype: dict = {}
+    reducing = compression if isinstance(compression, ReducingCompressor) else None
+    if reducing is not None:
+        compression = Compression.none  # what reducing leaves: integers and IndexedSlices
+    compressed: list = []
     for i, t in enumerate(tensors):
         if t is None:
             continue
@@ -303,6 +316,9 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
             t = scale_by(t, prescale_factor)
         else:
             _check_scale(prescale_factor, postscale_factor, t.dtype, reduce_op, what)
+        if reducing is not None and t.dtype.is_floating:
+            compressed.append((i, t))
+            continue
         # Grouped and named by the dtype before compression: ranks that disagree on compression
         # then meet under one name and get a dtype error, instead of waiting for each other.
         dtype = t.dtype
@@ -324,7 +340,30 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     if compression is not Compression.none:
         for i, _ in (item for items in by_dtype.values() for item in items):
             results[i] = compression.decompress(results[i], contexts[i])
+    if compressed:
+        # The agreement check takes the name that the first dtype group of an uncompressed call
+        # would (floats sort first), so a rank without this compression meets it there.
+        first = min(t.dtype.name for _, t in compressed)
+        outs = _reduced(reducing, [t for _, t in compressed], average, f"{name}.compressed",
+                        f"{name}.{first}", reduce_op, prescale_factor * postscale_factor,
+                        process_set, device, what)
+        for (i, _), out in zip(compressed, outs):
+            results[i] = out
     return results
+
+
+def _reduced(compression: ReducingCompressor, tensors: list, average: bool, name: str,
+             check_name: str, reduce_op: str, scale: float, process_set, device: str,
+             what: str) -> list:
+    """Float tensors summed or averaged by a compressor with error feedback (feedback.py)."""
+    if reduce_op != "sum":
+        raise ValueError(f"{what}: {compression!r} computes sums and averages only, not "
+                         f"{reduce_op}; use bf.Compression.none for op={reduce_op}")
+    if scale != 1.0:
+        _check_scale(scale, 1.0, tf.float32, reduce_op, what)
+    with device_scope(device):
+        outs = compression.reduce(list(tensors), average, name, check_name, process_set, what)
+    return [scale_by(o, scale) for o in outs]
 
 
 def _adasum_call(tensors, name: str, compression, prescale_factor, postscale_factor,
