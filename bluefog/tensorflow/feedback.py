@@ -99,6 +99,9 @@ class ReducingCompressor:
             return {k: v.numpy() for k, v in self._variables.items()
                     if not k.startswith("agreed:")}
 
+    # Plain Python over static shapes (tf.cond where a branch is needed): autograph would only
+    # spend seconds converting it inside the caller's tf.function.
+    @tf.autograph.experimental.do_not_convert
     def reduce(self, tensors: List[tf.Tensor], average: bool, name: str, check_name: str,
                process_set=None, what: str = "") -> List[tf.Tensor]:
         """The sum (or mean) over ranks of each float tensor of ``tensors``, in its dtype.
@@ -118,8 +121,11 @@ class ReducingCompressor:
             inputs = [tf.cast(t, tf.float32) if t.dtype != tf.float32 else tf.identity(t)
                       for t in tensors]
         outs, updates = self._reduce(inputs, average, name, n, set_attrs, what)
+        # A NaN or infinity on any rank reaches every rank's result: all fail alike.
+        message = (f"{what}: a NaN or an infinity in the input of some rank (compressed "
+                   "allreduces need finite floats; look for a diverging loss)")
         with tf.control_dependencies(updates):
-            return [tf.cast(o, t.dtype) if t.dtype != tf.float32 else tf.identity(o)
+            return [tf.cast(tf.debugging.check_numerics(o, message), t.dtype)
                     for o, t in zip(outs, tensors)]
 
     def _reduce(self, tensors, average, name, n, set_attrs, what):

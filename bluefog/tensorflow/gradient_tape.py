@@ -135,8 +135,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device: str = "",
         gradtape: a ``tf.GradientTape``.
         device: device for the allreduce ops ('' = default placement).
         compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
-            (returned in their own dtype); ``bf.Compression.none`` (default) sends them as they
-            are. Ranks must agree on it.
+            (returned in their own dtype); ``.int8``, ``.int4``, ``.topk(ratio)`` and
+            ``.powersgd(rank=r)`` send fewer bytes with error feedback (one compressor object
+            per model); ``bf.Compression.none`` (default) sends them as they are. Ranks must
+            agree on it.
         sparse_as_dense: average ``tf.IndexedSlices`` gradients as dense tensors (one fused
             allreduce) instead of gathering every rank's rows; pays when the rows touched per
             step are a large part of the table.

@@ -190,8 +190,10 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         use_locking: passed to ``tf.compat.v1.train.Optimizer``; unused for Keras optimizers.
         device: device for the allreduce ops ('' = default placement).
         compression: ``bf.Compression.fp16`` or ``.bf16`` sends float gradients in 16 bits
-            (applied in their own dtype); ``bf.Compression.none`` (default) sends them as they
-            are. Ranks must agree on it.
+            (applied in their own dtype); ``.int8``, ``.int4``, ``.topk(ratio)`` and
+            ``.powersgd(rank=r)`` send fewer bytes with error feedback (one compressor object
+            per model); ``bf.Compression.none`` (default) sends them as they are. Ranks must
+            agree on it.
         backward_passes_per_step: Keras optimizers only. Above 1, gradients are accumulated
             locally (Keras' ``gradient_accumulation_steps``) and averaged over ranks once every
             that many steps, when the variables are updated; the steps in between do not

@@ -145,7 +145,9 @@ def allreduce(tensor: Union[tf.Tensor, tf.Variable, tf.IndexedSlices], average: 
     zero. A ``tf.IndexedSlices`` is reduced by gathering
     its values and indices from every rank; the result is an ``IndexedSlices`` representing the
     sum (or mean) of the dense tensors. ``compression`` (``bf.Compression.fp16``/``.bf16``)
-    sends floats in 16 bits and returns the input's dtype; ranks must agree on it.
+    sends floats in 16 bits and returns the input's dtype; ``.int8``, ``.int4``, ``.topk``
+    and ``.powersgd`` reduce floats compressed with error feedback (keyed by ``name``; see
+    ``bf.Compression``); ranks must agree on it.
     ``op`` (``bf.Average``, ``bf.Sum``, ``bf.Min``, ``bf.Max``, ``bf.Product``), when given,
     decides the reduction instead of ``average``; ranks must agree on it. Floating-point min
     and max return NaN where any rank has NaN. ``prescale_factor`` and ``postscale_factor``
@@ -352,6 +354,7 @@ def grouped_allreduce(tensors, average: bool = True, name: Optional[str] = None,
     return results
 
 
+@tf.autograph.experimental.do_not_convert
 def _reduced(compression: ReducingCompressor, tensors: list, average: bool, name: str,
              check_name: str, reduce_op: str, scale: float, process_set, device: str,
              what: str) -> list:

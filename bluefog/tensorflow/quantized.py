@@ -53,8 +53,10 @@ class QuantizingCompressor(ReducingCompressor):
         return f"int{self.bits}(block={self.block}{extra})"
 
     def _quantize(self, x, what):
+        # A NaN or infinity on one rank must fail every rank, not leave the others waiting
+        # in the alltoall: its block travels with a NaN scale (reduce() checks the result).
         return ops.bluefog_quantize(x, bits=self.bits, block=self.block,
-                                    stochastic=self.stochastic, what=what)
+                                    stochastic=self.stochastic, nonfinite_to_nan=True, what=what)
 
     def _split(self, rows, n, code_bytes, scale_count):
         """Codes [n, code_bytes] and scales [n, scale_count] of uint8 rows [n, row bytes]."""
@@ -106,7 +108,8 @@ class QuantizingCompressor(ReducingCompressor):
         out = ops.bluefog_dequantize(tf.reshape(all_codes, [-1]), tf.reshape(all_scales, [-1]),
                                      bits=self.bits, block=self.block, count=n * chunk,
                                      what=what)
-        parts = tf.split(out[:total], sizes) if len(sizes) > 1 else [out[:total]]
+        out = out[:total]
+        parts = tf.split(out, sizes) if len(sizes) > 1 else [out]
         updates += self._count(2 * (n - 1) * (code_bytes + 4 * scale_count),
                                ring_bytes(total, n))
         return [tf.reshape(p, t.shape) for p, t in zip(parts, tensors)], updates

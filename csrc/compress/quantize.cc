@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/status.h"
@@ -97,7 +98,14 @@ void Quantize(const float* x, int64_t count, const QuantizeOptions& o, uint8_t* 
     const int64_t m = std::min(o.block, count - start);
     const float* xb = x + start;
     uint32_t top = MaxMagnitudeBits(xb, m);
-    if (top >= kInfBits) ThrowNonFinite(xb, m, start);
+    if (top >= kInfBits) {
+      if (!o.nonfinite_to_nan) ThrowNonFinite(xb, m, start);
+      scales[b] = std::numeric_limits<float>::quiet_NaN();
+      std::memset(codes + (o.bits == 8 ? start : start / 2), 0,
+                  static_cast<size_t>(o.bits == 8 ? m : (m + 1) / 2));
+      if (error != nullptr) std::fill(error + start, error + start + m, 0.0f);
+      continue;
+    }
     float amax;
     std::memcpy(&amax, &top, sizeof amax);
     float scale = amax / levels;

@@ -7,7 +7,8 @@
 // - |x - Dequantize(Quantize(x))| <= scale / 2 per block with round to nearest; below scale
 //   with stochastic rounding (whose expectation is x).
 // - A NaN or an infinity in the input is a BluefogError (kInvalidArgument) naming its index;
-//   nothing is written past the blocks before it.
+//   nothing is written past the blocks before it. With nonfinite_to_nan, the block's scale is
+//   NaN instead, so everything dequantized from it is NaN.
 // - Lengths need not be a multiple of the block: the last block is shorter. For 4 bits the
 //   block must be even, so that every block but the last starts on a byte.
 #pragma once
@@ -22,6 +23,9 @@ struct QuantizeOptions {
   int64_t block = 256;  // values per scale; even for 4 bits
   bool stochastic = false;
   uint64_t seed = 0;  // stochastic rounding: same seed and input, same codes
+  // A block with a NaN or an infinity gets a NaN scale, zero codes and zero error instead of
+  // an error, so that a collective carries it to every rank (which then all fail alike).
+  bool nonfinite_to_nan = false;
 };
 
 // Throws kInvalidArgument for bits other than 8 or 4, or a block that is not positive (or odd

@@ -51,7 +51,9 @@ Status CheckAgreement(const std::vector<std::optional<TensorMeta>>& metas) {
       return fail("operation",
                   DescribeDifference(
                       metas, [](const TensorMeta& x) { return std::string(OpTypeName(x.op)); }),
-                  "Every rank must call the same collective for the same name.");
+                  "Every rank must call the same collective for the same name (an allreduce "
+                  "with compression int8, int4, topk or powersgd starts with an allgather: pass "
+                  "the same compression= on every rank).");
   }
   for (const auto& m : metas) {
     if (m->group_size != m0.group_size)

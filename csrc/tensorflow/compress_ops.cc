@@ -35,6 +35,7 @@ REGISTER_OP("BluefogQuantize")
     .Attr("block: int = 256")
     .Attr("stochastic: bool = false")
     .Attr("seed: int = 0")
+    .Attr("nonfinite_to_nan: bool = false")
     .Attr("what: string = ''")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       TF_RETURN_IF_ERROR(VectorOutputs(c));
@@ -44,7 +45,8 @@ REGISTER_OP("BluefogQuantize")
     .Doc(R"doc(
 Per-block quantization of a float32 tensor (flattened): codes (8 bits, or 4 bits two to a
 byte), one scale per `block` values (absmax / 127 or / 7), and error = tensor - dequantized.
-A NaN or infinity is an InvalidArgument error. Stochastic rounding's seed advances per run.
+A NaN or infinity is an InvalidArgument error (with nonfinite_to_nan: the block's scale is
+NaN). Stochastic rounding's seed advances per run.
 )doc");
 
 REGISTER_OP("BluefogDequantize")
@@ -89,6 +91,9 @@ absl::Status ReadOptions(OpKernelConstruction* c, compress::QuantizeOptions* o) 
   TF_RETURN_IF_ERROR(c->GetAttr("block", &o->block));
   o->bits = static_cast<int>(bits);
   if (c->HasAttr("stochastic")) TF_RETURN_IF_ERROR(c->GetAttr("stochastic", &o->stochastic));
+  if (c->HasAttr("nonfinite_to_nan")) {
+    TF_RETURN_IF_ERROR(c->GetAttr("nonfinite_to_nan", &o->nonfinite_to_nan));
+  }
   if (c->HasAttr("seed")) {
     int64_t seed = 0;
     TF_RETURN_IF_ERROR(c->GetAttr("seed", &seed));

@@ -126,6 +126,25 @@ TEST(Quantize, NonFiniteIsAnErrorNamingTheElement) {
   }
 }
 
+TEST(Quantize, NonFiniteToNanPoisonsOnlyItsBlock) {
+  for (int bits : {8, 4}) {
+    QuantizeOptions o;
+    o.bits = bits;
+    o.block = 4;
+    o.nonfinite_to_nan = true;
+    std::vector<float> x = {1, 2, 3, 4, 5, std::numeric_limits<float>::infinity(), 7, 8, 9};
+    RoundTrip r = RoundTripOf(x, o);
+    EXPECT_FALSE(std::isnan(r.scales[0]));
+    EXPECT_TRUE(std::isnan(r.scales[1]));
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(r.out[i], x[i], r.scales[0] / 2 * (1 + 1e-5f));
+    for (int i = 4; i < 8; ++i) {
+      EXPECT_TRUE(std::isnan(r.out[i])) << i;
+      EXPECT_EQ(r.error[i], 0.0f) << i;  // no residual carried from a poisoned block
+    }
+    EXPECT_EQ(r.out[8], 9.0f);
+  }
+}
+
 TEST(Quantize, BadOptionsAreErrors) {
   QuantizeOptions o;
   o.bits = 3;
