@@ -33,6 +33,8 @@ class QuantizingCompressor(ReducingCompressor):
     returns a new one with other settings: ``bf.Compression.int8(block=128)``.
     """
 
+    _checks_finite = True  # BluefogDequantizeOutputs refuses NaN scales
+
     def __init__(self, bits: int = 8, block: int = 256, stochastic: bool = False):
         super().__init__()
         if bits not in (8, 4):
@@ -52,11 +54,11 @@ class QuantizingCompressor(ReducingCompressor):
         extra = ",stochastic" if self.stochastic else ""
         return f"int{self.bits}(block={self.block}{extra})"
 
-    def _quantize(self, x, what):
+    def _attrs(self, what):
         # A NaN or infinity on one rank must fail every rank, not leave the others waiting
-        # in the alltoall: its block travels with a NaN scale (reduce() checks the result).
-        return ops.bluefog_quantize(x, bits=self.bits, block=self.block,
-                                    stochastic=self.stochastic, nonfinite_to_nan=True, what=what)
+        # in the alltoall: its block travels with a NaN scale, and dequantizing it fails.
+        return {"bits": self.bits, "block": self.block, "stochastic": self.stochastic,
+                "nonfinite_to_nan": True, "what": what}
 
     def _split(self, rows, n, code_bytes, scale_count):
         """Codes [n, code_bytes] and scales [n, scale_count] of uint8 rows [n, row bytes]."""
@@ -66,25 +68,20 @@ class QuantizingCompressor(ReducingCompressor):
         return codes, scales
 
     def _reduce(self, tensors, average, name, n, set_attrs, what):
-        flats, updates = [], []
-        for i, t in enumerate(tensors):
-            flat = tf.reshape(t, [-1])
-            residual = self._variable(f"{name}.{i}", flat.shape)
-            flats.append(flat if residual is None else flat + residual)
-        sizes = [int(f.shape[0]) for f in flats]
-        total = sum(sizes)
+        updates = []
+        residuals = [self._variable(f"{name}.{i}", t.shape) for i, t in enumerate(tensors)]
+        if any(r is None for r in residuals):  # unnamed eager calls: no residual
+            residuals = []
+        total = sum(t.shape.num_elements() for t in tensors)
         blocks = -(-total // self.block)
         chunk = max(1, -(-blocks // n)) * self.block  # values per rank's chunk: whole blocks
         code_bytes = chunk if self.bits == 8 else chunk // 2
         scale_count = chunk // self.block
-        x = tf.concat(flats + [tf.zeros([n * chunk - total], tf.float32)], 0)
-        codes, scales, error = self._quantize(x, what)
-        offset = 0
-        for i, size in enumerate(sizes):
-            residual = self._variable(f"{name}.{i}", [size])
-            if residual is not None:
-                updates.append(residual.assign(error[offset:offset + size]))
-            offset += size
+        # Inputs plus residuals, concatenated and padded to n chunks, quantized in pieces in
+        # C++ (no concatenated copy); the errors come back per tensor as the new residuals.
+        codes, scales, errors = ops.bluefog_quantize_inputs(
+            tensors, [r.read_value() for r in residuals], count=n * chunk, **self._attrs(what))
+        updates += [r.assign(e) for r, e in zip(residuals, errors)]
         rows = tf.concat([tf.reshape(codes, [n, code_bytes]),
                           tf.reshape(tf.bitcast(tf.reshape(scales, [n, scale_count]), tf.uint8),
                                      [n, 4 * scale_count])], 1)
@@ -95,21 +92,21 @@ class QuantizingCompressor(ReducingCompressor):
                          scale_count),
             bits=self.bits, block=self.block, factor=1.0 / n if average else 1.0, what=what)
         owner = self._variable(f"{name}.owner", [chunk])
+        owners = [] if owner is None else [owner.read_value()]
+        codes2, scales2, error2 = ops.bluefog_quantize_inputs([mine], owners, count=chunk,
+                                                              **self._attrs(what))
         if owner is not None:
-            mine = mine + owner
-        codes2, scales2, error2 = self._quantize(mine, what)
-        if owner is not None:
-            updates.append(owner.assign(error2))
+            updates.append(owner.assign(error2[0]))
         row = tf.concat([codes2, tf.reshape(tf.bitcast(scales2, tf.uint8), [-1])], 0)
         gathered = ops.bluefog_allgather(row[None], tensor_name=name_input(f"{name}.gather"),
                                          **set_attrs)
         all_codes, all_scales = self._split(
             tf.reshape(gathered, [n, code_bytes + 4 * scale_count]), n, code_bytes, scale_count)
-        out = ops.bluefog_dequantize(tf.reshape(all_codes, [-1]), tf.reshape(all_scales, [-1]),
-                                     bits=self.bits, block=self.block, count=n * chunk,
-                                     what=what)
-        out = out[:total]
-        parts = tf.split(out, sizes) if len(sizes) > 1 else [out]
+        # Fails alike on every rank when some rank's input held a NaN or an infinity.
+        outs = ops.bluefog_dequantize_outputs(
+            tf.reshape(all_codes, [-1]), tf.reshape(all_scales, [-1]),
+            N=len(tensors), shapes=[t.shape for t in tensors], bits=self.bits,
+            block=self.block, what=what)
         updates += self._count(2 * (n - 1) * (code_bytes + 4 * scale_count),
                                ring_bytes(total, n))
-        return [tf.reshape(p, t.shape) for p, t in zip(parts, tensors)], updates
+        return list(outs), updates
