@@ -18,7 +18,6 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from bluefog.common import basics
 from bluefog.tensorflow.op_library import name_input, ops, process_set_attrs, set_size
 
 __all__ = ["ReducingCompressor", "compression_stats", "reset_compression_stats"]
@@ -190,14 +189,13 @@ class ReducingCompressor:
         mine = self.describe().encode()[:_DESCRIPTOR_BYTES].ljust(_DESCRIPTOR_BYTES, b"\0")
         gathered = ops.bluefog_allgather(tf.constant(np.frombuffer(mine, np.uint8)[None]),
                                          tensor_name=name_input(check_name), **set_attrs)
-        me = basics.rank()
 
         def compare(rows):
             names = [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
             if len(set(names)) > 1:
                 listed = ", ".join(f"rank {i} {s}" for i, s in enumerate(names))
-                raise ValueError(f"rank {me}: {what}: ranks disagree on compression: {listed}. "
-                                 "Pass the same compression= on every rank")
+                raise ValueError(f"{what}: ranks disagree on compression: {listed}. Pass the "
+                                 "same compression= on every rank")
             return np.bool_(True)
 
         if tf.executing_eagerly():

@@ -46,8 +46,8 @@ def test_quantized_mean_within_the_bound_and_identical(bits, mode, rank, size):
     def reduce(a, b):
         return bf.grouped_allreduce([a, b], name=f"ef.q{bits}.{mode}", compression=compression)
 
-    if mode == "function":
-        reduce = tf.function(reduce)
+    if mode == "function":  # autograph off: converting bluefog's code costs seconds per rank
+        reduce = tf.function(reduce, autograph=False)
     ints = tf.constant([rank, 7], tf.int32)  # an integer tensor passes uncompressed
     a = tf.constant(base * (rank + 1))
     out = bf.grouped_allreduce([a, ints], name=f"ef.q{bits}.{mode}.mixed",
@@ -94,7 +94,8 @@ def test_error_feedback_conserves_the_sum_over_steps(kind, rank, size):
     compression = {"int8": bf.Compression.int8(), "int4": bf.Compression.int4(),
                    "topk": bf.Compression.topk(0.05)}[kind]
     count, steps, name = 700, 4, f"ef.conserve.{kind}"
-    step = tf.function(lambda x: bf.allreduce(x, name=name, compression=compression))
+    step = tf.function(lambda x: bf.allreduce(x, name=name, compression=compression),
+                       autograph=False)
     sent = np.zeros(count)
     inputs = np.zeros(count)
     for k in range(steps):
@@ -157,7 +158,7 @@ def test_tape_with_int8_trains_a_tiny_model(kind, rank, size):
     b = tf.Variable(tf.zeros([1]))
     compression = bf.Compression.int8() if kind == "int8" else bf.Compression.none
 
-    @tf.function
+    @tf.function(autograph=False)
     def step():
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((tf.matmul(x, w) + b - y) ** 2)
@@ -168,7 +169,7 @@ def test_tape_with_int8_trains_a_tiny_model(kind, rank, size):
         return loss
 
     first = float(step())
-    for _ in range(40):
+    for _ in range(30):
         last = float(step())
     assert last < 1e-3 * first, (first, last)
     same_on_every_rank(w.read_value(), f"ef.tape.{kind}.same")
