@@ -54,24 +54,6 @@ A NaN or infinity is an InvalidArgument error (with nonfinite_to_nan: the block'
 NaN). Stochastic rounding's seed advances per run.
 )doc");
 
-REGISTER_OP("BluefogDequantize")
-    .Input("codes: uint8")
-    .Input("scales: float")
-    .Output("tensor: float")
-    .Attr("bits: int = 8")
-    .Attr("block: int = 256")
-    .Attr("count: int")
-    .Attr("what: string = ''")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int64_t count;
-      TF_RETURN_IF_ERROR(c->GetAttr("count", &count));
-      c->set_output(0, c->Vector(count));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-The `count` float32 values that BluefogQuantize's codes and scales stand for.
-)doc");
-
 REGISTER_OP("BluefogDequantizeSum")
     .Input("codes: uint8")
     .Input("scales: float")
@@ -207,40 +189,6 @@ class QuantizeKernel : public OpKernel {
   compress::QuantizeOptions options_;
   std::string what_;
   std::atomic<uint64_t> calls_{0};
-};
-
-class DequantizeKernel : public OpKernel {
- public:
-  explicit DequantizeKernel(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadOptions(c, &options_));
-    OP_REQUIRES_OK(c, c->GetAttr("count", &count_));
-    OP_REQUIRES_OK(c, c->GetAttr("what", &what_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& codes = ctx->input(0);
-    const Tensor& scales = ctx->input(1);
-    OP_REQUIRES(
-        ctx,
-        codes.NumElements() == compress::CodeBytes(count_, options_) &&
-            scales.NumElements() == compress::ScaleCount(count_, options_),
-        absl::InvalidArgumentError(
-            what_ + ": dequantize: " + std::to_string(count_) + " values need " +
-            std::to_string(compress::CodeBytes(count_, options_)) + " code bytes and " +
-            std::to_string(compress::ScaleCount(count_, options_)) + " scales, got " +
-            std::to_string(codes.NumElements()) + " and " + std::to_string(scales.NumElements())));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({count_}), &out));
-    Guarded(ctx, what_, [&] {
-      compress::Dequantize(codes.flat<uint8_t>().data(), scales.flat<float>().data(), count_,
-                           options_, out->flat<float>().data());
-    });
-  }
-
- private:
-  compress::QuantizeOptions options_;
-  int64_t count_ = 0;
-  std::string what_;
 };
 
 class DequantizeSumKernel : public OpKernel {
@@ -435,8 +383,6 @@ class DequantizeOutputsKernel : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("BluefogQuantize").Device(::tensorflow::DEVICE_CPU), QuantizeKernel);
-REGISTER_KERNEL_BUILDER(Name("BluefogDequantize").Device(::tensorflow::DEVICE_CPU),
-                        DequantizeKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogDequantizeSum").Device(::tensorflow::DEVICE_CPU),
                         DequantizeSumKernel);
 
