@@ -126,9 +126,12 @@ class ReducingCompressor:
         # A NaN or infinity on any rank reaches every rank's result: all fail alike.
         message = (f"{what}: a NaN or an infinity in the input of some rank (compressed "
                    "allreduces need finite floats; look for a diverging loss)")
+        # New ops under the dependencies (tf.cast to the same dtype makes none), so a v1 graph
+        # that fetches the results also runs the residual updates.
         with tf.control_dependencies(updates):
-            return [tf.cast(o if self._checks_finite else
-                            tf.debugging.check_numerics(o, message), t.dtype)
+            outs = [o if self._checks_finite else tf.debugging.check_numerics(o, message)
+                    for o in outs]
+            return [tf.cast(o, t.dtype) if t.dtype != tf.float32 else tf.identity(o)
                     for o, t in zip(outs, tensors)]
 
     def _reduce(self, tensors, average, name, n, set_attrs, what):
