@@ -70,6 +70,15 @@ def test_float64_and_sum_come_back_in_their_dtype(rank, size):
     assert got.dtype == tf.float64
     err = np.abs(got.numpy() - base * size * (size + 1) / 2)
     assert np.all(err <= size * block_bound(base, size, 127))
+    # IndexedSlices are gathered uncompressed: exact.
+    rows = tf.IndexedSlices(tf.constant([[0.1 * (rank + 1)] * 3]), tf.constant([rank % 2]),
+                            tf.constant([2, 3]))
+    dense = tf.convert_to_tensor(bf.allreduce(rows, name="ef.slices",
+                                              compression=bf.Compression.int4()))
+    want = np.zeros((2, 3))
+    for r in range(size):
+        want[r % 2] += 0.1 * (r + 1) / size
+    np.testing.assert_allclose(dense.numpy(), want, rtol=1e-6)
 
 
 def test_topk_all_values_and_powersgd_rank_one_are_exact(rank, size):
