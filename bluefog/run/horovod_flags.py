@@ -175,8 +175,29 @@ def read_config_file(path: str, args: argparse.Namespace) -> List[str]:
             elif dest is None:
                 notices.append(f"config {section}.{key}: ignored (no counterpart here)")
             elif getattr(args, dest, None) is None:
+                problem = _config_value_problem(dest, value)
+                if problem:
+                    raise SystemExit(f"bfrun: --config-file {path}: {section}.{key}: {value!r} "
+                                     f"{problem}")
                 setattr(args, dest, value)
     return notices
+
+
+def _config_value_problem(dest: str, value) -> Optional[str]:
+    """Why a config file's ``value`` for ``dest`` cannot be used, or None."""
+    if dest == "hierarchical_allreduce":
+        return None if isinstance(value, bool) else "is not true or false"
+    if dest in ("timeline", "log_level"):
+        return None if isinstance(value, str) and value else "is not a non-empty string"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "is not a number"
+    if not math.isfinite(value):
+        return "is not a finite number"
+    if value < 0:
+        return "is negative"
+    if dest == "cache_capacity" and not isinstance(value, int):
+        return "is not a whole number"
+    return None
 
 
 # horovodrun's options that take a number, by dest: each must be finite (nan, inf: refused).
