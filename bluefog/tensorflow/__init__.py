@@ -91,6 +91,7 @@ from bluefog.tensorflow.decentralized import (  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.join_op import join  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
+from bluefog.tensorflow.low_communication import DiLoCo, LocalSGD  # noqa: F401
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Adasum,
     Average,
@@ -213,6 +214,7 @@ __all__ = [
     "win_put", "win_put_nonblocking", "win_update", "win_update_then_collect", "win_wait",
     "window_names", "window_variable",
 ]
+__all__ += ["DiLoCo", "LocalSGD"]
 # Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
 _SUBPACKAGES = ("elastic", "keras", "util")
 

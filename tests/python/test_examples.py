@@ -40,7 +40,8 @@ def test_collectives_demo():
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("script", ["keras_digits.py", "tape_digits.py", "elastic_digits.py"])
+@pytest.mark.parametrize("script", ["keras_digits.py", "tape_digits.py", "elastic_digits.py",
+                                    "diloco_digits.py"])
 def test_digits_examples_learn_and_stay_in_agreement(script):
     out = run_example([f"examples/{script}", "--epochs", "3"])
     assert "weights identical on all ranks" in out, out[-3000:]
