@@ -135,6 +135,11 @@ from bluefog.tensorflow.process_ops import (  # noqa: F401
     rank_op,
     size_op,
 )
+from bluefog.tensorflow.replicas import (  # noqa: F401
+    ReplicaMismatchError,
+    check_replicas,
+    replica_spread,
+)
 from bluefog.tensorflow.scatter_ops import (  # noqa: F401
     UnevenSplitError,
     alltoall,
@@ -213,6 +218,7 @@ __all__ = [
     "win_get", "win_get_nonblocking", "win_mutex", "win_ops_with_associated_p", "win_poll",
     "win_put", "win_put_nonblocking", "win_update", "win_update_then_collect", "win_wait",
     "window_names", "window_variable",
+    "ReplicaMismatchError", "check_replicas", "replica_spread",
 ]
 __all__ += ["DiLoCo", "LocalSGD"]
 # Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
