@@ -72,7 +72,7 @@ def add_to(p: argparse.ArgumentParser) -> None:
     h.add_argument("-v", "--version", action="store_true", help="print bluefog's version")
     h.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="print which frameworks, controllers and tensor operations are built")
-    h.add_argument("-p", "--ssh-port", dest="ssh_port", type=int,
+    h.add_argument("-p", "--ssh-port", dest="ssh_port", type=tcp_port,
                    help="SSH port on the other hosts (mpirun's plm_rsh_args; with --gloo, "
                         "ssh -p)")
     h.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
@@ -133,6 +133,17 @@ def add_to(p: argparse.ArgumentParser) -> None:
             h.add_argument(flag, dest=dest, help=f"ignored: {why}")
         else:
             h.add_argument(flag, dest=dest, action="store_true", help=f"ignored: {why}")
+
+
+def tcp_port(text: str) -> int:
+    """argparse's type for a TCP port: 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1 to 65535)")
+    return port
 
 
 # Horovod's config-file keys (section, key) -> the bfrun option dest they set.

@@ -243,3 +243,12 @@ def test_config_file_value_that_cannot_be_used_is_refused(tmp_path, line, proble
     with pytest.raises(SystemExit) as refused:
         horovod_flags.apply(args, {})
     assert f"bfrun: --config-file {path}: {problem}" in str(refused.value)
+
+
+@pytest.mark.parametrize("flag,value", [("--gloo-port", "70000"), ("--gloo-port", "0"),
+                                        ("--ssh-port", "x")])
+def test_a_port_out_of_range_is_refused(flag, value, capsys):
+    """--gloo-port 70000 was taken modulo 65536 without a word."""
+    with pytest.raises(SystemExit):
+        bfrun._parser().parse_args(["--gloo", flag, value, "-np", "2", "true"])
+    assert f"{value} is not a TCP port (1 to 65535)" in capsys.readouterr().err
