@@ -16,7 +16,7 @@ SOURCES := $(shell find csrc bluefog -name '*.cc' -o -name '*.h' -o -name '*.py'
 
 .PHONY: all deps build cpp-build demo test test-cpp test-no-mpi test-python lint sanitize \
 	sanitize-ci stress soak flood fuzz-launch bench bench-horovod bench-gloo clean sdist docs \
-	test-gloo browser-deps \
+	test-gloo browser-deps test-nightly \
 	test-tf-matrix test-tf-matrix-ci slurm-deps test-slurm test-bluefog-examples
 
 all: build
@@ -83,6 +83,10 @@ test-cpp: cpp-build
 
 # A build without MPI (-DBLUEFOG_WITH_MPI=OFF: the C++ core and its tests, Gloo only) in a
 # folder of its own, and its Gloo ctests: proves the core builds and runs where MPI is absent.
+# CI runs the ones that differ from `make test`'s (where the same Gloo tests run against the
+# MPI build): the core's, no_mpi, and Gloo's transport and one-host paths at 3 ranks;
+# NO_MPI_TESTS= runs every one.
+NO_MPI_TESTS ?= -R '^(core_tests|no_mpi|gloo_transport_np3|local_transport_gloo_np3)$$'
 test-no-mpi: $(VENV)/.deps-stamp
 	$(VENV)/bin/cmake -S . -B build/no-mpi -G Ninja -DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=ON \
 	  -DBLUEFOG_WITH_MPI=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
@@ -90,7 +94,7 @@ test-no-mpi: $(VENV)/.deps-stamp
 	@if nm -D --undefined-only build/no-mpi/libbluefog_core.so | grep -q ' MPI_'; then \
 	  echo "build/no-mpi/libbluefog_core.so refers to MPI"; exit 1; fi
 	cd build/no-mpi && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) \
-	  --output-on-failure --timeout 300
+	  --output-on-failure --timeout 300 $(NO_MPI_TESTS)
 
 # Debian's chromium, for the documentation site's browser test (tests/python/test_site_browser.py,
 # through Playwright's Python package, which downloads no browser). Installed only when missing;
@@ -105,14 +109,25 @@ browser-deps:
 	fi
 
 # Single-process tests (some start mpirun jobs of their own: bfrun, faults, timeline, stalls,
-# stress, fuzzing; the site in a browser, hence docs and browser-deps), then the TF suite on 1,
-# 2, 3 and 4 ranks.
+# stress, fuzzing; the site in a browser, hence docs and browser-deps) but those marked nightly,
+# with the slowest printed, then the TF suite on 2 and 4 ranks.
 test-python: build docs browser-deps
-	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi
-	for n in 1 2 3 4; do \
+	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi -m "not nightly" --durations=20
+	$(call mpi_suites,2 4)
+
+# The TF suite under mpirun on each rank count of $(1).
+define mpi_suites
+	for n in $(1); do \
 	  echo "== pytest under mpirun -np $$n =="; \
 	  timeout $(TEST_TIMEOUT) $(MPIRUN) -np $$n tests/mpi_pytest.sh $(PY) tests/python/mpi || exit 1; \
 	done
+endef
+
+# What `make test` leaves out: the tests marked nightly (long runs of cases the quicker tests
+# cover: the launch fuzzer's sample, the stranger flood, ...) and the TF suite on 1 and 3 ranks.
+test-nightly: build docs browser-deps
+	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi -m nightly --durations=20
+	$(call mpi_suites,1 3)
 
 # Bluefog's examples ported to TensorFlow (examples/bluefog/) at 4 ranks, with the slow MNIST
 # runs that `make test` leaves out.
@@ -160,7 +175,7 @@ soak: build
 
 # A stranger's flood of 10,000 connections (garbage, idle, slow-drip, wrong-token) against rank
 # 0's rendezvous server during a 3-rank Gloo job and against the store of an in-place elastic
-# job (tests/python/test_flood.py, which `make test` runs with 400); prints each listener's
+# job (tests/python/test_flood.py, which `make test-nightly` runs with 400); prints each listener's
 # descriptors and threads before, at the peak and after.
 flood: build
 	BLUEFOG_FLOOD_COUNT=10000 timeout 1200 $(PY) -m pytest -q -s tests/python/test_flood.py
@@ -170,7 +185,7 @@ flood: build
 BENCH_OUT ?= build/bench/results
 
 # The launch fuzzer's 500 cases (torchrun's variables, TF_CONFIG, BLUEFOG_*/HOROVOD_* settings
-# and bfrun's options at 2-3 processes; `make test` runs a daily sample of 60). It prints its
+# and bfrun's options at 2-3 processes; `make test-nightly` runs a daily sample of 60). It prints its
 # seed first: FUZZ_SEED=S repeats a run.
 FUZZ_SEED ?=
 fuzz-launch: build
@@ -207,13 +222,14 @@ $(SDIST_VENV)/.stamp:
 test-tf-matrix: sdist
 	tests/tf_matrix/run.sh dist/*.tar.gz
 
-# What CI runs: the oldest release with the Keras of its time, one in the middle and the newest.
-# The cross-version check there is TensorFlow 2.18 importing the build for 2.21 (the first and
-# last entries without a pin), and the unsupported 2.15 is checked as in the full matrix. The
-# venvs are removed as soon as no later check needs them (CI's disk is not ours to fill).
-TF_CI_VERSIONS ?= 2.16:keras==3.3.3 2.18 2.21
+# What CI runs: the oldest release with the Keras of its time (make test covers the newest, in
+# .venv), TensorFlow 2.16 importing .venv's build for 2.21 (the "rebuild" check), and the
+# unsupported 2.15 as in the full matrix. The venvs are removed as soon as no later check needs
+# them (CI's disk is not ours to fill).
+TF_CI_VERSIONS ?= 2.16:keras==3.3.3
 test-tf-matrix-ci: sdist
-	TF_VERSIONS="$(TF_CI_VERSIONS)" TF_MATRIX_KEEP=0 tests/tf_matrix/run.sh dist/*.tar.gz
+	TF_VERSIONS="$(TF_CI_VERSIONS)" TF_MATRIX_KEEP=0 TF_SKEW_PYTHON=$(abspath $(PY)) \
+	  tests/tf_matrix/run.sh dist/*.tar.gz
 
 # Slurm and munge from Debian, for the Slurm test (which starts and stops its own daemons).
 slurm-deps:

@@ -46,6 +46,9 @@ def parse_discovery_output(text: str) -> Hosts:
 
 def _parse_one(item: str, what: str) -> Tuple[str, int]:
     host, sep, slots = item.rpartition(":")
+    if sep and not slots.isdigit() and item.count(":") == 1:  # (an IPv6 address has several)
+        raise ValueError(f"{what}: {item!r}: {slots!r} is not a number of slots; write "
+                         f"'host' or 'host:slots'")
     if not sep or not slots.isdigit():
         host, slots = item, "1"
     if not host or not _HOST.match(host):

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rsh-agent", dest="rsh_agent",
                    help="with --gloo: command that runs a command on another host, called as "
                         "AGENT HOST COMMAND (default: $BLUEFOG_RSH_AGENT, else ssh)")
-    g.add_argument("--gloo-port", dest="gloo_port", type=int,
+    g.add_argument("--gloo-port", dest="gloo_port", type=horovod_flags.tcp_port,
                    help="with --gloo: rank 0's rendezvous port (default: a free port when rank "
                         "0 runs on this host, else a random one from 20000-39999)")
 

@@ -72,7 +72,7 @@ def add_to(p: argparse.ArgumentParser) -> None:
     h.add_argument("-v", "--version", action="store_true", help="print bluefog's version")
     h.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="print which frameworks, controllers and tensor operations are built")
-    h.add_argument("-p", "--ssh-port", dest="ssh_port", type=int,
+    h.add_argument("-p", "--ssh-port", dest="ssh_port", type=tcp_port,
                    help="SSH port on the other hosts (mpirun's plm_rsh_args; with --gloo, "
                         "ssh -p)")
     h.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
@@ -135,6 +135,17 @@ def add_to(p: argparse.ArgumentParser) -> None:
             h.add_argument(flag, dest=dest, action="store_true", help=f"ignored: {why}")
 
 
+def tcp_port(text: str) -> int:
+    """argparse's type for a TCP port: 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1 to 65535)")
+    return port
+
+
 # Horovod's config-file keys (section, key) -> the bfrun option dest they set.
 CONFIG_KEYS = {
     ("params", "fusion_threshold_mb"): "fusion_threshold_mb",
@@ -175,8 +186,29 @@ def read_config_file(path: str, args: argparse.Namespace) -> List[str]:
             elif dest is None:
                 notices.append(f"config {section}.{key}: ignored (no counterpart here)")
             elif getattr(args, dest, None) is None:
+                problem = _config_value_problem(dest, value)
+                if problem:
+                    raise SystemExit(f"bfrun: --config-file {path}: {section}.{key}: {value!r} "
+                                     f"{problem}")
                 setattr(args, dest, value)
     return notices
+
+
+def _config_value_problem(dest: str, value) -> Optional[str]:
+    """Why a config file's ``value`` for ``dest`` cannot be used, or None."""
+    if dest == "hierarchical_allreduce":
+        return None if isinstance(value, bool) else "is not true or false"
+    if dest in ("timeline", "log_level"):
+        return None if isinstance(value, str) and value else "is not a non-empty string"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "is not a number"
+    if not math.isfinite(value):
+        return "is not a finite number"
+    if value < 0:
+        return "is negative"
+    if dest == "cache_capacity" and not isinstance(value, int):
+        return "is not a whole number"
+    return None
 
 
 # horovodrun's options that take a number, by dest: each must be finite (nan, inf: refused).

@@ -95,6 +95,7 @@ from bluefog.tensorflow.feedback import (  # noqa: F401
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
 from bluefog.tensorflow.join_op import join  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
+from bluefog.tensorflow.low_communication import DiLoCo, LocalSGD  # noqa: F401
 from bluefog.tensorflow.mpi_ops import (  # noqa: F401
     Adasum,
     Average,
@@ -137,6 +138,11 @@ from bluefog.tensorflow.process_ops import (  # noqa: F401
     process_set_included_op,
     rank_op,
     size_op,
+)
+from bluefog.tensorflow.replicas import (  # noqa: F401
+    ReplicaMismatchError,
+    check_replicas,
+    replica_spread,
 )
 from bluefog.tensorflow.scatter_ops import (  # noqa: F401
     UnevenSplitError,
@@ -217,7 +223,9 @@ __all__ = [
     "win_get", "win_get_nonblocking", "win_mutex", "win_ops_with_associated_p", "win_poll",
     "win_put", "win_put_nonblocking", "win_update", "win_update_then_collect", "win_wait",
     "window_names", "window_variable",
+    "ReplicaMismatchError", "check_replicas", "replica_spread",
 ]
+__all__ += ["DiLoCo", "LocalSGD"]
 # Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
 _SUBPACKAGES = ("elastic", "keras", "util")
 

@@ -205,6 +205,9 @@ class DecentralizedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     _bluefog_prefix: str = ""
     _bluefog_schedule = None
     _bluefog_what: str = ""
+    # Each rank keeps its own model between combinations: ReplicaCheckCallback measures the
+    # spread instead of requiring equality.
+    _bluefog_replicas_differ = True
 
     self_weight = _knob("self_weight")
     src_weights = _knob("src_weights")

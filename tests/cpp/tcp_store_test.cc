@@ -177,6 +177,29 @@ TEST_F(TcpStoreServerTest, WrongTokenIsRefusedAndCounted) {
   ExpectRankGetsIn("after-wrong-token");
 }
 
+// Two processes started with one RANK: the second is told so at once, the first keeps the rank
+// (and is not marked gone by the second's end); the rank is free again once the first has left.
+TEST_F(TcpStoreServerTest, ASecondProcessWithTheSameRankIsRefused) {
+  auto first = std::make_unique<TcpStore>("127.0.0.1", port_, token_, 1, milliseconds(5000));
+  try {
+    TcpStore second("127.0.0.1", port_, token_, 1, milliseconds(5000));
+    FAIL() << "the server let two processes join as rank 1";
+  } catch (const BluefogError& e) {
+    EXPECT_NE(std::string(e.what()).find("another process already joined this job as rank 1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(server_->refused(), 1);
+  TcpStore rank0("127.0.0.1", port_, token_, 0, milliseconds(5000));
+  std::this_thread::sleep_for(milliseconds(200));  // the refused connection's end is handled
+  EXPECT_EQ(rank0.Missing({GoneKey(1)}).size(), 1u) << "rank 1 marked gone by the refused one";
+  first->set("still-rank-1", {'y'});
+  first.reset();
+  EXPECT_TRUE(Within(milliseconds(5000), [&] { return rank0.Missing({GoneKey(1)}).empty(); }));
+  TcpStore again("127.0.0.1", port_, token_, 1, milliseconds(5000));
+  EXPECT_EQ(again.get("still-rank-1"), (std::vector<char>{'y'}));
+}
+
 // A listener that records what a client sends and answers with the server's half of the
 // handshake computed over `token` (the job's or not).
 class FakeServer {

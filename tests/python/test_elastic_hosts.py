@@ -31,6 +31,11 @@ def test_host_specs():
         eh.parse_host_spec("a:1,a:2")
     with pytest.raises(ValueError, match="at least 1"):
         eh.parse_host_spec("a:0")
+    with pytest.raises(ValueError, match="'localhost:x': 'x' is not a number of slots"):
+        eh.parse_host_spec("localhost:x")
+    with pytest.raises(ValueError, match="'b:': '' is not a number of slots"):
+        eh.parse_host_spec("a:2,b:")
+    assert eh.parse_host_spec("[fe80::1]:2,[fe80::2]") == [("[fe80::1]", 2), ("[fe80::2]", 1)]
     with pytest.raises(ValueError, match="no hosts"):
         eh.parse_host_spec(",")
 

@@ -44,7 +44,10 @@ def _skip_reason():
     return netns_skip_reason()
 
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+# Minutes of training across hosts: `make test-nightly` (test_elastic_hosts and
+# test_elastic_inplace cover losing and regaining ranks on one host in `make test`).
+pytestmark = [pytest.mark.nightly,
+              pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
 
 
 def host_ns(i):

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 COVERED = ("rendezvous at", "cannot listen at", "refused this rank's job token",
            "so this process was started to join a job", "is out of range",
            "TF_CONFIG's cluster lists", "Ray found no room", "and never will", "below --min-np",
-           "--reset-limit")
+           "--reset-limit", "already joined this job as rank")
 
 
 def _sources() -> str:

@@ -2,7 +2,9 @@
 
 They are what a new user copies first, so each must still run and reach its documented
 result: the digits models learn (test accuracy well above chance) and stay identical across
-ranks, and the synthetic benchmark reports a throughput with and without compression.
+ranks, and the synthetic benchmark reports a throughput with and without compression. The
+second variant of an example (another schedule, optimizer or compression) runs in
+`make test-nightly`.
 """
 
 import re
@@ -40,7 +42,8 @@ def test_collectives_demo():
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("script", ["keras_digits.py", "tape_digits.py", "elastic_digits.py"])
+@pytest.mark.parametrize("script", ["keras_digits.py", "tape_digits.py", "elastic_digits.py",
+                                    "diloco_digits.py"])
 def test_digits_examples_learn_and_stay_in_agreement(script):
     out = run_example([f"examples/{script}", "--epochs", "3"])
     assert "weights identical on all ranks" in out, out[-3000:]
@@ -48,14 +51,16 @@ def test_digits_examples_learn_and_stay_in_agreement(script):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("flags", [[], ["--schedule", "one_peer", "--topology", "exponential"]])
+@pytest.mark.parametrize("flags", [[], pytest.param(
+    ["--schedule", "one_peer", "--topology", "exponential"], marks=pytest.mark.nightly)])
 def test_decentralized_example_learns(flags):
     out = run_example(["examples/decentralized_digits.py", "--epochs", "5"] + flags)
     assert accuracy(out, r"test accuracy rank 0: ([\d.]+)") > 0.85
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("optimizer", ["winput", "pushsum"])
+@pytest.mark.parametrize("optimizer", [pytest.param("winput", marks=pytest.mark.nightly),
+                                       "pushsum"])
 def test_async_example_learns_with_a_straggler(optimizer):
     out = run_example(["examples/async_digits.py", "--optimizer", optimizer, "--epochs", "5",
                        "--straggler-ms", "2"])
@@ -63,7 +68,7 @@ def test_async_example_learns_with_a_straggler(optimizer):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("compression", ["none", "bf16"])
+@pytest.mark.parametrize("compression", ["none", pytest.param("bf16", marks=pytest.mark.nightly)])
 def test_synthetic_benchmark_reports_throughput(compression):
     out = run_example(["examples/synthetic_benchmark.py", "--num-iters", "2",
                        "--num-batches-per-iter", "3", "--compression", compression])

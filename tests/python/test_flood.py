@@ -12,7 +12,8 @@ garbage, idle, slow-drip and wrong-token connections), plain pytest, local proce
 
 For each listener, its process's descriptors and threads return to within 5 of their count
 before the flood, and no wrong-token connection is let in. The number of connections is
-BLUEFOG_FLOOD_COUNT (400 here; ``make flood`` runs 10,000 and prints the counts).
+BLUEFOG_FLOOD_COUNT (400 here; ``make flood`` runs 10,000 and prints the counts). The two job
+floods are marked nightly (``make test-nightly``); ``make test`` runs the descriptor-limit one.
 """
 
 import json
@@ -55,6 +56,7 @@ def _check(name, report):
     assert fds[2] <= fds[0] + 5 and threads[2] <= threads[0] + 5, report
 
 
+@pytest.mark.nightly
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_flood_against_rank0s_store_during_a_gloo_job(tmp_path):
     stop = tmp_path / "stop"
@@ -76,6 +78,7 @@ def test_flood_against_rank0s_store_during_a_gloo_job(tmp_path):
     _check("rank 0's rendezvous server", report)
 
 
+@pytest.mark.nightly
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_flood_against_the_elastic_store_then_a_lost_worker_reforms(tmp_path):
     stop = tmp_path / "stop"

@@ -3,8 +3,9 @@
 Plain pytest: runs a small sample of the launch fuzzer (tests/fuzz/fuzz_launch.py: torchrun's
 variables, TF_CONFIG, BLUEFOG_*/HOROVOD_* settings and bfrun's options at 2-3 processes, each
 checked by an allreduce, without TensorFlow). The seed changes every day, so the sample
-rotates over the case space; `make fuzz-launch` runs 500 cases. A failing case prints the seed
-and its number: rerun it with `python tests/fuzz/fuzz_launch.py --seed S --only N --verbose`.
+rotates over the case space (`make test-nightly`); `make fuzz-launch` runs 500 cases. A failing
+case prints the seed and its number: rerun it with
+`python tests/fuzz/fuzz_launch.py --seed S --only N --verbose`.
 
 BLUEFOG_FUZZ_LAUNCH_SEED and BLUEFOG_FUZZ_LAUNCH_CASES change the seed and the number of cases.
 """
@@ -27,6 +28,7 @@ CASES = int(os.environ.get("BLUEFOG_FUZZ_LAUNCH_CASES", "60"))
 JOB_TIMEOUT_S = 60 + CASES * 45
 
 
+@pytest.mark.nightly
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_fuzz_launch_configurations():
     result = run_job([PYTHON, "tests/fuzz/fuzz_launch.py", "--cases", str(CASES), "--seed",

@@ -43,8 +43,8 @@ MAPPED = [
     (["--stall-check-warning-time-seconds", "9"], "BLUEFOG_STALL_CHECK_TIME", "9.0"),
     (["--stall-check-shutdown-time-seconds", "20"], "BLUEFOG_STALL_SHUTDOWN_TIME", "20.0"),
 ]
-# Options handled outside horovod_flags' tables, each tested elsewhere in this file or by
-# test_bfrun.py / test_gloo_launch.py (output tags, the config file, version and build).
+# Options handled outside horovod_flags' tables, each tested elsewhere in this file (the config
+# file, ssh) or by test_bfrun.py / test_gloo_launch.py (output tags, version and build).
 HANDLED = {"version", "check_build", "tag_output", "config_file", "ssh_port",
            "ssh_identity_file"}
 # mpirun's own options: passed to mpirun there (test_bfrun.py checks the command line),
@@ -193,3 +193,62 @@ def test_a_number_that_is_not_finite_is_refused_with_the_option(backend, flag, v
     assert result.returncode == 2, result.stderr
     assert f"bfrun: {flag} {value}: not a finite number" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+CONFIG = """params:
+  fusion_threshold_mb: 32
+  cycle_time_ms: 2.5
+  hierarchical_allreduce: true
+stall_check:
+  warning_time_seconds: 9
+library_options:
+  log_level: FATAL
+autotune:
+  enabled: true
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpirun", "gloo"])
+def test_config_file_values_reach_every_rank_and_the_command_line_wins(backend, tmp_path):
+    _skip_without(backend)
+    path = tmp_path / "horovod.yaml"
+    path.write_text(CONFIG)
+    result = run_bfrun([*BACKENDS[backend], "--config-file", str(path), "--cycle-time-ms", "7",
+                        sys.executable, "-c", SHOW])
+    assert result.returncode == 0, result.stderr
+    for variable, value in [("BLUEFOG_FUSION_THRESHOLD", "33554432"),
+                            ("BLUEFOG_CYCLE_TIME", "7.0"),
+                            ("BLUEFOG_HIERARCHICAL_ALLREDUCE", "1"),
+                            ("BLUEFOG_STALL_CHECK_TIME", "9.0"), ("BLUEFOG_LOG_LEVEL", "error")]:
+        assert seen(result).count(f"{variable}={value}") == 2, (variable, result.stdout)
+    assert "config autotune.enabled: ignored (no counterpart here)" in result.stderr
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("params:\n  fusion_threshold_mb: .nan\n", "params.fusion_threshold_mb: nan is not a finite"),
+    ("params:\n  cycle_time_ms: .inf\n", "params.cycle_time_ms: inf is not a finite number"),
+    ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms: 'fast' is not a number"),
+    ("params:\n  fusion_threshold_mb: -4\n", "params.fusion_threshold_mb: -4 is negative"),
+    ("params:\n  cache_capacity: 2.5\n", "params.cache_capacity: 2.5 is not a whole number"),
+    ("params:\n  hierarchical_allreduce: 3\n",
+     "params.hierarchical_allreduce: 3 is not true or false"),
+    ("stall_check:\n  warning_time_seconds: yes\n",
+     "stall_check.warning_time_seconds: True is not a number"),
+])
+def test_config_file_value_that_cannot_be_used_is_refused(tmp_path, line, problem):
+    """A config file's nan once reached int(float(...)) and ended bfrun in a traceback."""
+    path = tmp_path / "horovod.yaml"
+    path.write_text(line)
+    args = bfrun._parser().parse_args(["-np", "2", "--config-file", str(path), "true"])
+    with pytest.raises(SystemExit) as refused:
+        horovod_flags.apply(args, {})
+    assert f"bfrun: --config-file {path}: {problem}" in str(refused.value)
+
+
+@pytest.mark.parametrize("flag,value", [("--gloo-port", "70000"), ("--gloo-port", "0"),
+                                        ("--ssh-port", "x")])
+def test_a_port_out_of_range_is_refused(flag, value, capsys):
+    """--gloo-port 70000 was taken modulo 65536 without a word."""
+    with pytest.raises(SystemExit):
+        bfrun._parser().parse_args(["--gloo", flag, value, "-np", "2", "true"])
+    assert f"{value} is not a TCP port (1 to 65535)" in capsys.readouterr().err

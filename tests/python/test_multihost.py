@@ -1,9 +1,11 @@
 """Multi-host over TCP, on one machine: 3 network-namespace hosts (tests/multihost/run_netns.sh).
 
 Plain pytest (not under mpirun). Runs the seed API tests with one rank per "host" through
-`bfrun -H` (or `mpirun -H` while bfrun is missing), then cuts one host's link mid-run and checks
-that the job ends with an error naming the lost host instead of hanging. Needs root and
-`ip netns`; skipped with the reason otherwise. The script removes its namespaces on exit.
+`bfrun -H` (or `mpirun -H` while bfrun is missing; `make test` the collectives, process sets and
+windows, `make test-nightly` every API test of the script's list), then cuts one host's link
+mid-run and checks that the job ends with an error naming the lost host instead of hanging.
+Needs root and `ip netns`; skipped with the reason otherwise. The script removes its namespaces
+on exit.
 """
 
 import os
@@ -22,10 +24,28 @@ def _skip_reason():
     return netns_skip_reason()
 
 
+# What `make test` runs across the 3 hosts: the collectives, process sets and windows (the
+# nightly run takes run_netns.sh's whole list of API tests).
+QUICK_API = ("tests/python/mpi/test_collectives.py tests/python/mpi/test_process_sets.py "
+             "tests/python/mpi/test_windows.py")
+
+
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_three_netns_hosts_api_and_link_cut():
-    proc = subprocess.Popen([SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
+    _run_netns(dict(os.environ, BF_MULTIHOST_TESTS=QUICK_API))
+
+
+@pytest.mark.nightly
+@pytest.mark.timeout(TIMEOUT_S + 120)
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_three_netns_hosts_every_api_test_and_link_cut():
+    env = {k: v for k, v in os.environ.items() if k != "BF_MULTIHOST_TESTS"}
+    _run_netns(env)
+
+
+def _run_netns(env):
+    proc = subprocess.Popen([SCRIPT], cwd=REPO, stdout=subprocess.PIPE, env=env,
                             stderr=subprocess.STDOUT, text=True, errors="replace")
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)

@@ -2,7 +2,7 @@
 # bluefog on every supported TensorFlow, installed the way the README tells users to.
 #
 #   tests/tf_matrix/run.sh dist/bluefog_tf-<version>.tar.gz      (make test-tf-matrix)
-#   TF_VERSIONS="2.16:keras==3.3.3 2.18 2.21" tests/tf_matrix/run.sh ...   (CI)
+#   TF_VERSIONS="2.16:keras==3.3.3" TF_SKEW_PYTHON=.venv/bin/python tests/tf_matrix/run.sh ...  (CI)
 #
 # For each version in TF_VERSIONS (default: 2.16 ... 2.21): a venv under build/tf-matrix/tf<v>
 # with tensorflow-cpu==<v>.* and the build tools, bluefog installed from the sdist with
@@ -21,7 +21,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 # Each entry: a TensorFlow release, optionally with a pin for what pip would otherwise pick the
 # newest of (2.16:keras==3.3.3 is TensorFlow 2.16 with the Keras of its time, as users have it).
-VERSIONS=${TF_VERSIONS:-"2.16 2.17 2.18 2.19 2.20 2.21 2.16:keras==3.3.3"}
+VERSIONS=${TF_VERSIONS:-"2.16:keras==3.3.3 2.16 2.17 2.18 2.19 2.20 2.21"}
 ROOT=${TF_MATRIX_DIR:-$REPO/build/tf-matrix}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 KEEP=${TF_MATRIX_KEEP:-1}
@@ -58,9 +58,8 @@ UNSUPPORTED=${TF_UNSUPPORTED-2.15}
 versions=($VERSIONS)
 declare -A result
 venv_of() { echo "$ROOT/tf${1//[:=]/-}"; }
-# The version-skew check below uses the first and last entries without a pin.
-plain=($(printf '%s\n' "${versions[@]}" | grep -v :))
-first=${plain[0]:-}; last=${plain[-1]:-}
+# The version-skew check below uses the first and last entries (of different releases).
+first=${versions[0]:-}; last=${versions[-1]:-}
 # With TF_MATRIX_KEEP=0 a venv goes as soon as nothing later needs it (its log stays).
 drop() { [ "$KEEP" = 0 ] && rm -rf "$(venv_of "$1")"; return 0; }
 log_of() { echo "$(venv_of "$1").log"; }
@@ -115,19 +114,30 @@ for i in "${!versions[@]}"; do
 done
 wait 2>/dev/null
 
-# Version skew: the first version's TensorFlow importing the last version's build of bluefog
-# (of the entries without a pin: needs two of them).
-skew="skipped (needs two versions)"
-if [ -n "$first" ] && [ "$first" != "$last" ] && [ -f "$ROOT/tf$first/.bluefog-sdist" ] && [ -f "$ROOT/tf$last/.bluefog-sdist" ]; then
-  other=$(mktemp -d)
+# Version skew: the first entry's TensorFlow importing the last entry's build of bluefog (needs
+# two entries of different releases), or, with TF_SKEW_PYTHON (a Python whose environment has
+# another TensorFlow and bluefog built for it, e.g. the dev venv's), that one's build.
+skew="skipped (needs two releases, or TF_SKEW_PYTHON)"
+skew_python=""
+if [ -n "${TF_SKEW_PYTHON:-}" ]; then
+  skew_python=$TF_SKEW_PYTHON
+elif [ -n "$first" ] && [ -f "$(venv_of "$last")/.bluefog-sdist" ]; then
+  skew_python=$(venv_of "$last")/bin/python
+fi
+if [ -n "$skew_python" ] && [ -f "$(venv_of "$first")/.bluefog-sdist" ]; then
   # (From / so that the installed package is found, not the checkout's sources.)
-  ln -s "$(cd / && "$ROOT/tf$last/bin/python" -c 'import os, bluefog; print(os.path.dirname(bluefog.__file__))' 2>/dev/null)" "$other/bluefog"
-  msg=$(cd "$other" && "$ROOT/tf$first/bin/python" -c "import bluefog.tensorflow" 2>&1 | tail -n 1)
+  skew_pkg=$(cd / && "$skew_python" -c 'import os, bluefog; print(os.path.dirname(bluefog.__file__))' 2>/dev/null)
+  skew_tf=$(cd / && "$skew_python" -c 'import tensorflow as tf; print(".".join(tf.__version__.split(".")[:2]))' 2>/dev/null)
+fi
+if [ -n "$skew_python" ] && [ -n "${skew_pkg:-}" ] && [ "${skew_tf:-}" != "${first%%:*}" ]; then
+  other=$(mktemp -d)
+  ln -s "$skew_pkg" "$other/bluefog"
+  msg=$(cd "$other" && "$(venv_of "$first")/bin/python" -c "import bluefog.tensorflow" 2>&1 | tail -n 1)
   rm -rf "$other"
-  if [[ "$msg" == *"ImportError: bluefog was built against TensorFlow $last"*"pip install --no-build-isolation"* ]]; then
-    skew="ok   (TensorFlow $first importing a build for $last: $msg)"
+  if [[ "$msg" == *"ImportError: bluefog was built against TensorFlow $skew_tf"*"pip install --no-build-isolation"* ]]; then
+    skew="ok   (TensorFlow ${first%%:*} importing a build for $skew_tf: $msg)"
   else
-    skew="FAIL (TensorFlow $first importing a build for $last said: $msg)"
+    skew="FAIL (TensorFlow ${first%%:*} importing a build for $skew_tf said: $msg)"
   fi
 fi
 for v in "$first" "$last"; do [ -n "$v" ] && drop "$v"; done

@@ -55,6 +55,7 @@ from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
+    ReplicaCheckCallback,
 )
 from bluefog.tensorflow.keras.layers import SyncBatchNormalization  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer

@@ -7,6 +7,8 @@
   ``initial_lr / size`` up to ``initial_lr`` over the first epochs.
 * ``LearningRateScheduleCallback(initial_lr, multiplier, ...)`` and ``BestModelCheckpoint``
   (in ``schedule_callbacks``): Horovod's learning-rate schedule and best-model checkpoint.
+* ``ReplicaCheckCallback(every_n_batches)``: checks that the ranks' models are still bitwise
+  equal (``check_replicas``), or logs their spread under a decentralized optimizer.
 
 Every rank must run ``fit`` with the same callbacks and the same number of steps per epoch.
 """
@@ -30,10 +32,12 @@ from bluefog.tensorflow.keras.schedule_callbacks import (
 )
 from bluefog.tensorflow.local_sources import LocalSources
 from bluefog.tensorflow.op_rules import op_error_prefix
+from bluefog.tensorflow.replicas import check_replicas, replica_spread
 from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BestModelCheckpoint"]
+           "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BestModelCheckpoint",
+           "ReplicaCheckCallback"]
 
 
 def _check_root_rank(root_rank, what: str) -> int:
@@ -250,3 +254,81 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             if self.verbose and basics.rank() == 0:
                 print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                       f"{self.initial_lr:g}.")
+
+
+class ReplicaCheckCallback(keras.callbacks.Callback):
+    """Every ``every_n_batches`` training batches, checks that the ranks' models are equal.
+
+    With an optimizer that keeps replicas equal (``DistributedOptimizer``, or none of
+    bluefog's) it calls ``check_replicas`` on the model's trainable weights (less those
+    registered as worker-local with a ``PartialDistributedOptimizer``), and any difference,
+    down to one ulp, stops ``fit`` on every rank with ``ReplicaMismatchError`` naming the rank
+    and the variable.
+
+    Decentralized optimizers (``DistributedAdaptThenCombineOptimizer``, the window optimizers,
+    any optimizer whose ``_bluefog_replicas_differ`` is true) keep different replicas by
+    design: there it measures their spread instead, ``max_i ||x_i - mean|| / ||mean||`` over
+    the ranks ``i`` for each variable (``replica_spread``), and writes its maximum over the
+    variables into the logs as ``"replica_spread"`` (the batch's logs and the epoch's, so
+    ``History`` records the last value of each epoch); the per-variable values are kept in
+    ``self.spread`` (a dict by variable name).
+
+    Args:
+        every_n_batches: how often (>= 1), counted over the whole of ``fit``.
+        variables: the variables to compare instead of the trainable weights: a list, or a
+            callable taking the model and returning one (e.g.
+            ``lambda m: m.weights + m.optimizer.variables``).
+        spread: ``True`` to always measure the spread, ``False`` to always check equality;
+            ``None`` (default) decides from the model's optimizer as above.
+
+    Every rank must run ``fit`` with the same callback and the same number of batches.
+    """
+
+    def __init__(self, every_n_batches: int = 100, variables=None,
+                 spread: Optional[bool] = None):
+        super().__init__()
+        if isinstance(every_n_batches, bool) or not isinstance(every_n_batches, numbers.Integral) \
+                or every_n_batches < 1:
+            raise ValueError(f"bluefog ReplicaCheckCallback: every_n_batches must be an int >= 1, "
+                             f"got {every_n_batches!r}")
+        if spread is not None and not isinstance(spread, bool):
+            raise TypeError(f"bluefog ReplicaCheckCallback: spread must be True, False or None, "
+                            f"got {spread!r}")
+        self.every_n_batches = int(every_n_batches)
+        self.variables = variables
+        self.spread_mode = spread
+        self.spread: dict = {}
+        self._batches = 0
+        self._last: Optional[float] = None
+
+    def _variables(self) -> list:
+        if self.variables is not None:
+            chosen = self.variables(self.model) if callable(self.variables) else self.variables
+            return list(chosen)
+        local = getattr(getattr(self.model, "optimizer", None), "_bluefog_local", None)
+        return [v for v in self.model.trainable_weights if not local or v not in local]
+
+    def _measures_spread(self) -> bool:
+        if self.spread_mode is not None:
+            return self.spread_mode
+        optimizer = getattr(self.model, "optimizer", None)
+        return bool(getattr(optimizer, "_bluefog_replicas_differ", False))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self._batches % self.every_n_batches:
+            return
+        variables = self._variables()
+        if not self._measures_spread():
+            check_replicas(variables, name="ReplicaCheckCallback.check")
+            return
+        values = replica_spread(variables, name="ReplicaCheckCallback.spread")
+        floats = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+        self.spread = {getattr(v, "path", v.name): float(x) for v, x in zip(floats, values)}
+        self._last = float(np.max(values)) if len(values) else 0.0
+        if logs is not None:
+            logs["replica_spread"] = self._last
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self._last is not None:
+            logs["replica_spread"] = self._last

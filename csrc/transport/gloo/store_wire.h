@@ -22,6 +22,8 @@ constexpr char kHas = 'H';
 constexpr char kYes = 'Y';
 constexpr char kNo = 'N';
 constexpr char kDone = 'K';
+// The handshake's answer to a rank whose number another connected process already holds.
+constexpr char kTaken = 'T';
 // Anything larger is not a rendezvous message: the connection is dropped.
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr uint64_t kMaxValueBytes = uint64_t{64} << 20;

@@ -84,6 +84,15 @@ TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, 
     const Digest mine = HandshakeProof(token, Prover::kClient, client_nonce, server_nonce, rank32);
     ok = WriteAll(fd_, mine.data(), mine.size()) && ReadAll(fd_, &answer, 1);
   }
+  if (ok && server_ok && answer == kTaken) {
+    ::close(fd_);
+    fd_ = -1;
+    throw BluefogError(StatusCode::kPrecondition,
+                       Concat("rank ", rank, ": another process already joined this job as rank ",
+                              rank, " at the Gloo rendezvous server at ", where_,
+                              "; every process needs its own RANK, from 0 to WORLD_SIZE-1 (is "
+                              "RANK set twice, or is a rank of an earlier run still alive?)"));
+  }
   if (!ok || !server_ok || answer != kYes) {
     ::close(fd_);
     fd_ = -1;

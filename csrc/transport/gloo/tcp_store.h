@@ -62,6 +62,8 @@ class TcpStoreServer {
   struct Connection {
     int fd = -1;  // -1 once its thread closed it
     bool authenticated = false;
+    int rank = -1;         // the rank it proved, once authenticated
+    std::string peer;      // its address, for the messages
     bool evicted = false;  // shut down to make room; its thread closes it
     std::chrono::steady_clock::time_point since;
     std::thread thread;

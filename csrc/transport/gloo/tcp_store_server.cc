@@ -251,11 +251,28 @@ void TcpStoreServer::Serve(uint64_t id, int fd) {
     WriteAll(fd, &kNo, 1);
   }
   if (handshake) {
+    // Two processes with one RANK: the first keeps it, the second is told at once (else it
+    // waits for Gloo's pairs that the rank's other process answers, past every timeout).
+    std::string holder;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      connections_[id].authenticated = true;
+      for (const auto& [other, c] : connections_)
+        if (other != id && c.fd >= 0 && c.authenticated && c.rank == rank) holder = c.peer;
+      if (holder.empty()) {
+        Connection& mine = connections_[id];
+        mine.authenticated = true;
+        mine.rank = rank;
+        mine.peer = peer;
+      }
     }
-    if (WriteAll(fd, &kYes, 1)) ServeRequests(fd, peer);
+    if (!holder.empty()) {
+      Refused(peer, Concat("it is rank ", rank, ", which the process at ", holder,
+                           " already joined as (RANK set twice?)"));
+      WriteAll(fd, &kTaken, 1);
+      rank = -1;
+    } else if (WriteAll(fd, &kYes, 1)) {
+      ServeRequests(fd, peer);
+    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   // A rank's connection lasts as long as its process (or until its shutdown), so its end is
