@@ -38,7 +38,7 @@ from bluefog.common import basics
 from bluefog.tensorflow import averaging as averaging_mod
 from bluefog.tensorflow import decentralized, mpi_ops, wrapping
 from bluefog.tensorflow import variables as variables_mod
-from bluefog.tensorflow.compression import NoneCompressor
+from bluefog.tensorflow.compression import NoneCompressor, ReducingCompressor
 from bluefog.tensorflow.compression import check as compression_check
 from bluefog.tensorflow.op_rules import rank_str
 
@@ -81,12 +81,13 @@ def _payload_bytes(variables, compression) -> int:
     """Bytes this rank hands to one sync's collective: the synced variables after
     ``compression`` (traced on a placeholder in a scratch graph, so nothing runs and no
     compressor state changes). A compressed size unknown before run time counts as the
-    uncompressed size."""
+    uncompressed size, as do compressors with collectives of their own (``int8``, ``topk``...:
+    ``bf.compression_stats()`` counts what they send)."""
     total = 0
     for v in variables:
         shape, dtype = tf.TensorShape(v.shape), tf.as_dtype(v.dtype)
         plain = shape.num_elements() * dtype.size
-        if compression is NoneCompressor:
+        if compression is NoneCompressor or isinstance(compression, ReducingCompressor):
             total += plain
             continue
         with tf.Graph().as_default():
