@@ -24,7 +24,10 @@ import pytest
 
 from mpi_jobs import PYTHON, REPO, have_mpirun, job_env, mpirun_prefix, run_job
 
-pytestmark = pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed")
+# One 4-rank job running every example (81 s on a 2-core machine): `make test-nightly`, and
+# `make test-bluefog-examples` with the slow MNIST runs.
+pytestmark = [pytest.mark.nightly,
+              pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed")]
 
 TIMEOUT_S = 300
 RANKS = 4

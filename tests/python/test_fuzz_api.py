@@ -30,7 +30,7 @@ STATE_CASES = int(os.environ.get("BLUEFOG_FUZZ_STATE_CASES", "150"))
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("np_", [1, 2, 3])
+@pytest.mark.parametrize("np_", [1, 2, pytest.param(3, marks=pytest.mark.nightly)])
 def test_fuzz_public_api(np_):
     check_fuzz_job(np_, "api", CASES)
 

@@ -287,6 +287,7 @@ def test_mpi4py_imported_first_still_one_job(tmp_path, bootstrap):
         assert f"MPI4PY gloo {rank} 2 3.0" in result.output, result.tail()
 
 
+@pytest.mark.nightly  # (across pretend hosts in make test: ctest's forced_gloo_across_hosts)
 @pytest.mark.skipif(netns_skip_reason() is not None, reason=str(netns_skip_reason()))
 def test_two_netns_hosts():
     """tests/multihost/gloo_netns.sh: 2 network-namespace hosts, one rank each, no mpirun:

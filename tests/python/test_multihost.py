@@ -30,6 +30,7 @@ QUICK_API = ("tests/python/mpi/test_collectives.py tests/python/mpi/test_process
              "tests/python/mpi/test_windows.py")
 
 
+@pytest.mark.nightly
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_three_netns_hosts_api_and_link_cut():

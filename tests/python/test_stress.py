@@ -22,6 +22,7 @@ COUNT = int(os.environ.get("BLUEFOG_STRESS_COUNT", "500"))
 JOB_TIMEOUT_S = 180 + COUNT * 0.1
 
 
+@pytest.mark.nightly  # (make stress: 10,000)
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_stress_short(tmp_path):
     summary_file = tmp_path / "summary.json"
