@@ -196,8 +196,12 @@ def test_ranks_disagreeing_raise_on_every_rank(setting, rank, size):
         values = ", ".join(f"rank {r}: {'allreduce' if r == 0 else 'neighbor'!r}"
                            for r in range(size))
     else:
-        make = bf.LocalSGD if rank == 0 else bf.DiLoCo
-        opt = make(keras.optimizers.SGD(LR), sync_every=2)
+        # Every rank makes as many Keras optimizers (DiLoCo's outer one given, not its default):
+        # Keras numbers them per process, and DistributedOptimizer's collectives in later tests
+        # carry that name (sgd_N), so an extra one on some ranks would hang those tests.
+        inner, outer = keras.optimizers.SGD(LR), keras.optimizers.SGD(0.7)
+        opt = (bf.LocalSGD(inner, sync_every=2) if rank == 0
+               else bf.DiLoCo(inner, outer, sync_every=2))
         values = ", ".join(f"rank {r}: {'LocalSGD' if r == 0 else 'DiLoCo'}"
                            for r in range(size))
     step = tf.function(lambda: opt.apply([tf.ones(3)], [var]))
