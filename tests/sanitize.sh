@@ -38,7 +38,9 @@ done
 # programs, most of them several times under different settings, and every job already runs
 # unsanitized in `make test`; what the sanitizers add is per code path, so CI runs each family
 # of paths under at least one of them, not every setting under both:
-#   pure logic (coordinator, wire, fusion, caches, kernels): core_tests, under both;
+#   pure logic (coordinator, wire, fusion, caches, kernels): core_tests, under both; the
+#     compressed collectives' quantizers (block arithmetic on raw buffers): quantize_tests
+#     under ASan;
 #   the runtime over MPI with the defaults (rounds through shared memory, small collectives in
 #     the round, background and calling threads, windows and their thread): runtime_mpi_np2,
 #     under both (np4 is the same program and settings with more ranks);
@@ -59,7 +61,7 @@ done
 # and runtime_mpi_2hosts (the hierarchical allreduce across pretend hosts, 4 ranks over TCP).
 # TSan's list is the shorter: it is the slower build to run, and the races it finds are between
 # the threads of one process, which the runtime's default paths and the direct one exercise.
-CI_ASAN_TESTS="core_tests runtime_mpi_np2 local_transport_mpi_np3 local_transport_gloo_np2 runtime_mpi_np3_staged runtime_mpi_np3_mpi_paths runtime_fault"
+CI_ASAN_TESTS="core_tests quantize_tests runtime_mpi_np2 local_transport_mpi_np3 local_transport_gloo_np2 runtime_mpi_np3_staged runtime_mpi_np3_mpi_paths runtime_fault"
 CI_TSAN_TESTS="core_tests runtime_mpi_np2 runtime_mpi_np3_direct"
 if [ -n "${ci:-}" ]; then
   SANITIZE_ASAN_TESTS=$CI_ASAN_TESTS
