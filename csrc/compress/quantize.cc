@@ -164,14 +164,18 @@ void Expand(const uint8_t* __restrict codes, int64_t start, int64_t m, int bits,
   }
   const uint8_t* c = codes + start / 2;
   for (int64_t j = 0; j < m / 2; ++j) {
-    int8_t byte = static_cast<int8_t>(c[j]);
-    float lo = static_cast<float>(static_cast<int8_t>(byte << 4) >> 4) * factor;
+    // The low nibble moves up through an unsigned byte (a left shift of a negative value is
+    // undefined); the arithmetic right shifts then sign-extend each nibble.
+    const int8_t byte = static_cast<int8_t>(c[j]);
+    float lo =
+        static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(c[j] << 4)) >> 4) * factor;
     float hi = static_cast<float>(byte >> 4) * factor;
     out[2 * j] = kAccumulate ? out[2 * j] + lo : lo;
     out[2 * j + 1] = kAccumulate ? out[2 * j + 1] + hi : hi;
   }
   if (m % 2) {
-    float v = static_cast<float>(static_cast<int8_t>(c[m / 2] << 4) >> 4) * factor;
+    float v =
+        static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(c[m / 2] << 4)) >> 4) * factor;
     out[m - 1] = kAccumulate ? out[m - 1] + v : v;
   }
 }
