@@ -33,9 +33,8 @@ from timing import interleaved  # noqa: E402
 
 def gather_all(tensors, name, n):
     """The allgather alternative: every rank's quantized blocks to every rank."""
-    flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-    total = int(flat.shape[0])
-    codes, scales, _ = ops.bluefog_quantize(flat, bits=8, block=256)
+    total = sum(t.shape.num_elements() for t in tensors)
+    codes, scales, _ = ops.bluefog_quantize_inputs(tensors, [], count=total, bits=8, block=256)
     cb, sb = total, -(-total // 256)
     row = tf.concat([codes, tf.reshape(tf.bitcast(scales, tf.uint8), [-1])], 0)[None]
     rows = ops.bluefog_allgather(row, tensor_name=name_input(name))

@@ -350,7 +350,6 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
          name: Optional[str], what: str, mixin: Optional[type] = None, schedule=None):
     """The wrapped copy of ``optimizer``: a subclass with ``mixin`` (default: the neighbour
     combination of this module) in front, after checking every argument."""
-    keras = wrapping.import_keras()
     communication_type = normalize(communication_type)
     if mixin is None and (not isinstance(communication_type, str)
                           or communication_type not in COMMUNICATION_TYPES):
@@ -372,16 +371,7 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
             raise ValueError(f"bluefog {what}: schedule must be an iterator of (send, recv) "
                              "pairs, such as topology_util.GetDynamicOnePeerSendRecvRanks("
                              f"bf.load_topology(), bf.rank()), got {type(schedule).__name__}")
-    if isinstance(optimizer, type):
-        raise ValueError(f"bluefog {what}: pass an optimizer instance such as "
-                         f"keras.optimizers.SGD(0.1), not the class {optimizer.__name__}")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"bluefog {what}: expected a keras.optimizers.Optimizer instance, got "
-                         f"{type(optimizer).__name__}")
-
-    if isinstance(optimizer, wrapping.BluefogKerasOptimizer):
-        raise ValueError(f"bluefog {what}: this optimizer already communicates (it is a "
-                         "bluefog distributed optimizer); wrap the plain optimizer once")
+    wrapping.check_plain_optimizer(optimizer, what)
     averaging.check_initialized(what)
     cls = wrapping.derived_class(mixin or DecentralizedKerasOptimizer, type(optimizer),
                                  {"_bluefog_mode": mode})

@@ -12,6 +12,7 @@ name each time, so they run without a residual).
 
 from __future__ import annotations
 
+import abc
 import threading
 from typing import Dict, List, Optional
 
@@ -61,7 +62,7 @@ def ring_bytes(elements: int, n: int) -> int:
     return 2 * (n - 1) * 4 * elements // n
 
 
-class ReducingCompressor:
+class ReducingCompressor(abc.ABC):
     """A compressor that reduces by collectives of its own, with error feedback.
 
     Subclasses give ``describe()`` (the setting, compared across ranks) and ``_reduce``.
@@ -77,9 +78,9 @@ class ReducingCompressor:
     # Whether _reduce's outputs already fail on non-finite values (else reduce checks them).
     _checks_finite = False
 
+    @abc.abstractmethod
     def describe(self) -> str:
         """The setting, e.g. ``"int8(block=256)"``: every rank's must be the same."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"bf.Compression.{self.describe()}"
@@ -134,9 +135,9 @@ class ReducingCompressor:
             return [tf.cast(o, t.dtype) if t.dtype != tf.float32 else tf.identity(o)
                     for o, t in zip(outs, tensors)]
 
+    @abc.abstractmethod
     def _reduce(self, tensors, average, name, n, set_attrs, what):
         """(outputs, update ops) for float32 tensors of known shape."""
-        raise NotImplementedError
 
     # Helpers for subclasses.
 

@@ -219,19 +219,6 @@ class LowCommunicationKerasOptimizer(wrapping.BluefogKerasOptimizer):
         return result
 
 
-def _check_optimizer(optimizer, what: str, argument: str):
-    keras = wrapping.import_keras()
-    if isinstance(optimizer, type):
-        raise ValueError(f"bluefog {what}: {argument} must be an optimizer instance such as "
-                         f"keras.optimizers.SGD(0.1), not the class {optimizer.__name__}")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"bluefog {what}: {argument} must be a keras.optimizers.Optimizer "
-                         f"instance, got {type(optimizer).__name__}")
-    if isinstance(optimizer, wrapping.BluefogKerasOptimizer):
-        raise ValueError(f"bluefog {what}: {argument} already communicates (it is a bluefog "
-                         "distributed optimizer); pass the plain Keras optimizer")
-
-
 def _wrap(optimizer, kind: str, sync_every, averaging, compression, outer, name):
     what = kind
     if isinstance(sync_every, bool) or not isinstance(sync_every, (int, np.integer)) \
@@ -246,9 +233,9 @@ def _wrap(optimizer, kind: str, sync_every, averaging, compression, outer, name)
         raise ValueError(f"rank {rank_str()}: bluefog {what}: compression works with "
                          f"averaging='allreduce' only, got averaging={averaging!r}")
     averaging_mod.check_name(name, what)
-    _check_optimizer(optimizer, what, "the optimizer")
+    wrapping.check_plain_optimizer(optimizer, what)
     if outer is not None:
-        _check_optimizer(outer, what, "outer_optimizer")
+        wrapping.check_plain_optimizer(outer, what, "outer_optimizer")
         if outer is optimizer:
             raise ValueError(f"bluefog {what}: the outer optimizer must be another instance "
                              "than the inner optimizer")

@@ -45,6 +45,21 @@ _lock = threading.Lock()
 _classes: Dict[Tuple[type, type, Tuple[Tuple[str, Any], ...]], type] = {}
 
 
+def check_plain_optimizer(optimizer, what: str, argument: str = "the optimizer") -> None:
+    """ValueError naming ``what`` and ``argument`` unless ``optimizer`` is a Keras optimizer
+    instance that no bluefog wrapper has wrapped yet."""
+    keras = import_keras()
+    if isinstance(optimizer, type):
+        raise ValueError(f"bluefog {what}: {argument} must be an optimizer instance such as "
+                         f"keras.optimizers.SGD(0.1), not the class {optimizer.__name__}")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"bluefog {what}: {argument} must be a keras.optimizers.Optimizer "
+                         f"instance, got {type(optimizer).__name__}")
+    if isinstance(optimizer, BluefogKerasOptimizer):
+        raise ValueError(f"bluefog {what}: {argument} already communicates (it is a bluefog "
+                         "distributed optimizer); pass the plain Keras optimizer")
+
+
 def derived_class(mixin: type, base: type, attributes: Optional[Dict[str, Any]] = None) -> type:
     """The subclass of ``base`` with ``mixin`` in front of it and ``attributes`` set on it.
 

@@ -26,34 +26,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
-absl::Status VectorOutputs(shape_inference::InferenceContext* c) {
-  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Vector(c->UnknownDim()));
-  return absl::OkStatus();
-}
-
-REGISTER_OP("BluefogQuantize")
-    .Input("tensor: float")
-    .Output("codes: uint8")
-    .Output("scales: float")
-    .Output("error: float")
-    .Attr("bits: int = 8")
-    .Attr("block: int = 256")
-    .Attr("stochastic: bool = false")
-    .Attr("seed: int = 0")
-    .Attr("nonfinite_to_nan: bool = false")
-    .Attr("what: string = ''")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      TF_RETURN_IF_ERROR(VectorOutputs(c));
-      c->set_output(2, c->input(0));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-Per-block quantization of a float32 tensor (flattened): codes (8 bits, or 4 bits two to a
-byte), one scale per `block` values (absmax / 127 or / 7), and error = tensor - dequantized.
-A NaN or infinity is an InvalidArgument error (with nonfinite_to_nan: the block's scale is
-NaN). Stochastic rounding's seed advances per run.
-)doc");
-
 REGISTER_OP("BluefogDequantizeSum")
     .Input("codes: uint8")
     .Input("scales: float")
@@ -96,9 +68,12 @@ REGISTER_OP("BluefogQuantizeInputs")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-BluefogQuantize of the concatenation of tensors[i] + residuals[i] (flattened), zero-padded to
-`count` values, in pieces that stay in cache: no concatenated copy is made. errors[i] is
-tensors[i] + residuals[i] - dequantized, in the tensor's shape (M = N, or M = 0: no residuals).
+Per-block quantization of the concatenation of tensors[i] + residuals[i] (flattened),
+zero-padded to `count` values: codes (8 bits, or 4 bits two to a byte) and one scale per `block`
+values (absmax / 127 or / 7). A NaN or infinity is an InvalidArgument error (with
+nonfinite_to_nan: the block's scale is NaN); stochastic rounding's seed advances per run. Done
+in pieces that stay in cache: no concatenated copy is made. errors[i] is tensors[i] +
+residuals[i] - dequantized, in the tensor's shape (M = N, or M = 0: no residuals).
 )doc");
 
 REGISTER_OP("BluefogDequantizeOutputs")
@@ -159,37 +134,6 @@ void Guarded(OpKernelContext* ctx, const std::string& what, F&& f) {
                                                             : absl::InternalError(message));
   }
 }
-
-class QuantizeKernel : public OpKernel {
- public:
-  explicit QuantizeKernel(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadOptions(c, &options_));
-    OP_REQUIRES_OK(c, c->GetAttr("what", &what_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& input = ctx->input(0);
-    const int64_t n = input.NumElements();
-    Tensor *codes, *scales, *error;
-    OP_REQUIRES_OK(
-        ctx, ctx->allocate_output(0, TensorShape({compress::CodeBytes(n, options_)}), &codes));
-    OP_REQUIRES_OK(
-        ctx, ctx->allocate_output(1, TensorShape({compress::ScaleCount(n, options_)}), &scales));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, input.shape(), &error));
-    // Stochastic rounding draws new noise on every run: the seed advances per call.
-    compress::QuantizeOptions options = options_;
-    options.seed += 0x9e3779b97f4a7c15ull * calls_.fetch_add(1, std::memory_order_relaxed);
-    Guarded(ctx, what_, [&] {
-      compress::Quantize(input.flat<float>().data(), n, options, codes->flat<uint8_t>().data(),
-                         scales->flat<float>().data(), error->flat<float>().data());
-    });
-  }
-
- private:
-  compress::QuantizeOptions options_;
-  std::string what_;
-  std::atomic<uint64_t> calls_{0};
-};
 
 class DequantizeSumKernel : public OpKernel {
  public:
@@ -382,7 +326,6 @@ class DequantizeOutputsKernel : public OpKernel {
   std::string what_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("BluefogQuantize").Device(::tensorflow::DEVICE_CPU), QuantizeKernel);
 REGISTER_KERNEL_BUILDER(Name("BluefogDequantizeSum").Device(::tensorflow::DEVICE_CPU),
                         DequantizeSumKernel);
 

@@ -54,6 +54,17 @@ def gather_rows(vector, name=None):
     return bf.allgather(v, name=name).numpy()
 
 
+def neighbor_mixing_matrix(size) -> np.ndarray:
+    """W[u][v]: the weight rank v gives to rank u's model when it averages itself with its
+    in-neighbours of the current topology, uniformly."""
+    graph = bf.load_topology()
+    w = np.zeros((size, size))
+    for v in range(size):
+        sources = [u for u in graph.predecessors(v) if u != v] + [v]
+        w[sources, v] = 1.0 / len(sources)
+    return w
+
+
 def flat_weights(variables):
     return np.concatenate([np.asarray(v).astype(np.float64).ravel() for v in variables])
 

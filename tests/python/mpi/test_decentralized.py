@@ -20,7 +20,7 @@ import tensorflow as tf
 import bluefog.tensorflow as bf
 from bluefog.common import topology_util as tu
 
-from conftest import rank_values
+from conftest import neighbor_mixing_matrix, rank_values
 
 OPTIMIZERS = {"atc": bf.DistributedAdaptThenCombineOptimizer,
               "awc": bf.DistributedAdaptWithCombineOptimizer}
@@ -38,12 +38,7 @@ def default_topology():
 
 def mixing_matrix(communication: str, size: int) -> np.ndarray:
     if communication == "neighbor_allreduce":
-        graph = bf.load_topology()
-        w = np.zeros((size, size))
-        for v in range(size):
-            sources = [u for u in graph.predecessors(v) if u != v] + [v]
-            w[sources, v] = 1.0 / len(sources)
-        return w
+        return neighbor_mixing_matrix(size)
     if communication == "empty":
         return np.eye(size)
     return np.full((size, size), 1.0 / size)  # allreduce; hierarchical on one machine

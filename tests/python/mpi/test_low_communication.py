@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import bluefog.tensorflow as bf
 
-from conftest import gather_rows, needs_ranks, rank_values
+from conftest import gather_rows, needs_ranks, neighbor_mixing_matrix, rank_values
 
 LR = 0.125  # exact in float32
 SHAPE = (3, 2)
@@ -22,12 +22,7 @@ SHAPE = (3, 2)
 def mixing_matrix(averaging: str, size: int) -> np.ndarray:
     """W[u][v]: the weight rank v gives to rank u's model."""
     if averaging == "neighbor":
-        graph = bf.load_topology()
-        w = np.zeros((size, size))
-        for v in range(size):
-            sources = [u for u in graph.predecessors(v) if u != v] + [v]
-            w[sources, v] = 1.0 / len(sources)
-        return w
+        return neighbor_mixing_matrix(size)
     return np.full((size, size), 1.0 / size)  # allreduce; hierarchical on one machine
 
 
