@@ -16,9 +16,11 @@ same on every rank and unique among the collectives that may be in flight togeth
   (``eager_function``), so that all the gradients of one step are reduced concurrently, with
   the same naming inside it.
 
-The prefix of an optimizer is its bluefog name (``"Distributed" + class name`` by default) plus
-the Keras optimizer's own name, which Keras makes unique within a process
-(``"adam"``, ``"adam_1"``, ...); the prefix of a tape is ``"DistributedGradientTape"``.
+The prefix of an optimizer is the ``name`` given to its wrapper, or else the wrapper's default
+name (``"DistributedAdam"``, ...) numbered by bluefog among the wrappers of that name made in
+the process (``wrapping.collective_prefix``: Keras' own optimizer names count every optimizer
+the process made, which ranks need not agree on); the prefix of a tape is
+``"DistributedGradientTape"``.
 """
 
 from __future__ import annotations

@@ -378,7 +378,8 @@ def wrap(optimizer, mode: str, communication_type: str, num_steps_per_communicat
     new = wrapping.copy_optimizer(optimizer, cls, what)
     new._bluefog_communication = communication_type
     new._bluefog_every = num_steps_per_communication
-    new._bluefog_prefix = name or f"{what}.{new.name}"
+    new._bluefog_prefix = name or wrapping.collective_prefix(
+        f"{what}.{type(optimizer).__name__}")
     new._bluefog_what = what
     # Plain attributes, not tracked by Keras: an iterator is no optimizer state.
     object.__setattr__(new, "_bluefog_schedule", schedule)

@@ -33,15 +33,11 @@ class _DistributedKerasOptimizer(wrapping.BluefogKerasOptimizer):
     averages it over ranks, and the steps in between communicate nothing.
     """
 
-    _bluefog_name: str = "Distributed"
+    _bluefog_prefix: str = "Distributed"  # the collectives' names (wrapping.collective_prefix)
     _bluefog_how = averaging.Averaging()
     _bluefog_average_aggregated: bool = True
     _bluefog_local = None  # LocalSources, made by register_local_var
     _bluefog_update_vars = None  # the variables of the update being built (accumulation)
-
-    @property
-    def _bluefog_prefix(self) -> str:
-        return f"{self._bluefog_name}.{self.name}"
 
     def register_local_var(self, var) -> None:
         """Marks ``var`` as worker-local: its gradient is not averaged over ranks but applied as
@@ -269,7 +265,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     new = wrapping.copy_optimizer(optimizer,
                                   wrapping.derived_class(_DistributedKerasOptimizer, base),
                                   "DistributedOptimizer", overrides)
-    new._bluefog_name = name or "Distributed" + base.__name__
+    new._bluefog_prefix = name or wrapping.collective_prefix("Distributed" + base.__name__)
     new._bluefog_how = how
     new._bluefog_average_aggregated = average_aggregated_gradients
     return new

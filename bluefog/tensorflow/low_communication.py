@@ -252,9 +252,10 @@ def _wrap(optimizer, kind: str, sync_every, averaging, compression, outer, name)
                     for c in ("steps", "syncs", "bytes")]
     # Plain attributes, not tracked by Keras: a model saved with this optimizer stores the plain
     # optimizer's state only.
+    prefix = name or wrapping.collective_prefix(f"{what}.{type(optimizer).__name__}")
     attributes = {"_bluefog_every": int(sync_every), "_bluefog_averaging": averaging,
                   "_bluefog_compression": compression, "_bluefog_outer": outer,
-                  "_bluefog_prefix": name or f"{what}.{new.name}", "_bluefog_what": what,
+                  "_bluefog_prefix": prefix, "_bluefog_what": what,
                   "_bluefog_steps": counters[0], "_bluefog_syncs": counters[1],
                   "_bluefog_bytes": counters[2], "_bluefog_bytes_per_sync": 0,
                   "_bluefog_synced": None, "_bluefog_anchors": None}

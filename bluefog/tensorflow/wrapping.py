@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 from bluefog.tensorflow import compat
 
 __all__ = ["BluefogKerasOptimizer", "import_keras", "derived_class", "copy_optimizer",
-           "trainable_variables"]
+           "trainable_variables", "collective_prefix"]
 
 
 def import_keras() -> types.ModuleType:
@@ -43,6 +43,22 @@ class BluefogKerasOptimizer:
 
 _lock = threading.Lock()
 _classes: Dict[Tuple[type, type, Tuple[Tuple[str, Any], ...]], type] = {}
+_prefixes: Dict[str, int] = {}
+
+
+def collective_prefix(base: str) -> str:
+    """The prefix of the collectives of the next wrapper called ``base`` made in this process:
+    ``base`` for the first, then ``base.1``, ``base.2``, ...
+
+    Counted by bluefog, not taken from the optimizer's Keras name: Keras numbers every optimizer
+    a process makes (``sgd``, ``sgd_1``, ...), so one extra plain optimizer on some ranks (a
+    metric, a test, a loss-scale wrapper) would give the ranks different names for the same
+    collective and stall the job. Ranks must still make their bluefog wrappers in one order.
+    """
+    with _lock:
+        count = _prefixes.get(base, 0)
+        _prefixes[base] = count + 1
+    return base if count == 0 else f"{base}.{count}"
 
 
 def check_plain_optimizer(optimizer, what: str, argument: str = "the optimizer") -> None:
