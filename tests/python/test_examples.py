@@ -3,8 +3,8 @@
 They are what a new user copies first, so each must still run and reach its documented
 result: the digits models learn (test accuracy well above chance) and stay identical across
 ranks, and the synthetic benchmark reports a throughput with and without compression. The
-second variant of an example (another schedule, optimizer or compression) runs in
-`make test-nightly`.
+second variant of an example (another schedule, optimizer or compression) and the digits
+examples other than Keras' (their APIs have suites of their own) run in `make test-nightly`.
 """
 
 import re
@@ -42,8 +42,9 @@ def test_collectives_demo():
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("script", ["keras_digits.py", "tape_digits.py", "elastic_digits.py",
-                                    "diloco_digits.py"])
+@pytest.mark.parametrize("script", ["keras_digits.py"] + [
+    pytest.param(s, marks=pytest.mark.nightly)
+    for s in ("tape_digits.py", "elastic_digits.py", "diloco_digits.py")])
 def test_digits_examples_learn_and_stay_in_agreement(script):
     out = run_example([f"examples/{script}", "--epochs", "3"])
     assert "weights identical on all ranks" in out, out[-3000:]
