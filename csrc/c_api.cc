@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/op_rules.h"
+#include "runtime/flight_dump.h"
 #include "runtime/runtime.h"
 #include "transport/registry.h"
 
@@ -79,6 +80,16 @@ const char* bluefog_backend(void) {
 }
 int bluefog_gloo_built(void) { return bluefog::FindBackend("gloo") != nullptr ? 1 : 0; }
 const char* bluefog_last_error(void) { return g_last_error.c_str(); }
+const char* bluefog_flight_recorder(void) {
+  thread_local std::string json;
+  try {
+    json = bluefog::Runtime::Get().recorder().Json(bluefog::NowSeconds());
+  } catch (...) {
+    json = "[]";
+  }
+  return json.c_str();
+}
+int bluefog_flight_dump_installed(void) { return bluefog::FlightDumpInstalled() ? 1 : 0; }
 
 int bluefog_start_timeline(const char* path) {
   return Guard([&] {

@@ -42,6 +42,11 @@ int bluefog_tuning_set(const char* knob, long long value, long long* before);
 // Records a user's activity on `tensor`'s track (times: the steady clock, in seconds); returns
 // like bluefog_timeline_enabled.
 int bluefog_timeline_activity(const char* tensor, const char* activity, double start, double end);
+// This rank's flight recorder (its last operations, core/flight_recorder.h) as a JSON array,
+// valid until this thread's next call; before init an empty array. Never fails.
+const char* bluefog_flight_recorder(void);
+// 1 when SIGUSR1 prints the flight recorder (bluefog installed the handler at init), else 0.
+int bluefog_flight_dump_installed(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call
 // 1 when the op (OpType's value) accepts the dtype (DataType's value), 0 when not, -1 for values
 // that name no op or dtype. Lets the Python layer check its own table against the core's.

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import numbers
 import os
+import signal
 import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -190,6 +192,11 @@ def init(process_sets=None, comm=None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+        if _load().bluefog_flight_dump_installed():
+            # SIGUSR1 prints every Python thread's stack too, then the recorder (chained).
+            # On the process's own stderr, as the recorder (not a replaced sys.stderr).
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr,
+                                  all_threads=True, chain=True)
     if process_sets:
         for process_set in process_sets:
             add_process_set(process_set)

@@ -120,6 +120,12 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
     config.stall_check_seconds = ParseDouble("BLUEFOG_STALL_CHECK_TIME", v, 0.0);
   if (const char* v = lookup("BLUEFOG_STALL_SHUTDOWN_TIME"))
     config.stall_shutdown_seconds = ParseDouble("BLUEFOG_STALL_SHUTDOWN_TIME", v, 0.0);
+  if (const char* v = lookup("BLUEFOG_FLIGHT_RECORDER_SIZE")) {
+    config.flight_recorder_size = ParseBytes("BLUEFOG_FLIGHT_RECORDER_SIZE", v);
+    BF_ENFORCE(config.flight_recorder_size <= 65536, StatusCode::kInvalidArgument,
+               "environment variable BLUEFOG_FLIGHT_RECORDER_SIZE='", v,
+               "' is over 65536 operations; the recorder keeps the last N (0 turns it off)");
+  }
   if (const char* v = lookup("BLUEFOG_LOG_LEVEL")) config.log_level = ParseLogLevel(v);
   if (const char* v = lookup("BLUEFOG_TIMELINE")) config.timeline_prefix = v;
   if (const char* v = lookup("BLUEFOG_ALLREDUCE_ALGORITHM")) config.allreduce_algorithm = v;

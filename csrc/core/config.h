@@ -63,6 +63,8 @@ struct Config {
   double stall_check_seconds = 60.0;
   // With a value > 0, such a request fails after this long instead of waiting forever.
   double stall_shutdown_seconds = 0.0;
+  // Operations the flight recorder keeps (core/flight_recorder.h; 0: off), at most 65536.
+  int64_t flight_recorder_size = 256;
   LogLevel log_level = LogLevel::kWarning;
   // Read from Open MPI's variables, not bluefog's: the ranks mpirun started on this host
   // (OMPI_COMM_WORLD_LOCAL_SIZE; 0 when unknown), and whether the user chose how waiting ranks

@@ -1,6 +1,7 @@
 // One rank's submission of one collective, and how the runtime reports back.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct Request {
   // Set by the runtime: when the request was queued and when this rank announced it.
   double enqueued_at = 0;
   double announced_at = 0;
+  uint64_t flight_id = 0;  // its entry in the flight recorder (core/flight_recorder.h)
   // Called exactly once, on the thread running the rounds (Drive), when the request finished or
   // failed.
   std::function<void(const Status&)> done;

@@ -16,7 +16,21 @@ namespace {
 constexpr char kClosing[] = "\n]\n";
 constexpr size_t kClosingSize = sizeof(kClosing) - 1;
 
-// Tensor names go into JSON strings: escape what JSON requires.
+// Writes all of `data` at `offset`; false (errno set) on failure.
+bool WriteAllAt(int fd, const std::string& data, off_t offset) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        ::pwrite(fd, data.data() + done, data.size() - done, offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string JsonEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -33,21 +47,6 @@ std::string JsonEscape(const std::string& s) {
   }
   return out;
 }
-
-// Writes all of `data` at `offset`; false (errno set) on failure.
-bool WriteAllAt(int fd, const std::string& data, off_t offset) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n =
-        ::pwrite(fd, data.data() + done, data.size() - done, offset + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-}  // namespace
 
 void Timeline::Open(const std::string& prefix, int rank) {
   // A file name (Horovod's --timeline-filename timeline.json): rank 0 writes it, rank r

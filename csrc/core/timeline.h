@@ -25,6 +25,9 @@ inline double NowSeconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+// `s` escaped for a JSON string (tensor names go into the timeline and the flight recorder).
+std::string JsonEscape(const std::string& s);
+
 class Timeline {
  public:
   ~Timeline() { Close(); }

@@ -82,6 +82,11 @@ Status Channel::CheckEnqueueLocked(const Request& request) {
   return Status::Ok();
 }
 
+uint64_t Channel::Record(const Request& request) {
+  return recorder_->Begin(OpTypeName(request.meta.op), request.meta.name, request.process_set,
+                          static_cast<int64_t>(request.meta.NumBytes()), request.meta.dtype);
+}
+
 Status Channel::EnqueueGroup(std::vector<Request> requests) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -97,6 +102,7 @@ Status Channel::EnqueueGroup(std::vector<Request> requests) {
     const double now = NowSeconds();
     for (Request& request : requests) {
       request.enqueued_at = now;
+      request.flight_id = Record(request);
       unannounced_.push_back(request.meta);
       std::string name = request.meta.name;
       in_flight_.emplace(std::move(name), std::move(request));
@@ -112,6 +118,7 @@ Status Channel::Enqueue(Request request, Drive how) {
   Status refused = CheckEnqueueLocked(request);
   if (!refused.ok()) return refused;
   request.enqueued_at = NowSeconds();
+  request.flight_id = Record(request);
   // Driven by the caller only when this is the one request of the rank: with others pending,
   // the channel's thread is at work (and may fuse this one with them).
   const bool drive =
@@ -293,6 +300,7 @@ void Channel::Finish(const std::string& name, const Status& status) {
     request = std::move(it->second);
     in_flight_.erase(it);
   }
+  recorder_->End(request.flight_id, status.ok());
   request.done(WithRank(WorldRank(info_.rank), status));
 }
 
@@ -300,7 +308,9 @@ void Channel::Abandon(const std::string& reason) {
   // In an elastic round (bfrun --gloo --min-np) a lost rank is expected: bf.elastic.run
   // re-forms the job and says so in one line, and any other caller gets the reason in the
   // error of its collective. Elsewhere the job is over, which deserves an ERROR.
-  BF_LOG(config_.gloo_external_store ? LogLevel::kInfo : LogLevel::kError, reason);
+  const std::string pending = recorder_->Pending(NowSeconds(), 10);
+  BF_LOG(config_.gloo_external_store ? LogLevel::kInfo : LogLevel::kError, reason,
+         pending.empty() ? "" : " Pending on this rank (bf.flight_recorder()):", pending);
   std::lock_guard<std::mutex> lock(mutex_);
   // The exchange that threw may still be pending; MPI cannot be finalized (nor this
   // communicator freed) over it. The process then exits without MPI_Finalize, which makes
@@ -316,9 +326,11 @@ void Channel::FailAll(const Status& status) {
     failed.swap(in_flight_);
     unannounced_.clear();
   }
-  for (auto& [name, request] : failed)
+  for (auto& [name, request] : failed) {
+    recorder_->End(request.flight_id, false);
     request.done(WithRank(WorldRank(info_.rank),
                           OpError(status.code(), request.meta.op, name, status.message())));
+  }
 }
 
 void Channel::CheckStalls() {
@@ -340,6 +352,10 @@ void Channel::CheckStalls() {
   for (WaitingTensor& w : waiting)  // job-wide ranks in messages
     for (int& r : w.missing_ranks) r = WorldRank(r);
   std::string message = StallMessage(now - oldest, mine, waiting);
+  const std::string pending = recorder_->Pending(now, 10);
+  if (!pending.empty())
+    message += Concat(" What rank ", WorldRank(info_.rank),
+                      " has pending (bf.flight_recorder()):", pending, "\n");
   if (verdict == StallWatch::Verdict::kFail)
     throw BluefogError(
         StatusCode::kAborted,

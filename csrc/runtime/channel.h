@@ -18,6 +18,7 @@
 
 #include "core/config.h"
 #include "core/coordinator.h"
+#include "core/flight_recorder.h"
 #include "core/request.h"
 #include "core/response_cache.h"
 #include "core/stall_report.h"
@@ -44,6 +45,8 @@ class Channel : private RequestTable {
   // rank's request) and returns the set's or window's id, or throws BluefogError.
   using RuntimeHook = std::function<int(const Response&, const Request*)>;
   void set_runtime_hook(RuntimeHook hook) { runtime_hook_ = std::move(hook); }
+  // Where this channel records its requests (queued, running, finished); set before Start.
+  void set_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
 
   // Runs the loop on the calling thread until every rank of the channel has agreed to stop (or
   // an error stops it); then fails what is still pending. Returns false when an exchange may be
@@ -122,6 +125,8 @@ class Channel : private RequestTable {
   void Abandon(const std::string& reason);
   void FailAll(const Status& status);
   void CheckStalls();
+  // The request's entry in the flight recorder, queued now.
+  uint64_t Record(const Request& request);
   int WorldRank(int rank) const { return world_ranks_[rank]; }
 
   const int id_;
@@ -132,6 +137,8 @@ class Channel : private RequestTable {
   const std::vector<int> world_ranks_;
   Timeline no_timeline_;
   Timeline* timeline_;
+  FlightRecorder no_recorder_{0};
+  FlightRecorder* recorder_ = &no_recorder_;
   Coordinator coordinator_;
   // Held by the thread running a round (the channel's own, or a caller in Enqueue(drive)):
   // cache_, coordinator_, executor_, stall_watch_ and stats_ are used under it only.

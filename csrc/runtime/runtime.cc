@@ -10,6 +10,7 @@
 #include "core/logging.h"
 #include "core/op_rules.h"
 #include "core/validation.h"
+#include "runtime/flight_dump.h"
 #include "transport/options.h"
 #include "transport/registry.h"
 
@@ -63,6 +64,11 @@ void Runtime::Init(const Config::Settings& settings) {
     ResetEndedJob();
   }
   config_ = Config::FromEnvironment(settings);
+  if (config_.flight_recorder_size > 0)
+    InstallFlightDump(&recorder_, [] {
+      Runtime& rt = Runtime::Get();
+      return rt.running() ? rt.info().rank : -1;
+    });
   std::promise<void> started;
   std::future<void> ready = started.get_future();
   thread_ = std::thread(&Runtime::Main, this, &started);
@@ -134,7 +140,10 @@ void Runtime::Main(std::promise<void>* started) {
   }
   std::vector<int> everyone(info_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
+  if (recorder_.capacity() != static_cast<size_t>(config_.flight_recorder_size))
+    recorder_.Resize(static_cast<size_t>(config_.flight_recorder_size));
   world_ = std::make_unique<Channel>(0, config_, transport_.get(), info_, everyone, &timeline_);
+  world_->set_recorder(&recorder_);
   windows_->Attach(
       [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
       info_.rank, info_.size);
@@ -390,6 +399,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
       info.size = static_cast<int>(set.ranks.size());
       set.channel =
           std::make_unique<Channel>(id, config_, set.transport.get(), info, set.ranks, nullptr);
+      set.channel->set_recorder(&recorder_);
       set.channel->Start();
     }
     std::lock_guard<std::mutex> lock(sets_mutex_);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/flight_recorder.h"
 #include "core/request.h"
 #include "core/timeline.h"
 #include "runtime/channel.h"
@@ -107,6 +108,8 @@ class Runtime {
   // The windows (bf.win_*). Created and freed through Enqueue (kWinCreate, kWinFree), so every
   // rank does it at the same point; the other operations go to the service directly.
   WindowService& windows() { return *windows_; }
+  // This rank's last operations (core/flight_recorder.h): any thread, any time.
+  FlightRecorder& recorder() { return recorder_; }
 
  private:
   Runtime() = default;
@@ -133,6 +136,7 @@ class Runtime {
   std::shared_ptr<SharedHeap> heap_;  // transport_'s, until it shuts down; under heap_mutex_
   std::atomic<int64_t> inline_threshold_{0};  // what SetTuning last set (config's at first)
   Timeline timeline_;
+  FlightRecorder recorder_;  // every channel's requests and the window operations
   std::unique_ptr<WindowService> windows_ = std::make_unique<WindowService>();
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
   std::atomic<bool> started_{false};

@@ -1,7 +1,9 @@
 // The window ops' kernels (bf.win_*). Creating and freeing go through the runtime's agreement
 // on the global channel, like a collective; the other ops call the window service directly and
 // return at once (put, get, mutex return a handle that win_wait waits for).
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/op_rules.h"
@@ -54,6 +56,47 @@ absl::Status ReadName(OpKernelContext* ctx, const char* op, int name_index,
   *name = std::string(ctx->input(name_index).scalar<::tensorflow::tstring>()());
   return Usable(op, Concat("bluefog ", op, " of window '", *name, "'"));
 }
+
+// Window operations in the flight recorder: an entry from the call until win_wait sees the
+// operation end (a handle never waited for keeps its entry "running", as it is).
+class WindowFlights {
+ public:
+  static WindowFlights& Get() {
+    static WindowFlights* flights = new WindowFlights();  // outlives every kernel
+    return *flights;
+  }
+  // The entry of an operation about to be queued; then Queued with its handle (-1: refused).
+  uint64_t Begin(const char* op, const std::string& name, int64_t bytes, DataType dtype) {
+    FlightRecorder& recorder = Runtime::Get().recorder();
+    const uint64_t id = recorder.Begin(op, name, 0, bytes, dtype);
+    recorder.Start(id);  // no negotiation: it goes out at once
+    return id;
+  }
+  void Queued(uint64_t id, int64_t handle) {
+    if (id == 0) return;
+    if (handle < 0) {
+      Runtime::Get().recorder().End(id, false);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    ids_[handle] = id;
+  }
+  void Waited(int64_t handle, bool ok) {
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = ids_.find(handle);
+      if (it == ids_.end()) return;
+      id = it->second;
+      ids_.erase(it);
+    }
+    Runtime::Get().recorder().End(id, ok);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<int64_t, uint64_t> ids_;
+};
 
 bool TensorMetaOf(const Tensor& t, DataType* dtype, std::vector<int64_t>* shape) {
   if (!ToCoreType(t.dtype(), dtype)) return false;
@@ -158,6 +201,8 @@ class WinPutKernel : public OpKernel {
     OP_REQUIRES(ctx, TensorMetaOf(tensor, &dtype, &shape),
                 WinStatus(WinError(StatusCode::kInvalidArgument, op, name, "unsupported dtype")));
     int64_t handle = -1;
+    const uint64_t flight =
+        WindowFlights::Get().Begin(op, name, static_cast<int64_t>(tensor.TotalBytes()), dtype);
     Guarded(ctx, [&] {
       WinPutOptions options;
       options.dsts = VectorOf<int32_t>(ctx->input(2));
@@ -169,6 +214,7 @@ class WinPutKernel : public OpKernel {
       handle =
           Runtime::Get().windows().Put(name, {tensor.tensor_data().data(), dtype, shape}, options);
     });
+    WindowFlights::Get().Queued(flight, ctx->status().ok() ? handle : -1);
     if (ctx->status().ok()) ScalarOut(ctx, handle);
   }
 
@@ -187,10 +233,12 @@ class WinGetKernel : public OpKernel {
     std::string name;
     OP_REQUIRES_OK(ctx, ReadName(ctx, "win_get", 0, {0, 1, 1}, &name));
     int64_t handle = -1;
+    const uint64_t flight = WindowFlights::Get().Begin("win_get", name, 0, DataType::kFloat32);
     Guarded(ctx, [&] {
       handle = Runtime::Get().windows().Get(name, VectorOf<int32_t>(ctx->input(1)),
                                             VectorOf<double>(ctx->input(2)), require_mutex_);
     });
+    WindowFlights::Get().Queued(flight, ctx->status().ok() ? handle : -1);
     if (ctx->status().ok()) ScalarOut(ctx, handle);
   }
 
@@ -207,9 +255,12 @@ class WinMutexKernel : public OpKernel {
     std::string name;
     OP_REQUIRES_OK(ctx, ReadName(ctx, "win_mutex", 0, {0, 1}, &name));
     int64_t handle = -1;
+    const uint64_t flight = WindowFlights::Get().Begin(
+        lock_ ? "win_mutex_acquire" : "win_mutex_release", name, 0, DataType::kFloat32);
     Guarded(ctx, [&] {
       handle = Runtime::Get().windows().Mutex(name, VectorOf<int32_t>(ctx->input(1)), lock_);
     });
+    WindowFlights::Get().Queued(flight, ctx->status().ok() ? handle : -1);
     if (ctx->status().ok()) ScalarOut(ctx, handle);
   }
 
@@ -228,7 +279,9 @@ class WinWaitKernel : public AsyncOpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
     out->scalar<bool>()() = true;
-    Runtime::Get().windows().Wait(ctx->input(0).scalar<int64_t>()(), [ctx, done](const Status& s) {
+    const int64_t handle = ctx->input(0).scalar<int64_t>()();
+    Runtime::Get().windows().Wait(handle, [ctx, done, handle](const Status& s) {
+      WindowFlights::Get().Waited(handle, s.ok());
       if (!s.ok()) ctx->SetStatus(WinStatus(s));
       done();
     });

@@ -233,5 +233,20 @@ TEST(Config, RejectsMalformedValuesNamingTheVariable) {
   }
 }
 
+TEST(Config, FlightRecorderSize) {
+  EXPECT_EQ(FromMap({}).flight_recorder_size, 256);
+  EXPECT_EQ(FromMap({{"BLUEFOG_FLIGHT_RECORDER_SIZE", "0"}}).flight_recorder_size, 0);
+  EXPECT_EQ(FromMap({{"BLUEFOG_FLIGHT_RECORDER_SIZE", "65536"}}).flight_recorder_size, 65536);
+  for (const char* bad : {"-1", "65537", "many"}) {
+    try {
+      FromMap({{"BLUEFOG_FLIGHT_RECORDER_SIZE", bad}});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const BluefogError& e) {
+      EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("BLUEFOG_FLIGHT_RECORDER_SIZE"), std::string::npos);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bluefog

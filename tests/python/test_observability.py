@@ -3,6 +3,7 @@ configured at init)."""
 
 import glob
 import json
+import re
 import textwrap
 
 from mpi_jobs import PYTHON, mpirun_prefix, run_job
@@ -60,6 +61,9 @@ def test_stall_is_reported_and_fails_after_shutdown_time():
     assert result.returncode != 0, out
     assert "WARNING: a collective submitted on this rank has waited" in out, out
     assert "'only_on_rank_0'" in out, out
+    # The flight recorder's pending list: what the waiting rank is stuck in, and since when.
+    assert "What rank 0 has pending (bf.flight_recorder()):" in out, out
+    assert re.search(r"allreduce 'only_on_rank_0' \(set 0, \d+ B float32\) queued \d", out), out
     assert "ABORTED:" in out and "BLUEFOG_STALL_SHUTDOWN_TIME=3" in out, out
     assert not result.timed_out and result.wall < 30, (
         f"the job took {result.wall:.0f} s: the stalled rank was not released")

@@ -1,0 +1,34 @@
+"""``bf.flight_recorder()``: this rank's last operations, as the runtime recorded them.
+
+The runtime keeps the last ``BLUEFOG_FLIGHT_RECORDER_SIZE`` operations (256 by default; 0
+turns it off) of every kind: collectives and neighbour ops of every process set, window puts,
+accumulates, gets and mutexes. A stall warning and an error that ends the job list what is
+pending from it; ``kill -USR1 <pid>`` prints it on the rank's stderr with every Python thread's
+stack, also while the rank is stuck inside an operation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any, Dict, List
+
+from bluefog.common import basics
+
+_function = None
+
+
+def flight_recorder() -> List[Dict[str, Any]]:
+    """This rank's recorded operations, oldest first. Each is a dict: ``id`` (1, 2, ... in
+    order of submission), ``kind`` (``"allreduce"``, ``"neighbor_allreduce"``, ``"win_put"``,
+    ``"win_mutex_acquire"``, ...), ``name``, ``process_set``, ``bytes``, ``dtype``, ``state``
+    (``"queued"``: waiting for the other ranks; ``"running"``: agreed and exchanging, or a
+    window operation under way; ``"done"``; ``"failed"``), and ``queued_s_ago``,
+    ``started_s_ago``, ``ended_s_ago`` (seconds before this call; None when not reached).
+    Works before ``init`` (an empty list) and after ``shutdown`` (what was recorded)."""
+    global _function
+    if _function is None:
+        function = basics._load().bluefog_flight_recorder
+        function.restype = ctypes.c_char_p
+        _function = function
+    return json.loads(_function().decode("utf-8", "replace"))

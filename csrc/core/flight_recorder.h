@@ -1,0 +1,68 @@
+// The flight recorder: this rank's last N operations (collectives, neighbour ops, window puts,
+// gets and mutexes) with their state and times, kept always so that a stall, an error that ends
+// the job, SIGUSR1 or bf.flight_recorder() can say what each rank was doing, and since when.
+// Pure logic: the runtime calls Begin when a request is queued, Start when its collective runs
+// and End when it finished; the entries live in a fixed ring (no allocation per operation), so
+// recording costs a lock and a few stores.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace bluefog {
+
+struct FlightEntry {
+  enum State : uint8_t { kQueued, kRunning, kDone, kFailed };
+  uint64_t id = 0;  // 1, 2, ... in order of Begin; 0: an empty slot
+  char kind[24] = {};
+  char name[96] = {};  // truncated to fit
+  int process_set = 0;
+  int64_t bytes = 0;
+  DataType dtype = DataType::kFloat32;
+  State state = kQueued;
+  double queued_at = 0;  // NowSeconds()
+  double started_at = 0;
+  double ended_at = 0;
+};
+
+class FlightRecorder {
+ public:
+  // `capacity` entries (0: records nothing).
+  explicit FlightRecorder(size_t capacity = kDefaultCapacity) { Resize(capacity); }
+  static constexpr size_t kDefaultCapacity = 256;
+
+  // Forgets every entry and keeps `capacity` from now on.
+  void Resize(size_t capacity);
+  size_t capacity() const { return capacity_; }
+
+  // A new entry, queued now; returns its id for Start and End (0 when the recorder is off).
+  uint64_t Begin(const char* kind, const std::string& name, int process_set, int64_t bytes,
+                 DataType dtype);
+  // The entry's collective (or the window operation's exchange) runs from now on.
+  void Start(uint64_t id);
+  // The entry finished, or failed. An id whose slot was reused since is ignored.
+  void End(uint64_t id, bool ok);
+
+  // The entries still held, oldest first.
+  std::vector<FlightEntry> Snapshot() const;
+  // The entries not finished, oldest first, as lines for a person ("allreduce 'grad.3' (set 0,
+  // 4096 B float32) queued 12.3 s ago, running since 12.1 s"), `now` the current NowSeconds().
+  // At most `limit` lines; empty when nothing is pending.
+  std::string Pending(double now, size_t limit) const;
+  // Every entry held as a JSON array of objects, times relative to `now` (seconds ago).
+  std::string Json(double now) const;
+
+ private:
+  FlightEntry* SlotLocked(uint64_t id);
+
+  mutable std::mutex mutex_;
+  size_t capacity_ = 0;
+  uint64_t next_id_ = 1;
+  std::vector<FlightEntry> ring_;
+};
+
+}  // namespace bluefog

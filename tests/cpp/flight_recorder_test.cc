@@ -1,0 +1,78 @@
+#include "core/flight_recorder.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/timeline.h"
+
+namespace bluefog {
+namespace {
+
+TEST(FlightRecorderTest, RecordsStatesInOrder) {
+  FlightRecorder rec(4);
+  const uint64_t a = rec.Begin("allreduce", "grad.0", 0, 4096, DataType::kFloat32);
+  const uint64_t b = rec.Begin("win_put", "w", 2, 8, DataType::kFloat64);
+  rec.Start(a);
+  rec.End(a, true);
+  rec.Start(b);
+  rec.End(b, false);
+  const std::vector<FlightEntry> all = rec.Snapshot();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].id, a);
+  EXPECT_STREQ(all[0].name, "grad.0");
+  EXPECT_EQ(all[0].state, FlightEntry::kDone);
+  EXPECT_GT(all[0].started_at, 0);
+  EXPECT_GE(all[0].ended_at, all[0].started_at);
+  EXPECT_STREQ(all[1].kind, "win_put");
+  EXPECT_EQ(all[1].process_set, 2);
+  EXPECT_EQ(all[1].state, FlightEntry::kFailed);
+}
+
+TEST(FlightRecorderTest, KeepsTheLastEntriesAndIgnoresOverwrittenIds) {
+  FlightRecorder rec(3);
+  uint64_t first = rec.Begin("allreduce", "t0", 0, 1, DataType::kFloat32);
+  for (int i = 1; i < 5; ++i)
+    rec.Begin("allreduce", "t" + std::to_string(i), 0, 1, DataType::kFloat32);
+  rec.End(first, true);  // its slot holds t3 now: untouched
+  const std::vector<FlightEntry> all = rec.Snapshot();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_STREQ(all[0].name, "t2");
+  EXPECT_STREQ(all[2].name, "t4");
+  for (const FlightEntry& e : all) EXPECT_EQ(e.state, FlightEntry::kQueued);
+}
+
+TEST(FlightRecorderTest, PendingNamesWhatWaitsAndLimitsLines) {
+  FlightRecorder rec(8);
+  const uint64_t done = rec.Begin("broadcast", "b", 0, 4, DataType::kInt32);
+  rec.End(done, true);
+  const uint64_t run = rec.Begin("neighbor_allreduce", "x", 0, 16, DataType::kFloat32);
+  rec.Start(run);
+  rec.Begin("allreduce", "y", 1, 8, DataType::kFloat64);
+  rec.Begin("allreduce", "z", 1, 8, DataType::kFloat64);
+  const std::string text = rec.Pending(NowSeconds() + 5, 2);
+  EXPECT_EQ(text.find("'b'"), std::string::npos) << text;
+  EXPECT_NE(text.find("neighbor_allreduce 'x' (set 0, 16 B float32) queued 5."), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("exchanging for 5."), std::string::npos) << text;
+  EXPECT_NE(text.find("allreduce 'y' (set 1, 8 B float64)"), std::string::npos) << text;
+  EXPECT_NE(text.find("... and 1 more"), std::string::npos) << text;
+  EXPECT_EQ(FlightRecorder(4).Pending(NowSeconds(), 10), "");
+}
+
+TEST(FlightRecorderTest, OffRecordsNothingAndTruncatesLongNames) {
+  FlightRecorder off(0);
+  EXPECT_EQ(off.Begin("allreduce", "a", 0, 1, DataType::kFloat32), 0u);
+  off.End(0, true);
+  EXPECT_TRUE(off.Snapshot().empty());
+  EXPECT_EQ(off.Json(NowSeconds()), "[\n]");
+  FlightRecorder rec(2);
+  rec.Begin("allreduce", std::string(500, 'n') + "\"q", 0, 1, DataType::kFloat32);
+  EXPECT_EQ(std::string(rec.Snapshot()[0].name), std::string(sizeof(FlightEntry::name) - 1, 'n'));
+  rec.Begin("allreduce", "quote\"d", 0, 1, DataType::kFloat32);
+  EXPECT_NE(rec.Json(NowSeconds()).find("\"name\": \"quote\\\"d\""), std::string::npos);
+  EXPECT_NE(rec.Json(NowSeconds()).find("\"started_s_ago\": null"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bluefog
