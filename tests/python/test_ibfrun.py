@@ -164,16 +164,20 @@ def test_engines_that_cannot_start_are_reported_and_cleaned_up(ipython_dir):
 
 
 def _check_controller_is_private(ipython_dir, state, addresses=("127.0.0.1",)):
-    """The controller listens on `addresses` only (loopback for a one-host cluster), its
-    connection files are its owner's alone, and its key is on no process's command line."""
+    """The controller listens on `addresses` only (loopback for a one-host cluster), with
+    CurveZMQ; its connection files are its owner's alone, and its keys (HMAC, CurveZMQ) are on
+    no process's command line."""
     import psutil
 
     security = ipython_dir / "profile_bluefog" / "security"
     assert security.stat().st_mode & 0o077 == 0, oct(security.stat().st_mode)
     for name in ("ipcontroller-client.json", "ipcontroller-engine.json"):
         assert (security / name).stat().st_mode & 0o077 == 0, name
-    key = json.loads((security / "ipcontroller-client.json").read_text())["key"]
+    info = json.loads((security / "ipcontroller-client.json").read_text())
+    key = info["key"]
     assert len(key) >= 16
+    curve_key = info.get("curve_serverkey") or ""
+    assert len(curve_key) == 40, info.keys()  # CurveZMQ is on
     controller = psutil.Process(state["controller"])
     listening = {c.laddr.ip for p in [controller, *controller.children(recursive=True)]
                  for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN}
@@ -182,11 +186,12 @@ def _check_controller_is_private(ipython_dir, state, addresses=("127.0.0.1",)):
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if key.encode() in f.read():
+                cmdline = f.read()
+                if key.encode() in cmdline or curve_key.encode() in cmdline:
                     holding.append(pid)
         except OSError:
             pass
-    assert not holding, f"the controller's key is on the command line of {holding}"
+    assert not holding, f"the controller's keys are on the command line of {holding}"
 
 
 @needs_cluster
