@@ -178,7 +178,8 @@ soak: build
 # job (tests/python/test_flood.py, which `make test-nightly` runs with 400); prints each listener's
 # descriptors and threads before, at the peak and after.
 flood: build
-	BLUEFOG_FLOOD_COUNT=10000 timeout 1200 $(PY) -m pytest -q -s tests/python/test_flood.py
+	BLUEFOG_FLOOD_COUNT=10000 timeout 1200 $(PY) -m pytest -q -s tests/python/test_flood.py \
+	  tests/python/test_ibfrun.py -k "flood"
 
 # The bench targets also write their results as data files into $(BENCH_OUT) (the format:
 # bench/results.py; docs/data/ holds the published ones, drawn by `make docs`).

@@ -41,6 +41,7 @@ MAX_UNAUTHENTICATED = 64
 # accept() errors that mean "out of descriptors or memory for now", not "the socket is gone".
 _OUT_OF_ROOM = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _LOGGED_REFUSALS = 10
+REFUSALS_SUMMARY_S = 60.0
 
 
 def job_token(secret: str) -> str:
@@ -90,6 +91,8 @@ class StoreServer:
         self.sock = socket.create_server((addr, port), reuse_port=False, backlog=128)
         self.port = self.sock.getsockname()[1]
         self.refused = 0
+        # When the last count of refusals was logged, and the count then.
+        self._summarized = (time.monotonic(), _LOGGED_REFUSALS)
         self._stopping = False
         # Open connections, each with when it came and whether it presented the token.
         self._clients: Dict[socket.socket, List] = {}
@@ -143,15 +146,26 @@ class StoreServer:
             pass
         return True
 
-    def _refuse(self, why: str) -> None:
+    def _refuse(self, peer, why: str) -> None:
+        """Logs a refused connection with its peer's address: the first _LOGGED_REFUSALS, then
+        how many more at most once every REFUSALS_SUMMARY_S seconds (a flood is not a flood
+        of the log)."""
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "an unknown address"
         with self.lock:
             self.refused += 1
             n = self.refused
+            summary = (n > _LOGGED_REFUSALS and
+                       time.monotonic() - self._summarized[0] >= REFUSALS_SUMMARY_S)
+            if summary:
+                since, self._summarized = self._summarized[1], (time.monotonic(), n)
         if n <= _LOGGED_REFUSALS:
             more = (" (further refused connections are counted, not logged)"
                     if n == _LOGGED_REFUSALS else "")
-            print(f"bluefog: the elastic job's store refused a connection: {why}{more}",
-                  file=sys.stderr, flush=True)
+            print(f"bluefog: the elastic job's store refused a connection from {where}: "
+                  f"{why}{more}", file=sys.stderr, flush=True)
+        elif summary:
+            print(f"bluefog: the elastic job's store refused {n - since} more connection(s), "
+                  f"{n} in all, the latest from {where}: {why}", file=sys.stderr, flush=True)
 
     def _accept(self) -> None:
         told_full = False
@@ -187,7 +201,7 @@ class StoreServer:
                 with self.lock:
                     self._clients.pop(conn, None)
                 conn.close()
-                self._refuse(f"{e}")
+                self._refuse(peer, f"no thread to serve it ({e})")
 
     def _serve(self, conn: socket.socket, peer=None) -> None:
         rank = -1
@@ -207,7 +221,7 @@ class StoreServer:
                 rank = -1
                 with self.lock:
                     evicted = self._clients.get(conn, [0, False, False])[2]
-                self._refuse(f"from {peer}: " + (
+                self._refuse(peer, (
                     f"closed to make room (more than {MAX_UNAUTHENTICATED} connections waiting "
                     f"for their handshake, or out of descriptors)" if evicted else
                     f"no complete handshake within {HANDSHAKE_TIMEOUT_S:g} s"
@@ -215,7 +229,7 @@ class StoreServer:
                 return
             if not hmac.compare_digest(
                     theirs, proof(self.token, False, client_nonce, server_nonce, rank)):
-                self._refuse(f"from {peer}: its job token differs from this job's")
+                self._refuse(peer, "its job token differs from this job's")
                 conn.sendall(b"N")
                 rank = -1
                 return
@@ -278,12 +292,29 @@ class StoreClient:
         # proof, so that the server names the mismatch in its log.
         key = token.encode()
         client_nonce = os.urandom(_NONCE)
-        self.sock.sendall(_MAGIC + client_nonce + struct.pack("=i", rank))
-        server_nonce = _read(self.sock, _NONCE)
-        server_ok = hmac.compare_digest(_read(self.sock, 32),
-                                        proof(key, True, client_nonce, server_nonce, rank))
-        self.sock.sendall(proof(key, False, client_nonce, server_nonce, rank))
-        if _read(self.sock, 1) != b"Y" or not server_ok:
+        began = time.monotonic()
+        try:
+            self.sock.sendall(_MAGIC + client_nonce + struct.pack("=i", rank))
+            server_nonce = _read(self.sock, _NONCE)
+            server_ok = hmac.compare_digest(_read(self.sock, 32),
+                                            proof(key, True, client_nonce, server_nonce, rank))
+            self.sock.sendall(proof(key, False, client_nonce, server_nonce, rank))
+            answer = _read(self.sock, 1)
+        except OSError as e:  # ConnectionError and socket.timeout are OSErrors
+            # Cut off mid-handshake: a slow link, a busy driver or a flood of connections to
+            # its port, not a wrong token (the server answers that with a no).
+            self.sock.close()
+            waited = time.monotonic() - began
+            how = (f"timed out: no answer within {waited:.1f} s" if isinstance(e, TimeoutError)
+                   else f"was cut off: the store closed the connection after {waited:.1f} s "
+                        f"({e})")
+            raise ConnectionError(
+                f"the handshake with the elastic job's store at {self.where} {how}, before the "
+                f"tokens were compared. The store allows {HANDSHAKE_TIMEOUT_S:g} s for the "
+                f"handshake and closes the connections waiting longest during a flood of "
+                f"connections: is the link to the driver's host slow, or the driver "
+                f"overloaded? The driver's log names the reason") from None
+        if answer != b"Y" or not server_ok:
             self.sock.close()
             raise ConnectionError(f"the store at {self.where} refused this process's job token "
                                   "(BLUEFOG_JOB_TOKEN)")

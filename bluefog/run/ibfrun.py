@@ -152,7 +152,9 @@ def _alive(pid: Optional[int], marker: str) -> bool:
 
 def _processes(state: dict) -> List[tuple]:
     """(what, pid, marker) of the cluster's processes recorded in `state`."""
-    out = [("controller", state.get("controller"), "ipyparallel.controller"),
+    # "controller": ibfrun_controller's command line, or ipyparallel.controller's (a cluster
+    # that an earlier ibfrun started).
+    out = [("controller", state.get("controller"), "controller"),
            ("engines' launcher", state.get("launcher"), "ibfrun_engine")]
     for rank, pid in enumerate(state.get("engine_pids") or []):
         out.append((f"engine {rank}", pid, "ibfrun_engine"))
@@ -328,7 +330,7 @@ def start(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     controller_log = os.path.join(profile.log_dir, "ibfrun-controller.log")
     engines_log = os.path.join(profile.log_dir, "ibfrun-engines.log")
-    controller_cmd = [sys.executable, "-m", "ipyparallel.controller",
+    controller_cmd = [sys.executable, "-m", "bluefog.run.ibfrun_controller",
                       f"--profile-dir={profile.location}"]
     if remote:
         # Engines on other hosts reach the controller at this host's address; the key of its

@@ -280,5 +280,48 @@ TEST(TcpStoreHandshake, AServerWithoutTheTokenIsNotTrusted) {
   server.Finish();
 }
 
+// A rank whose handshake is cut off (a slow link: the server's deadline passes first) or never
+// answered is told so, not that its token was refused.
+TEST_F(TcpStoreServerTest, AHandshakePastTheServersDeadlineIsNotCalledAWrongToken) {
+  server_.reset();  // this port's server, again with no time for a handshake
+  server_ = std::make_unique<TcpStoreServer>("127.0.0.1", port_, token_, milliseconds(0),
+                                             milliseconds(0));
+  try {
+    TcpStore slow("127.0.0.1", port_, token_, 1, milliseconds(5000));
+    FAIL() << "a handshake past the server's deadline got in";
+  } catch (const BluefogError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1: the handshake with the Gloo rendezvous server at 127.0.0.1:" +
+                        std::to_string(port_) + " was cut off: the server closed the connection"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("allows 10 s for the handshake"), std::string::npos) << what;
+    EXPECT_EQ(what.find("refused this rank's job token"), std::string::npos) << what;
+  }
+  EXPECT_EQ(server_->refused(), 1);
+}
+
+TEST(TcpStoreHandshake, AServerThatNeverAnswersIsATimeoutNotAWrongToken) {
+  // A listener that never accepts: the connection is made (the kernel's backlog), the
+  // handshake is never answered.
+  const int port = FreePort();
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ::listen(fd, 4);
+  try {
+    TcpStore client("127.0.0.1", port, JobToken("", "127.0.0.1", port, 2), 1, milliseconds(1000));
+    FAIL() << "a handshake nobody answered succeeded";
+  } catch (const BluefogError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(" timed out: no answer within 1"), std::string::npos) << what;
+    EXPECT_EQ(what.find("refused this rank's job token"), std::string::npos) << what;
+  }
+  ::close(fd);
+}
+
 }  // namespace
 }  // namespace bluefog

@@ -23,7 +23,7 @@ import struct
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -118,8 +118,9 @@ async def _one(kind: str, host: str, port: int, hold: float, report: Report) -> 
             pass
 
 
-async def _flood(host: str, port: int, count: int, concurrency: int, hold: float,
-                 pid: Optional[int], report: Report) -> None:
+async def _flood(host: str, port: Union[int, Sequence[int]], count: int, concurrency: int,
+                 hold: float, pid: Optional[int], report: Report) -> None:
+    ports = [port] if isinstance(port, int) else list(port)
     room = asyncio.Semaphore(concurrency)
     peak = [0, 0]
 
@@ -132,7 +133,7 @@ async def _flood(host: str, port: int, count: int, concurrency: int, hold: float
 
     async def one(i):
         try:
-            await _one(KINDS[i % len(KINDS)], host, port, hold, report)
+            await _one(KINDS[i % len(KINDS)], host, ports[i % len(ports)], hold, report)
         finally:
             room.release()
 
@@ -148,9 +149,10 @@ async def _flood(host: str, port: int, count: int, concurrency: int, hold: float
     report.threads = (0, peak[1], 0)
 
 
-def flood(host: str, port: int, count: int, concurrency: int = 200, hold: float = 2.0,
-          pid: Optional[int] = None, settle: float = 30.0) -> Report:
-    """Runs the flood; returns what it saw (see Report)."""
+def flood(host: str, port: Union[int, Sequence[int]], count: int, concurrency: int = 200,
+          hold: float = 2.0, pid: Optional[int] = None, settle: float = 30.0) -> Report:
+    """Runs the flood (against several ports in turn when `port` is a list of them); returns
+    what it saw (see Report)."""
     report = Report(count=count)
     before = counts(pid) if pid else (0, 0)
     started = time.monotonic()
@@ -165,6 +167,22 @@ def flood(host: str, port: int, count: int, concurrency: int = 200, hold: float 
             after = counts(pid)
         report.fds = (before[0], max(report.fds[1], before[0]), after[0])
         report.threads = (before[1], max(report.threads[1], before[1]), after[1])
+    return report
+
+
+def linger(host: str, ports: Sequence[int], per_port: int, hold: float,
+           kinds: Sequence[str] = ("garbage", "idle")) -> Report:
+    """`per_port` connections of each of `kinds` to each port that never let go themselves
+    before `hold` seconds: report.closed_by_server says how many the server closed first."""
+    report = Report(count=len(ports) * len(kinds) * per_port)
+    started = time.monotonic()
+
+    async def run():
+        await asyncio.gather(*[_one(k, host, p, hold, report)
+                               for p in ports for k in kinds for _ in range(per_port)])
+
+    asyncio.run(run())
+    report.seconds = round(time.monotonic() - started, 1)
     return report
 
 

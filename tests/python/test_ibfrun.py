@@ -18,6 +18,7 @@ from bluefog.run import ibfrun_engine
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(REPO, "examples", "interactive_consensus.ipynb")
 IBFRUN = [sys.executable, "-m", "bluefog.run.ibfrun"]
+FLOOD_COUNT = int(os.environ.get("BLUEFOG_FLOOD_COUNT", "2000"))
 
 needs_cluster = pytest.mark.skipif(
     shutil.which("mpirun") is None or any(
@@ -162,30 +163,35 @@ def test_engines_that_cannot_start_are_reported_and_cleaned_up(ipython_dir):
     assert result.returncode == 1, result.stderr  # nothing left to stop
 
 
-def _check_controller_is_private(ipython_dir, state):
-    """The controller of a one-host cluster listens on loopback only, its connection files
-    are its owner's alone, and its key is on no process's command line."""
+def _check_controller_is_private(ipython_dir, state, addresses=("127.0.0.1",)):
+    """The controller listens on `addresses` only (loopback for a one-host cluster), with
+    CurveZMQ; its connection files are its owner's alone, and its keys (HMAC, CurveZMQ) are on
+    no process's command line."""
     import psutil
 
     security = ipython_dir / "profile_bluefog" / "security"
     assert security.stat().st_mode & 0o077 == 0, oct(security.stat().st_mode)
     for name in ("ipcontroller-client.json", "ipcontroller-engine.json"):
         assert (security / name).stat().st_mode & 0o077 == 0, name
-    key = json.loads((security / "ipcontroller-client.json").read_text())["key"]
+    info = json.loads((security / "ipcontroller-client.json").read_text())
+    key = info["key"]
     assert len(key) >= 16
+    curve_key = info.get("curve_serverkey") or ""
+    assert len(curve_key) == 40, info.keys()  # CurveZMQ is on
     controller = psutil.Process(state["controller"])
     listening = {c.laddr.ip for p in [controller, *controller.children(recursive=True)]
                  for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN}
-    assert listening and listening <= {"127.0.0.1"}, listening
+    assert listening and listening <= set(addresses), listening
     holding = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if key.encode() in f.read():
+                cmdline = f.read()
+                if key.encode() in cmdline or curve_key.encode() in cmdline:
                     holding.append(pid)
         except OSError:
             pass
-    assert not holding, f"the controller's key is on the command line of {holding}"
+    assert not holding, f"the controller's keys are on the command line of {holding}"
 
 
 @needs_cluster
@@ -233,3 +239,100 @@ def test_notebook_runs_on_a_two_engine_cluster(ipython_dir):
     assert not [p for p in pids if _alive(p)], pids
     assert ibfrun(["stop"], timeout=60).returncode == 1
     print(f"ibfrun start {t_start:.1f} s, notebook {t_notebook:.1f} s")
+
+
+def _controller_processes(state):
+    import psutil
+
+    controller = psutil.Process(state["controller"])
+    return [controller, *controller.children(recursive=True)]
+
+
+def _counts(procs):
+    """Descriptors and threads of the controller's processes together."""
+    return (sum(len(os.listdir(f"/proc/{p.pid}/fd")) for p in procs),
+            sum(len(os.listdir(f"/proc/{p.pid}/task")) for p in procs))
+
+
+def _engine_pids(ipython_dir):
+    """Each engine's pid, as it answers a call through the controller."""
+    import ipyparallel as ipp
+
+    from bluefog.run import ibfrun as ib
+
+    client = ipp.Client(str(ipython_dir / "profile_bluefog" / "security" /
+                            "ipcontroller-client.json"), timeout=30)
+    try:
+        client.wait_for_engines(2, timeout=30)
+        return [pid for pid, _ in client[:].apply_sync(ib._engine_pids)]
+    finally:
+        client.close()
+
+
+@needs_cluster
+@pytest.mark.timeout(240)
+def test_a_stranger_flood_leaves_a_two_host_clusters_controller_as_it_was(ipython_dir,
+                                                                          monkeypatch):
+    """A cluster with an engine on another host (a stand-in remote shell): the controller
+    listens where the other host reaches it (this host's address, or every interface when its
+    name resolves only to loopback), the key is on no command line, the remote engine
+    registers. Then FLOOD_COUNT connections (garbage, idle, slow-drip, a stranger's handshake)
+    spread over every port of the controller, while others that never let go (garbage, idle)
+    wait for it to close them: it closes those within its handshake deadline (before: ZeroMQ
+    took garbage for an old ZeroMQ peer, kept it for good and handed its bytes to ipyparallel;
+    an idle one it kept 30 s), the engines still run calls, and the controller's descriptors
+    and threads come back to within 5 of their count before."""
+    import threading
+
+    import psutil
+
+    from bluefog.run import gloo_launch, ibfrun_controller
+
+    sys.path.insert(0, os.path.join(REPO, "tests", "flood"))
+    from stranger_flood import flood, linger
+
+    monkeypatch.setenv("BLUEFOG_RSH_AGENT", os.path.join(REPO, "tests", "python", "fake_rsh.sh"))
+    t0 = time.monotonic()
+    started = ibfrun(["start", "-np", "2", "--gloo", "-H", "localhost:1,elsewhere:1",
+                      "--timeout", "120"], timeout=150)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        state = json.loads((ipython_dir / "profile_bluefog" / "pid" / "ibfrun.json").read_text())
+        bound = gloo_launch.listen_address() or "0.0.0.0"
+        # (and its schedulers' monitor port on loopback)
+        _check_controller_is_private(ipython_dir, state, addresses=(bound, "127.0.0.1"))
+        engines_log = ipython_dir / "profile_bluefog" / "log" / "ibfrun-engines.log"
+        assert "FAKE_RSH elsewhere" in engines_log.read_text(), engines_log.read_text()
+        procs = _controller_processes(state)
+        ports = sorted({c.laddr.port for p in procs for c in p.net_connections("inet")
+                        if c.status == psutil.CONN_LISTEN})
+        assert len(ports) >= 5, ports
+        host = "127.0.0.1" if bound == "0.0.0.0" else bound
+        time.sleep(1.0)  # the client of `ibfrun start` has gone
+        before = _counts(procs)
+        lingered = {}
+        lingering = threading.Thread(target=lambda: lingered.update(
+            report=linger(host, ports, per_port=2, hold=ibfrun_controller.HANDSHAKE_S + 12)))
+        t_flood = time.monotonic()
+        lingering.start()
+        report = flood(host, ports, FLOOD_COUNT, concurrency=200, hold=2.0)
+        lingering.join()
+        t_flood = time.monotonic() - t_flood
+        assert _engine_pids(ipython_dir) == state["engine_pids"]
+        deadline = time.monotonic() + 30
+        while _counts(procs) > (before[0] + 5, before[1] + 5) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = _counts(procs)
+    finally:
+        stopped = ibfrun(["stop"], timeout=90)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    kept = lingered["report"]
+    print(f"\nibfrun controller, {len(ports)} ports: {FLOOD_COUNT} connections in "
+          f"{report.seconds} s ({report.connect_failed} not connected, "
+          f"{report.closed_by_server} closed by it), {kept.count} lingering: "
+          f"{kept.closed_by_server} closed by it within {kept.seconds} s; descriptors, threads "
+          f"{before} before, {after} after; whole test {time.monotonic() - t0:.1f} s "
+          f"(flood {t_flood:.1f} s)")
+    assert kept.closed_by_server == kept.count, kept
+    assert report.accepted_token == 0
+    assert after[0] <= before[0] + 5 and after[1] <= before[1] + 5, (before, after)

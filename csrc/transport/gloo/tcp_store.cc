@@ -74,6 +74,8 @@ TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, 
   Digest server_proof{};
   const int32_t rank32 = rank;
   char answer = 0;
+  const auto began = std::chrono::steady_clock::now();
+  errno = 0;
   bool ok = WriteAll(fd_, kStoreMagic, 4) && WriteAll(fd_, client_nonce.data(), kNonceBytes) &&
             WriteAll(fd_, &rank32, 4) && ReadAll(fd_, server_nonce.data(), kNonceBytes) &&
             ReadAll(fd_, server_proof.data(), server_proof.size());
@@ -83,6 +85,30 @@ TcpStore::TcpStore(const std::string& addr, int port, const std::string& token, 
   if (ok) {
     const Digest mine = HandshakeProof(token, Prover::kClient, client_nonce, server_nonce, rank32);
     ok = WriteAll(fd_, mine.data(), mine.size()) && ReadAll(fd_, &answer, 1);
+  }
+  if (!ok) {
+    // Cut off mid-handshake: a slow link, an overloaded rank 0 or a flood of connections to its
+    // port, not a wrong token (the server answers that with a no).
+    const int error = errno;
+    const double waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - began)
+                              .count() /
+                          1000.0;
+    ::close(fd_);
+    fd_ = -1;
+    throw BluefogError(
+        StatusCode::kAborted,
+        Concat("rank ", rank, ": the handshake with the Gloo rendezvous server at ", where_,
+               error == EAGAIN || error == EWOULDBLOCK
+                   ? Concat(" timed out: no answer within ", waited, " s (BLUEFOG_GLOO_TIMEOUT)")
+                   : Concat(" was cut off: the server closed the connection after ", waited, " s (",
+                            error != 0 ? std::strerror(error) : "end of stream", ")"),
+               ", before the tokens were compared. The server (rank 0's, or an elastic job's "
+               "driver's) allows ",
+               TcpStoreServer::kHandshakeTimeoutS,
+               " s for the handshake and closes the connections waiting longest during a flood "
+               "of connections: is the link to its host slow, or is it overloaded? Its log "
+               "names the reason"));
   }
   if (ok && server_ok && answer == kTaken) {
     ::close(fd_);

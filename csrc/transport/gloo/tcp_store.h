@@ -42,13 +42,16 @@ class TcpStoreServer {
  public:
   // Connections waiting for their handshake at once; a rank's takes milliseconds.
   static constexpr int kMaxUnauthenticated = 64;
+  // The default time a connection has to complete its handshake.
+  static constexpr int kHandshakeTimeoutS = 10;
 
   // Binds and listens at addr:port (throws BluefogError naming both when it cannot). A name
   // that does not resolve yet is retried for up to `resolve_timeout`. A connection that has not
   // presented its token within `handshake_timeout` is closed.
-  TcpStoreServer(const std::string& addr, int port, std::string token,
-                 std::chrono::milliseconds resolve_timeout = std::chrono::milliseconds(0),
-                 std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10));
+  TcpStoreServer(
+      const std::string& addr, int port, std::string token,
+      std::chrono::milliseconds resolve_timeout = std::chrono::milliseconds(0),
+      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(kHandshakeTimeoutS));
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   ~TcpStoreServer();
