@@ -15,52 +15,10 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from bluefog.common import elastic_rounds, horovod_env, mpi4py_interop, tf_config
+from bluefog.common import elastic_rounds, horovod_env, library, mpi4py_interop, tf_config
 
-_LIB_NAME = "libbluefog_core.so"
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] = None
 _atexit_registered = False
-
-
-def library_dir() -> str:
-    """The folder holding the compiled libraries of the installed package.
-
-    Looked up next to this file first, then in every ``bluefog`` package on ``sys.path``, so
-    that running from a source checkout uses the libraries that ``make build`` installed.
-    """
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
-    candidates = [here] + [os.path.join(p, "bluefog", "lib") for p in sys.path if p]
-    for folder in candidates:
-        if os.path.isfile(os.path.join(folder, _LIB_NAME)):
-            return folder
-    raise ImportError(
-        f"bluefog's compiled library {_LIB_NAME} was not found (looked in {candidates[:3]} and "
-        "the rest of sys.path). Build and install the package first: run `make build` in the "
-        "bluefog checkout, or `pip install --no-build-isolation .` in an environment that has "
-        "tensorflow-cpu and Open MPI's development files.")
-
-
-def _load() -> ctypes.CDLL:
-    global _lib
-    with _lock:
-        if _lib is None:
-            # RTLD_GLOBAL: Open MPI's plugins look up MPI symbols in the global namespace.
-            lib = ctypes.CDLL(os.path.join(library_dir(), _LIB_NAME), mode=ctypes.RTLD_GLOBAL)
-            lib.bluefog_last_error.restype = ctypes.c_char_p
-            lib.bluefog_backend.restype = ctypes.c_char_p
-            lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
-            lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
-            lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
-            lib.bluefog_process_set_ranks.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-                                                      ctypes.c_int]
-            lib.bluefog_init_with.argtypes = [ctypes.POINTER(ctypes.c_char_p),
-                                              ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
-            lib.bluefog_tuning_get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
-            lib.bluefog_tuning_set.argtypes = [ctypes.c_char_p, ctypes.c_longlong,
-                                               ctypes.POINTER(ctypes.c_longlong)]
-            _lib = lib
-        return _lib
+_load = library.load
 
 
 class BluefogError(RuntimeError):
@@ -243,17 +201,19 @@ def shutdown() -> None:
     and must be made again. MPI cannot be restarted, so there ``init()`` after ``shutdown()``
     raises.
     """
-    if _lib is not None:
-        _check(_lib.bluefog_shutdown())
+    lib = library.loaded()
+    if lib is not None:
+        _check(lib.bluefog_shutdown())
 
 
 def is_initialized() -> bool:
     """Whether ``init()`` has run and the library has not been shut down."""
-    return _lib is not None and bool(_lib.bluefog_is_initialized())
+    lib = library.loaded()
+    return lib is not None and bool(lib.bluefog_is_initialized())
 
 
 def _query(fn_name: str) -> int:
-    value = getattr(_load(), fn_name)() if _lib is not None else -1
+    value = getattr(_load(), fn_name)() if library.loaded() is not None else -1
     if value < 0:
         raise ValueError(
             f"bluefog is not initialized (or was shut down): call bf.init() before "
@@ -295,7 +255,7 @@ def is_homogeneous() -> bool:
 def backend() -> str:
     """The backend running the job: ``"mpi"`` (started by mpirun, bfrun or srun) or ``"gloo"``
     (started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; docs/launching.md)."""
-    name = _load().bluefog_backend() if _lib is not None else None
+    name = _load().bluefog_backend() if library.loaded() is not None else None
     if name is None:
         raise ValueError("bluefog is not initialized (or was shut down): call bf.init() before "
                          "bf.backend()")

@@ -4,15 +4,15 @@ import importlib.machinery
 import importlib.util
 import os
 
-from bluefog.common import basics
+from bluefog.common import library
 
 
 def load_eager_extension():
     """The ``_eager`` extension module from the folder of the core library, which is loaded
     first (with its MPI symbols global) so that the module binds to that same core. It looks
     TensorFlow up when it loads (``sys.modules["tensorflow"]``)."""
-    basics._load()
-    folder = basics.library_dir()
+    library.load()
+    folder = library.library_dir()
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(folder, "_eager" + suffix)
         if os.path.isfile(path):

@@ -9,13 +9,10 @@ stack, also while the rank is stuck inside an operation.
 
 from __future__ import annotations
 
-import ctypes
 import json
 from typing import Any, Dict, List
 
-from bluefog.common import basics
-
-_function = None
+from bluefog.common import library
 
 
 def flight_recorder() -> List[Dict[str, Any]]:
@@ -26,9 +23,4 @@ def flight_recorder() -> List[Dict[str, Any]]:
     window operation under way; ``"done"``; ``"failed"``), and ``queued_s_ago``,
     ``started_s_ago``, ``ended_s_ago`` (seconds before this call; None when not reached).
     Works before ``init`` (an empty list) and after ``shutdown`` (what was recorded)."""
-    global _function
-    if _function is None:
-        function = basics._load().bluefog_flight_recorder
-        function.restype = ctypes.c_char_p
-        _function = function
-    return json.loads(_function().decode("utf-8", "replace"))
+    return json.loads(library.load().bluefog_flight_recorder().decode("utf-8", "replace"))

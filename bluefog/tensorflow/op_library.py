@@ -14,7 +14,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from bluefog.common import basics
+from bluefog.common import basics, library
 from bluefog.common.process_sets import ProcessSet, global_process_set, process_set_by_id
 from bluefog.tensorflow import compat, op_rules
 
@@ -22,7 +22,7 @@ __all__ = ["ops", "request_name", "name_input", "const_input", "forward_name", "
            "process_set_attrs", "set_size", "set_rank"]
 
 # Checked against the installed TensorFlow first: a build for another release fails clearly.
-ops = compat.load_ops(basics.library_dir())
+ops = compat.load_ops(library.library_dir())
 
 
 def _allow_concurrent_collectives_in_functions() -> None:

@@ -15,7 +15,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from bluefog.common import basics
+from bluefog.common import library
 from bluefog.tensorflow import compat
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,12 +23,12 @@ CMAKE = shutil.which("cmake", path=os.path.dirname(sys.executable)) or shutil.wh
 
 
 def test_the_installed_library_records_this_tensorflow():
-    assert compat.built_against(basics.library_dir()) == tf.__version__
+    assert compat.built_against(library.library_dir()) == tf.__version__
 
 
 def _copy_of_library(tmp_path, recorded):
     lib = tmp_path / "lib"
-    shutil.copytree(basics.library_dir(), lib)
+    shutil.copytree(library.library_dir(), lib)
     if recorded is None:
         os.remove(lib / compat.BUILD_INFO)
     else:

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
-from bluefog.common import basics
+from bluefog.common import library
 
 from conftest import win_sync
 
@@ -73,7 +73,7 @@ def test_failed_request_is_marked_failed(rank, size):
 
 def test_sigusr1_prints_pending_operations_and_python_stacks(rank, size, capfd):
     # SIGUSR1 had no handler before bf.init(): the runtime took it (else the kill would end us).
-    assert basics._load().bluefog_flight_dump_installed() == 1
+    assert library.load().bluefog_flight_dump_installed() == 1
     os.kill(os.getpid(), signal.SIGUSR1)
     deadline = time.monotonic() + 20
     err = ""

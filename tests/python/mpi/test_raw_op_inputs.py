@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 
 import bluefog.tensorflow as bf
-from bluefog.common import basics
+from bluefog.common import library
 
 # The same library bluefog loaded; TensorFlow returns the already registered ops.
-_raw = tf.load_op_library(os.path.join(basics.library_dir(), "libbluefog_tf.so"))
+_raw = tf.load_op_library(os.path.join(library.library_dir(), "libbluefog_tf.so"))
 
 # numpy values, so that each call makes its constants in the current graph or eagerly.
 _NAMES = np.array([b"a", b"b"])
