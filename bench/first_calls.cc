@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/logging.h"
 #include "transport/mpi/mpi_communicator.h"
 #include "transport/options.h"
 #include "transport/shared_heap.h"
@@ -28,9 +29,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int steps = std::max(251, std::atoi(argv[1]));
-  bluefog::MpiCommunicator transport(
-      bluefog::TransportOptions::FromConfig(bluefog::Config::FromEnvironment()));
+  const bluefog::Config config = bluefog::Config::FromEnvironment();
+  bluefog::SetLogContext(config.log_level, 0);  // BLUEFOG_LOG_LEVEL=debug: every choice
+  bluefog::MpiCommunicator transport(bluefog::TransportOptions::FromConfig(config));
   const bluefog::TransportInfo info = transport.Init();
+  bluefog::SetLogContext(config.log_level, info.rank);
   const std::vector<int64_t> counts = {784 * 1024, 1024 * 1024, 1024 * 1024, 1024 * 1024,
                                        1024 * 10};
   const std::shared_ptr<bluefog::SharedHeap> heap = transport.shared_heap();

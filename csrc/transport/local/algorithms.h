@@ -146,12 +146,12 @@ class OneHostAllreduce : public AllreduceAlgorithm {
   bool areas() const { return areas_.enabled(); }
 
  private:
+  void StartFromCache(const TransportOptions& options);
+
   LocalHost* host_;
   DirectAllreduce* direct_;
   bool every_size_;
   DataAreas areas_;
-  void StartFromCache(const TransportOptions& options);
-
   PathChooser chooser_;
   std::unique_ptr<PathCache> cache_;  // null: no cache directory
   bool save_failed_ = false;          // warned once
