@@ -33,7 +33,7 @@ int bluefog_timeline_enabled(void);
 // The run-time switches of benches and tests, by name (transport/options.h's Tuning:
 // ring_threshold, one_host_threshold, hierarchical, two_host_split, phased_exchange, direct,
 // staged, shared, streaming_stores, recheck_calls, worse_percent, direct_fault_rank, and the
-// counts shared_calls and one_host_calls, read-only; and inline_threshold,
+// counts shared_calls, one_host_calls and learning_calls, read-only; and inline_threshold,
 // BLUEFOG_INLINE_THRESHOLD of every channel). get: the value into *value; set: from now on on
 // this rank, the value before into *before (may be NULL). 0, or -1 when not initialized or for
 // an unknown knob (bluefog_last_error names those that exist).

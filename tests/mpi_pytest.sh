@@ -2,6 +2,9 @@
 # Runs pytest on one rank of an MPI job, or of a Gloo job (RANK and WORLD_SIZE, no mpirun). Rank 0 prints to the terminal; the others write a log that is
 # shown only if that rank fails, so a failure on any rank is visible and fails the job.
 set -u
+# Each run learns the one-host paths afresh (some tests count the calls of the untimed start), so
+# no path choices of earlier runs.
+export BLUEFOG_PATH_CACHE=${BLUEFOG_PATH_CACHE:-0}
 python=$1; shift
 rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${RANK:-0}}}
 size=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${WORLD_SIZE:-1}}}

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/path_cache.h"
 #include "core/status.h"
 
 namespace bluefog {
@@ -131,6 +132,14 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
   if (const char* v = lookup("BLUEFOG_ALLREDUCE_ALGORITHM")) config.allreduce_algorithm = v;
   if (const char* v = lookup("BLUEFOG_CROSS_HOST")) config.cross_host = *v ? v : "auto";
   if (const char* v = lookup("BLUEFOG_GLOO_IFACE")) config.gloo_iface = v;
+  {
+    const char* v = lookup("BLUEFOG_PATH_CACHE");
+    if (!v || ParseBool("BLUEFOG_PATH_CACHE", v))
+      config.path_cache_dir = PathCache::DefaultDir(lookup("BLUEFOG_CACHE_DIR"),
+                                                    lookup("XDG_CACHE_HOME"), lookup("HOME"));
+  }
+  if (const char* v = lookup("BLUEFOG_PATH_RELEARN"))
+    config.path_relearn = ParseBool("BLUEFOG_PATH_RELEARN", v);
   // Open MPI's own: never an error here (a value it would refuse is its to report).
   if (const char* v = lookup("OMPI_COMM_WORLD_LOCAL_SIZE"))
     config.launcher_local_size = std::max(0, std::atoi(v));

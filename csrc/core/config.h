@@ -80,6 +80,12 @@ struct Config {
   // BLUEFOG_CROSS_HOST: which transport an MPI job's allreduces across hosts take: "auto" (a
   // probe at init picks the faster of MPI's and Gloo's TCP pairs), "mpi", or "gloo".
   std::string cross_host = "auto";
+  // Where the one-host path choices of earlier runs are kept (core/path_cache.h):
+  // BLUEFOG_CACHE_DIR, else $XDG_CACHE_HOME/bluefog, else $HOME/.cache/bluefog; empty (none
+  // read or written) with BLUEFOG_PATH_CACHE=0, in Config() and when none of those is set.
+  // BLUEFOG_PATH_RELEARN=1: time every size class again, ignoring the file, and overwrite it.
+  std::string path_cache_dir;
+  bool path_relearn = false;
   // BLUEFOG_GLOO_IFACE: the network interface Gloo's connections listen on (empty: chosen).
   std::string gloo_iface;
 

@@ -60,11 +60,21 @@ void PathChooser::Record(int kind, int64_t bytes, int path, double seconds) {
   c->pick = slowest[1] < slowest[0] ? 1 : 0;
   c->other_median = slowest[1 - c->pick];
   ++c->picks;
+  if (chosen_) chosen_(kind, SizeClass(bytes), c->pick, slowest);
   if (rank_ == 0)
     BF_LOG(LogLevel::kDebug, "allreduce size class ", int64_t{1} << SizeClass(bytes), " bytes",
            kinds_[kind].empty() ? "" : " (", kinds_[kind], kinds_[kind].empty() ? "" : ")",
            ": through the areas ", slowest[0] * 1e3, " ms, direct ", slowest[1] * 1e3,
            " ms (slowest rank's medians); takes ", PathName(c->pick));
+}
+
+void PathChooser::Seed(int kind, int size_class, int path, const double* seconds) {
+  Class& c = classes_[kind][size_class];
+  c = Class();
+  c.start = 0;
+  c.pick = path;
+  c.picks = 1;
+  c.other_median = seconds[1 - path];
 }
 
 // The state can change later (it did within launches): both paths are timed again now and

@@ -39,6 +39,9 @@ class PathChooser {
 
   // Every rank's `n` doubles, in rank order, into `all` (n * ranks of them).
   using Agree = std::function<void(const double* mine, int n, double* all)>;
+  // Told every choice made after timing both paths (on every rank alike): the kind, the size
+  // class, the path and both paths' medians (the slowest rank's).
+  using Chosen = std::function<void(int kind, int size_class, int path, const double* seconds)>;
   // `kinds`: labels of the kinds of call decided apart (for the debug log; "" for the plain one).
   PathChooser(int rank, int size, std::vector<std::string> kinds, Agree agree);
 
@@ -49,6 +52,12 @@ class PathChooser {
   int Choice(int kind, int64_t bytes) const;
   // Records a call of `kind` and `bytes` that took `path` (Next's answer) in `seconds`.
   void Record(int kind, int64_t bytes, int path, double seconds);
+
+  // A choice made before (a cache of earlier runs; every rank must seed the same): the class
+  // takes `path` from its first call, without the untimed start or the trials, and keeps the
+  // watch against `seconds` of the other path and the first recheck, like a choice just made.
+  void Seed(int kind, int size_class, int path, const double* seconds);
+  void set_chosen(Chosen chosen) { chosen_ = std::move(chosen); }
 
   // Tests: decide again after this many calls of a class (kDefaultRecheck), and compare the
   // watch with the other path's median times `factor` (kWorse; 0 makes every watch fire).
@@ -75,6 +84,7 @@ class PathChooser {
   int size_;
   std::vector<std::string> kinds_;
   Agree agree_;
+  Chosen chosen_;
   std::vector<std::vector<Class>> classes_;  // [kind][size class]
   std::vector<double> all_;                  // every rank's medians (or watch ratios), reused
   int recheck_calls_ = kDefaultRecheck;

@@ -42,6 +42,8 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
     *value = Load(shared_calls);
   else if (knob == "one_host_calls")
     *value = Load(one_host_calls);
+  else if (knob == "learning_calls")
+    *value = Load(learning_calls);
   else if (knob == "cross_host")
     *value = Load(cross_host);
   else if (knob == "cross_host_calls")
@@ -52,8 +54,8 @@ bool Tuning::Get(const std::string& knob, int64_t* value) const {
 }
 
 bool Tuning::Set(const std::string& knob, int64_t value, int64_t* before) {
-  if (knob == "shared_calls" || knob == "one_host_calls" || knob == "cross_host_calls" ||
-      !Get(knob, before))
+  if (knob == "shared_calls" || knob == "one_host_calls" || knob == "learning_calls" ||
+      knob == "cross_host_calls" || !Get(knob, before))
     return false;
   const bool on = value != 0;
   if (knob == "ring_threshold")

@@ -25,6 +25,10 @@ struct TransportOptions {
   std::string cross_host = Config().cross_host;  // BLUEFOG_CROSS_HOST (data_plane.h)
   std::string gloo_iface;                        // BLUEFOG_GLOO_IFACE
   double gloo_timeout_seconds = Config().gloo_timeout_seconds;
+  // The one-host path choices of earlier runs (core/path_cache.h): the directory of their file
+  // (empty: none read or written), and whether to time every class again, ignoring the file.
+  std::string path_cache_dir = Config().path_cache_dir;
+  bool path_relearn = Config().path_relearn;
 
   static TransportOptions FromConfig(const Config& config) {
     TransportOptions o;
@@ -41,6 +45,8 @@ struct TransportOptions {
     o.cross_host = config.cross_host;
     o.gloo_iface = config.gloo_iface;
     o.gloo_timeout_seconds = config.gloo_timeout_seconds;
+    o.path_cache_dir = config.path_cache_dir;
+    o.path_relearn = config.path_relearn;
     return o;
   }
 };
@@ -93,6 +99,9 @@ struct Tuning {
   // of the one-host paths (the timed choice).
   std::atomic<uint64_t> shared_calls{0};
   std::atomic<uint64_t> one_host_calls{0};
+  // One-host calls of a size class still learning its path: the untimed start and the trials
+  // (a class with a path cached from an earlier run has none).
+  std::atomic<uint64_t> learning_calls{0};
   std::atomic<uint64_t> cross_host_calls{0};  // allreduces through the data plane
 
   // By name, for the C API: the value before, or false when `knob` is not one of
@@ -100,8 +109,8 @@ struct Tuning {
   static constexpr const char* kKnobNames =
       "ring_threshold, one_host_threshold, hierarchical, two_host_split, phased_exchange, "
       "direct, staged, shared, streaming_stores, recheck_calls, worse_percent, "
-      "direct_fault_rank, graph_join_us, cross_host, shared_calls, one_host_calls and "
-      "cross_host_calls (read-only)";
+      "direct_fault_rank, graph_join_us, cross_host, shared_calls, one_host_calls, "
+      "learning_calls and cross_host_calls (read-only)";
   bool Get(const std::string& knob, int64_t* value) const;
   bool Set(const std::string& knob, int64_t value, int64_t* before);
 };

@@ -30,6 +30,19 @@ TEST(Config, Defaults) {
   EXPECT_TRUE(c.eager_inline);
 }
 
+TEST(Config, PathCacheDirectoryAndSwitches) {
+  EXPECT_EQ(FromMap({}).path_cache_dir, "");  // nowhere to keep it
+  EXPECT_EQ(FromMap({{"HOME", "/h"}}).path_cache_dir, "/h/.cache/bluefog");
+  EXPECT_EQ(FromMap({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}}).path_cache_dir, "/x/bluefog");
+  EXPECT_EQ(FromMap({{"HOME", "/h"}, {"BLUEFOG_CACHE_DIR", "/c"}}).path_cache_dir, "/c");
+  EXPECT_EQ(FromMap({{"BLUEFOG_CACHE_DIR", "/c"}, {"BLUEFOG_PATH_CACHE", "0"}}).path_cache_dir, "");
+  EXPECT_EQ(FromMap({{"BLUEFOG_CACHE_DIR", "/c"}, {"BLUEFOG_PATH_CACHE", "1"}}).path_cache_dir,
+            "/c");
+  EXPECT_FALSE(FromMap({}).path_relearn);
+  EXPECT_TRUE(FromMap({{"BLUEFOG_PATH_RELEARN", "1"}}).path_relearn);
+  EXPECT_THROW(FromMap({{"BLUEFOG_PATH_CACHE", "maybe"}}), BluefogError);
+}
+
 TEST(Config, OpenMpiLaunchVariables) {
   EXPECT_EQ(FromMap({}).launcher_local_size, 0);
   EXPECT_FALSE(FromMap({}).mpi_yield_chosen);

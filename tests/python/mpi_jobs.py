@@ -67,6 +67,8 @@ def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    # Each job learns the one-host paths afresh, whatever earlier runs on this machine chose.
+    env.setdefault("BLUEFOG_PATH_CACHE", "0")
     # The ranks import bluefog from this checkout (the compiled libraries are found through
     # sys.path, i.e. the installed package).
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/path_cache.h"
 #include "core/path_chooser.h"
 #include "transport/allreduce_algorithm.h"
+#include "transport/options.h"
 
 namespace bluefog {
 
@@ -127,7 +130,11 @@ class OneHostAllreduce : public AllreduceAlgorithm {
   enum Kind { kOutOfPlace = 0, kShared = 1, kInPlace = 2 };
   // `every_size`: take every call with an element per rank, not only those OneHostCall finds
   // large enough (for a backend whose own allreduce is slower at every size on one host).
-  OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, bool every_size);
+  // Collective over the host's ranks: loads the path choices of earlier runs from
+  // `options.path_cache_dir` (core/path_cache.h) and starts on them when every rank read the
+  // same ones; local rank 0 writes each new choice back.
+  OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, bool every_size,
+                   const TransportOptions& options);
   const char* name() const override { return "one-host"; }
   bool AppliesTo(const AllreduceCall& call) const override;
   void Run(const AllreduceCall& call) override;
@@ -139,12 +146,16 @@ class OneHostAllreduce : public AllreduceAlgorithm {
   bool areas() const { return areas_.enabled(); }
 
  private:
+  void StartFromCache(const TransportOptions& options);
+
   LocalHost* host_;
   DirectAllreduce* direct_;
   bool every_size_;
   DataAreas areas_;
   PathChooser chooser_;
-  std::vector<uint64_t> buffers_;  // every rank's (input, output, heap offset)
+  std::unique_ptr<PathCache> cache_;  // null: no cache directory
+  bool save_failed_ = false;          // warned once
+  std::vector<uint64_t> buffers_;     // every rank's (input, output, heap offset)
 };
 
 }  // namespace bluefog

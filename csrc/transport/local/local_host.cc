@@ -24,7 +24,8 @@ std::unique_ptr<LocalHost> LocalHost::Create(Communicator* comm, std::shared_ptr
         comm, kExchangeSlotTotal, static_cast<size_t>(staged),
         staged > 0 ? static_cast<size_t>(std::max<int64_t>(options.shared_heap_bytes, 0)) : 0);
   }
-  host->one_host_ = std::make_unique<OneHostAllreduce>(host.get(), host->direct_.get(), every_size);
+  host->one_host_ =
+      std::make_unique<OneHostAllreduce>(host.get(), host->direct_.get(), every_size, options);
   return host;
 }
 

@@ -9,26 +9,94 @@
 // Which is faster depends on the state the VM's memory is in, and changes within a launch
 // (docs/benchmarks.md), so each size class is decided by timing both, apart for the three kinds
 // of call, and decided again now and then and whenever the path taken becomes slower than the
-// other was.
+// other was. The choices of earlier runs on this machine start each class on its path at once
+// (core/path_cache.h), with the same watch and rechecks.
 
 #include <algorithm>
 #include <chrono>
 
+#include "core/logging.h"
 #include "transport/local/algorithms.h"
 #include "transport/local/local_host.h"
 #include "transport/shared_heap.h"
 
 namespace bluefog {
 
-OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, bool every_size)
+namespace {
+
+// The kinds' names, in Kind's order: the debug log's and the cache file's.
+const std::vector<std::string> kKindNames = {"out of place", "outputs in the shared heap",
+                                             "in place"};
+
+}  // namespace
+
+OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, bool every_size,
+                                   const TransportOptions& options)
     : host_(host),
       direct_(direct),
       every_size_(every_size),
       areas_(host),
-      chooser_(host->rank(), host->size(), {"", "outputs in the shared heap", "in place"},
+      chooser_(host->rank(), host->size(), kKindNames,
                [host](const double* mine, int n, double* all) {
                  host->SmallAllgather(mine, n * sizeof(double), all);
-               }) {}
+               }) {
+  StartFromCache(options);
+}
+
+// Every rank reads the file and the ranks compare what they read (a hash of this rank count's
+// choices): only when all read the same do they start from it, so every rank seeds alike; a
+// file written between two ranks' reads, or a rank with another cache directory, means timing
+// every class as without a cache. The gather runs whatever the options, so that ranks started
+// with different ones never wait on each other.
+void OneHostAllreduce::StartFromCache(const TransportOptions& options) {
+  const int n = host_->size();
+  uint64_t mine = 0;
+  if (!options.path_cache_dir.empty()) {
+    cache_ = std::make_unique<PathCache>(options.path_cache_dir, PathCache::MachineKey());
+    std::string why;
+    if (!options.path_relearn && cache_->Load(&why) == PathCache::Loaded::kIgnored &&
+        host_->rank() == 0)
+      BF_LOG(LogLevel::kWarning, "ignoring the one-host path choices in ", cache_->file(), ": ",
+             why, "; timing the paths again and rewriting it");
+    mine = cache_->Checksum(n);
+  }
+  std::vector<uint64_t> all(static_cast<size_t>(n));
+  host_->SmallAllgather(&mine, sizeof(mine), all.data());
+  const bool alike = std::all_of(all.begin(), all.end(), [&](uint64_t c) { return c == mine; });
+  if (!alike && host_->rank() == 0)
+    BF_LOG(LogLevel::kInfo, "the ranks of this host read different one-host path choices (",
+           options.path_cache_dir.empty() ? "none" : cache_->file(),
+           " on rank 0); timing the paths again");
+  if (alike && mine != 0) {
+    for (int kind = 0; kind < static_cast<int>(kKindNames.size()); ++kind)
+      for (int size_class = 0; size_class < 63; ++size_class)
+        if (const CachedChoice* c = cache_->Find(n, kKindNames[kind], size_class))
+          chooser_.Seed(kind, size_class, c->path, c->seconds);
+  }
+  if (!cache_ || host_->rank() != 0) return;
+  chooser_.set_chosen([this, n](int kind, int size_class, int path, const double* seconds) {
+    CachedChoice c;
+    c.path = path;
+    c.seconds[0] = seconds[0];
+    c.seconds[1] = seconds[1];
+    if (!(c.seconds[0] > 0 && c.seconds[1] > 0)) return;  // a clock that did not move
+    // A save takes about a millisecond (read, merge, write, rename) on the call that chose:
+    // skipped when the file already says the same within the watch's margin (most rechecks).
+    const CachedChoice* had = cache_->Find(n, kKindNames[kind], size_class);
+    const auto near = [](double a, double b) {
+      return a <= PathChooser::kWorse * b && b <= PathChooser::kWorse * a;
+    };
+    if (had && had->path == path && near(had->seconds[0], c.seconds[0]) &&
+        near(had->seconds[1], c.seconds[1]))
+      return;
+    cache_->Put(n, kKindNames[kind], size_class, c);
+    std::string why;
+    if (!cache_->Save(&why) && !save_failed_) {
+      save_failed_ = true;
+      BF_LOG(LogLevel::kWarning, "cannot keep the one-host path choices for later runs: ", why);
+    }
+  });
+}
 
 bool OneHostAllreduce::AppliesTo(const AllreduceCall& call) const {
   // BLUEFOG_RING_THRESHOLD=0 keeps every call on the backend's own allreduce, as on MPI.
@@ -88,6 +156,8 @@ void OneHostAllreduce::Run(const AllreduceCall& call) {
   } else {
     StagedAllreduce(&areas_, call, true);
   }
+  if (timed && chooser_.Choice(kind, call.bytes) < 0)
+    tuning.learning_calls.fetch_add(1, std::memory_order_relaxed);
   if (timed)
     chooser_.Record(kind, call.bytes, path,
                     std::chrono::duration<double>(Clock::now() - start).count());
