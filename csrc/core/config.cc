@@ -130,6 +130,8 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
   if (const char* v = lookup("BLUEFOG_LOG_LEVEL")) config.log_level = ParseLogLevel(v);
   if (const char* v = lookup("BLUEFOG_TIMELINE")) config.timeline_prefix = v;
   if (const char* v = lookup("BLUEFOG_ALLREDUCE_ALGORITHM")) config.allreduce_algorithm = v;
+  if (const char* v = lookup("BLUEFOG_DETERMINISTIC"))
+    config.deterministic = ParseBool("BLUEFOG_DETERMINISTIC", v);
   if (const char* v = lookup("BLUEFOG_CROSS_HOST")) config.cross_host = *v ? v : "auto";
   if (const char* v = lookup("BLUEFOG_GLOO_IFACE")) config.gloo_iface = v;
   {

@@ -77,6 +77,9 @@ struct Config {
   // (transport/allreduce_algorithm.h); empty: each call the first of the backend's list that
   // applies.
   std::string allreduce_algorithm;
+  // BLUEFOG_DETERMINISTIC: every floating-point allreduce reduces each element in rank order
+  // (transport/deterministic_allreduce.h), so that results do not depend on fusion or path.
+  bool deterministic = false;
   // BLUEFOG_CROSS_HOST: which transport an MPI job's allreduces across hosts take: "auto" (a
   // probe at init picks the faster of MPI's and Gloo's TCP pairs), "mpi", or "gloo".
   std::string cross_host = "auto";

@@ -22,6 +22,7 @@ struct TransportOptions {
   int64_t streaming_store_bytes = Config().streaming_store_bytes;
   int64_t graph_join_us = Config().graph_join_us;
   std::string allreduce_algorithm;  // BLUEFOG_ALLREDUCE_ALGORITHM (allreduce_algorithm.h)
+  bool deterministic = false;       // BLUEFOG_DETERMINISTIC (deterministic_allreduce.h)
   std::string cross_host = Config().cross_host;  // BLUEFOG_CROSS_HOST (data_plane.h)
   std::string gloo_iface;                        // BLUEFOG_GLOO_IFACE
   double gloo_timeout_seconds = Config().gloo_timeout_seconds;
@@ -42,6 +43,7 @@ struct TransportOptions {
     o.streaming_store_bytes = config.streaming_store_bytes;
     o.graph_join_us = config.graph_join_us;
     o.allreduce_algorithm = config.allreduce_algorithm;
+    o.deterministic = config.deterministic;
     o.cross_host = config.cross_host;
     o.gloo_iface = config.gloo_iface;
     o.gloo_timeout_seconds = config.gloo_timeout_seconds;

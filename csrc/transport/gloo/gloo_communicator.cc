@@ -22,6 +22,7 @@
 #include "core/logging.h"
 #include "core/reduce_kernels.h"
 #include "core/status.h"
+#include "transport/deterministic_allreduce.h"
 #include "transport/exchange_slots.h"
 #include "transport/gloo/gloo_allreduce.h"
 #include "transport/gloo/tcp_store.h"
@@ -276,6 +277,10 @@ void GlooCommunicator::Connect(const std::string& prefix, const std::vector<std:
   allreduce_.push_back(ring_.get());
   allreduce_ = ForceAllreduce(allreduce_, options_.allreduce_algorithm,
                               /*must=*/prefix == "bluefog/world", world_ranks_[rank_], backend());
+  if (options_.deterministic) {
+    deterministic_ = MakeDeterministicAllreduce(this);
+    allreduce_.insert(allreduce_.begin(), deterministic_.get());
+  }
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::CreateSubset(const std::vector<int>& ranks,

@@ -12,6 +12,7 @@
 
 #include "core/reduce_kernels.h"
 #include "core/status.h"
+#include "transport/deterministic_allreduce.h"
 #include "transport/exchange_slots.h"
 #include "transport/mpi/allreduce/algorithms.h"
 #include "transport/mpi/comm_handle.h"
@@ -254,6 +255,10 @@ void MpiCommunicator::SetUp(bool one_host, bool world) {
   }
   allreduce_ = ForceAllreduce(MakeAllreduceList(this, local_.get(), &own_allreduce_),
                               options_.allreduce_algorithm, world, rank_, backend());
+  if (options_.deterministic) {
+    own_allreduce_.push_back(MakeDeterministicAllreduce(this));
+    allreduce_.insert(allreduce_.begin(), own_allreduce_.back().get());
+  }
 }
 
 void MpiCommunicator::Shutdown() {
