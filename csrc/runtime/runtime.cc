@@ -138,6 +138,7 @@ void Runtime::Main(std::promise<void>* started) {
   windows_->Attach(
       [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
       info_.rank, info_.size);
+  windows_->SetFaultTolerance(config_.fault_tolerant, config_.neighbor_deadline_seconds);
   world_->set_runtime_hook(
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
