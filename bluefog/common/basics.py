@@ -256,6 +256,12 @@ def is_initialized() -> bool:
     return _lib is not None and bool(_lib.bluefog_is_initialized())
 
 
+def _windows_open() -> bool:
+    """Whether this rank's windows take operations: while initialized, and in fault-tolerant
+    mode also after a lost rank failed the collectives, until shutdown."""
+    return _lib is not None and bool(_lib.bluefog_windows_open())
+
+
 def _query(fn_name: str) -> int:
     value = getattr(_load(), fn_name)() if _lib is not None else -1
     if value < 0:

@@ -97,6 +97,11 @@ class WindowService {
     fault_tolerant_ = on;
     deadline_ = deadline_seconds;
   }
+  // Neither closed nor stopped: operations are taken.
+  bool Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !stop_ && !closed_;
+  }
   // The ranks this rank dropped (fault-tolerant mode), ascending.
   std::vector<int32_t> GoneRanks();
 

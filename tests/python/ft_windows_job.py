@@ -1,16 +1,19 @@
 """One rank of a push-sum gossip job on fault-tolerant windows, for test_ft_windows.py and
 bench/ft_gossip.py (started by gloo_jobs.run_gloo_job, one process per rank).
 
-    ft_windows_job.py OUT_DIR STEPS [--kill R@S | --stop R@S] [--plain] [--sleep SECONDS]
+    ft_windows_job.py OUT_DIR STEPS [--kill R@S | --stop R@S] [--allreduce-at S] [--plain]
+                      [--sleep SECONDS]
 
 Each step: win_accumulate of x (push-sum weights on) to every out-neighbour, shares
 1/(out-degree+1), require_mutex; then win_update_then_collect. With --kill R@S, rank R takes
 its own window's mutex at step S, collects what it holds, writes that mass and the time to
 OUT_DIR/dead.json and SIGKILLs itself (holding the mutex, so nothing lands after its snapshot).
 With --stop R@S, rank R SIGSTOPs itself at step S and the lowest other rank SIGKILLs it once
-the others finished. The ranks left wait for each other through files (no collective: one
-would fail on the dead rank), collect a last time and write OUT_DIR/rank<r>.json: their mass,
-push-sum weight and step times. --plain runs without fault tolerance (the bench's baseline).
+the others finished. With --allreduce-at S, rank 0 calls bf.allreduce at step S (after the
+kill: it fails) and writes the error to OUT_DIR/allreduce.txt, then goes on. The ranks left
+wait for each other through files (no collective: one would fail on the dead rank), collect a
+last time and write OUT_DIR/rank<r>.json: their mass, push-sum weight and step times.
+--plain runs without fault tolerance (the bench's baseline).
 """
 
 import argparse
@@ -54,6 +57,7 @@ def main():
     parser.add_argument("--kill", type=_at)
     parser.add_argument("--stop", type=_at)
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--allreduce-at", type=int, default=-1)
     parser.add_argument("--sleep", type=float, default=0.0)
     args = parser.parse_args()
 
@@ -80,6 +84,14 @@ def main():
             _write(os.path.join(args.out, "stopped.json"),
                    {"rank": rank, "pid": os.getpid(), "time": time.time()})
             os.kill(os.getpid(), signal.SIGSTOP)
+        if rank == 0 and step == args.allreduce_at:
+            try:
+                bf.allreduce(tf.constant(1.0))
+                error = "no error"
+            except Exception as e:  # noqa: BLE001 - the failure is the point
+                error = f"{type(e).__name__}: {e}"
+            with open(os.path.join(args.out, "allreduce.txt"), "w") as f:
+                f.write(error)
         start = time.time()
         bf.win_accumulate(x, name, self_weight=share, dst_weights={r: share for r in outs},
                           require_mutex=True)

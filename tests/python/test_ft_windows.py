@@ -4,7 +4,8 @@ when a neighbour dies or hangs (docs/windows.md, "Fault-tolerant windows").
 Plain pytest; each test starts a 3- or 4-rank job of tests/python/ft_windows_job.py with
 gloo_jobs.run_gloo_job. Asserted: after a SIGKILL of one rank in the middle of the run every
 other rank finishes, and their total push-sum mass (and weight) is the starting total less
-exactly what the dead rank held (1e-9); a SIGSTOP'd rank is dropped by BLUEFOG_NEIGHBOR_DEADLINE
+exactly what the dead rank held (1e-9), also on a rank whose allreduce failed in between (the
+windows outlive the failed collective); a SIGSTOP'd rank is dropped by BLUEFOG_NEIGHBOR_DEADLINE
 and the others finish; a deadline of 0 is refused with an error naming the variable.
 """
 
@@ -41,8 +42,8 @@ def _rank_exit(output, r, np_=NP):
 
 def test_sigkill_mass_exact_among_survivors(tmp_path):
     dead, at, steps = 2, 15, 40
-    result = run_gloo_job([PYTHON, JOB, str(tmp_path), str(steps), "--kill", f"{dead}@{at}"],
-                          NP, TIMEOUT_S)
+    result = run_gloo_job([PYTHON, JOB, str(tmp_path), str(steps), "--kill", f"{dead}@{at}",
+                           "--allreduce-at", str(at + 10)], NP, TIMEOUT_S)
     assert not result.timed_out, result.tail()
     left = [r for r in range(NP) if r != dead]
     assert _rank_exit(result.output, dead) == -9, result.tail()
@@ -58,6 +59,9 @@ def test_sigkill_mass_exact_among_survivors(tmp_path):
     p = sum(found[r]["p"] for r in left)
     assert abs(mass - (start_mass - lost["mass"])) < 1e-9, (mass, start_mass, lost)
     assert abs(p - (NP - lost["p"])) < 1e-9, (p, lost)
+    # Rank 0's allreduce after the death failed, and its windows went on (its steps all done).
+    error = (tmp_path / "allreduce.txt").read_text()
+    assert "allreduce" in error and f"rank(s) {dead} left the job" in error, error
     # The dead rank had mixed: it did not simply hold its own starting value.
     assert abs(lost["mass"] - 4.0 * (dead + 1)) > 1e-6, lost
 
