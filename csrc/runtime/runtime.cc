@@ -35,7 +35,9 @@ Runtime& Runtime::Get() {
 
 bool Runtime::running() const { return started_ && world_->running(); }
 
-bool Runtime::windows_open() const { return started_ && windows_->Open(); }
+bool Runtime::windows_open() const {
+  return started_ && (world_->running() || (config_.fault_tolerant && windows_->Open()));
+}
 
 bool Runtime::forked() const { return started_ && getpid() != init_pid_; }
 
