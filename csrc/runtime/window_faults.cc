@@ -34,17 +34,21 @@ void WindowService::SendQueued() {
     for (auto [src, op] : e->waiters) Send(src, kQueued, e->window->id(), op, 0, 0, nullptr, 0);
 }
 
-void WindowService::CheckDeadlines() {
+double WindowService::CheckDeadlines() {
   const double now = Now();
+  double oldest = 0;
   std::vector<std::pair<int, std::string>> late;
   for (auto& [h, op] : running_)
-    for (auto& [r, since] : op->waiting)
-      if (r != rank_ && now - since > deadline_)
-        late.emplace_back(r, op->entry->window->spec().name);
+    for (auto& [r, since] : op->waiting) {
+      if (r == rank_) continue;
+      oldest = std::max(oldest, now - since);
+      if (now - since > deadline_) late.emplace_back(r, op->entry->window->spec().name);
+    }
   for (auto& [r, name] : late)
     MarkGone(r,
              Concat("it left this rank's ", name.empty() ? "" : Concat("'", name, "' "),
                     "window message unanswered for ", deadline_, " s (BLUEFOG_NEIGHBOR_DEADLINE)"));
+  return oldest;
 }
 
 void WindowService::MarkGone(int rank, const std::string& why) {

@@ -25,8 +25,11 @@ constexpr double kDrainSeconds = 1.0;
 // While operations wait for replies and nothing arrives, the link is asked this often whether a
 // peer left the job (WindowLink::CheckPeers).
 constexpr double kPeerCheckSeconds = 1.0;
-// Fault-tolerant mode: how often the store is asked which ranks left while operations wait.
-constexpr double kTolerantPeerCheckSeconds = 0.1;
+// Fault-tolerant mode: how often the store is asked which ranks left, while a reply is later
+// than a healthy one would be (a lost rank's own replies never come, and a lock request queued
+// at it breaks no connection of this rank's that Gloo reports).
+constexpr double kTolerantPeerCheckSeconds = 0.02;
+constexpr double kLateReplySeconds = 0.02;
 
 enum Kind : int32_t {
   kPut = 1,

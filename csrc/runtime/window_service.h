@@ -170,7 +170,7 @@ class WindowService {
   // Fault-tolerant mode.
   void MarkGone(int rank, const std::string& why);
   void Abandon(Op* op, int rank);
-  void CheckDeadlines();
+  double CheckDeadlines();  // returns how long the oldest reply has been waited for
   void SendQueued();
   void GrantNext(Entry& e);
   bool IsGone(int rank);

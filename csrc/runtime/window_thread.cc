@@ -65,12 +65,10 @@ void WindowService::Loop() {
       worked |= TestOutgoing();
       if (fault_tolerant_) {
         for (int r : link_->TakeLostPeers()) MarkGone(r, "its connection broke");
-        if (!running_.empty()) {
-          if (Now() - last_check > kTolerantPeerCheckSeconds) {
-            last_check = Now();
-            link_->CheckPeers();
-          }
-          CheckDeadlines();
+        if (!running_.empty() && CheckDeadlines() > kLateReplySeconds &&
+            Now() - last_check > kTolerantPeerCheckSeconds) {
+          last_check = Now();
+          link_->CheckPeers();
         }
         if (Now() - last_queued > deadline_ / 3) {
           last_queued = Now();
