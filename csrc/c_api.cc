@@ -29,7 +29,8 @@ int Guard(F&& body) {
 template <typename F>
 int IfRunning(F&& getter) {
   const bluefog::Runtime& rt = bluefog::Runtime::Get();
-  return rt.running() ? getter(rt.info()) : -1;
+  // Known while the windows are open too (fault-tolerant mode: after a failed collective).
+  return rt.running() || rt.windows_open() ? getter(rt.info()) : -1;
 }
 
 }  // namespace
@@ -50,6 +51,8 @@ int bluefog_shutdown(void) {
   return Guard([] { bluefog::Runtime::Get().Shutdown(); });
 }
 int bluefog_is_initialized(void) { return bluefog::Runtime::Get().running() ? 1 : 0; }
+
+int bluefog_windows_open(void) { return bluefog::Runtime::Get().windows_open() ? 1 : 0; }
 int bluefog_rank(void) {
   return IfRunning([](const auto& i) { return i.rank; });
 }

@@ -13,6 +13,9 @@ int bluefog_init(void);
 int bluefog_init_with(const char* const* keys, const char* const* values, int count);
 int bluefog_shutdown(void);
 int bluefog_is_initialized(void);
+// Whether this rank's windows still take operations: while initialized, and in fault-tolerant
+// mode also after a lost rank failed the collectives, until shutdown.
+int bluefog_windows_open(void);
 int bluefog_rank(void);  // -1 when not initialized
 int bluefog_size(void);
 int bluefog_local_rank(void);

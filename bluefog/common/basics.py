@@ -114,7 +114,7 @@ def _check_init_arguments(process_sets, comm) -> list:
     return list(process_sets)
 
 
-def init(process_sets=None, comm=None) -> None:
+def init(process_sets=None, comm=None, fault_tolerant: Optional[bool] = None) -> None:
     """Starts bluefog on this process. Every rank must call it; calling it again is a no-op.
 
     ``HOROVOD_*`` environment variables with a ``BLUEFOG_*`` counterpart are read as aliases
@@ -133,11 +133,19 @@ def init(process_sets=None, comm=None) -> None:
 
     Without mpirun, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set (or a TF_CONFIG
     that lists the workers), it runs on Gloo instead (docs/launching.md, "Without mpirun").
+
+    ``fault_tolerant=True`` (or ``BLUEFOG_FAULT_TOLERANT=1``; Gloo only) keeps this rank's
+    window operations going when a neighbour dies or hangs past ``BLUEFOG_NEIGHBOR_DEADLINE``
+    seconds: that neighbour is dropped (docs/windows.md, "Fault-tolerant windows"). Every rank
+    should pass the same; ``False`` turns the variable's mode off for this process.
     """
     global _atexit_registered
     if comm is None and mpi4py_interop.communicator(process_sets) is not None:
         comm, process_sets = process_sets, None  # Horovod's init(comm, ...)
     process_sets = _check_init_arguments(process_sets, comm)
+    if fault_tolerant is not None and not isinstance(fault_tolerant, bool):
+        raise TypeError(f"bluefog init: fault_tolerant must be True, False or None, got "
+                        f"{fault_tolerant!r}")
     if comm is not None:
         global_process_set.mpi_comm = comm
     if is_initialized():
@@ -145,7 +153,10 @@ def init(process_sets=None, comm=None) -> None:
     elif elastic_rounds.active():
         _init_elastic_round()
     else:
-        _check(_init_with(_merged_settings()))
+        settings = _merged_settings()
+        if fault_tolerant is not None:
+            settings["BLUEFOG_FAULT_TOLERANT"] = "1" if fault_tolerant else "0"
+        _check(_init_with(settings))
         _after_new_job()
     if not _atexit_registered:
         atexit.register(shutdown)
@@ -210,6 +221,12 @@ def is_initialized() -> bool:
     """Whether ``init()`` has run and the library has not been shut down."""
     lib = library.loaded()
     return lib is not None and bool(lib.bluefog_is_initialized())
+
+
+def _windows_open() -> bool:
+    """Whether this rank's windows take operations: while initialized, and in fault-tolerant
+    mode also after a lost rank failed the collectives, until shutdown."""
+    return _lib is not None and bool(_lib.bluefog_windows_open())
 
 
 def _query(fn_name: str) -> int:

@@ -97,7 +97,7 @@ def _prefix(op: str, name) -> str:
 def _window(op: str, name) -> _Window:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{_prefix(op, name)}: the name must be a non-empty str")
-    if not basics.is_initialized():
+    if not basics.is_initialized() and not basics._windows_open():
         with _lock:
             _windows.clear()  # shutdown() freed them in the core
         raise ValueError(f"{_prefix(op, name)}: bluefog is not initialized (or was shut down, "

@@ -176,6 +176,19 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
     config.gloo_timeout_seconds =
         ParseSeconds("BLUEFOG_GLOO_TIMEOUT", v, 0.001, kMaxGlooTimeoutSeconds);
   if (const char* v = lookup("BLUEFOG_GLOO_PREFIX")) config.gloo_prefix = v;
+  if (const char* v = lookup("BLUEFOG_FAULT_TOLERANT"))
+    config.fault_tolerant = ParseBool("BLUEFOG_FAULT_TOLERANT", v);
+  if (const char* v = lookup("BLUEFOG_NEIGHBOR_DEADLINE")) {
+    char* end = nullptr;
+    const double value = std::strtod(v, &end);
+    BF_ENFORCE(end != v && *end == '\0' && std::isfinite(value) && value > 0 &&
+                   value <= kMaxGlooTimeoutSeconds,
+               StatusCode::kInvalidArgument, "environment variable BLUEFOG_NEIGHBOR_DEADLINE='", v,
+               "' is not a number of seconds > 0: it is how long a window operation waits for a "
+               "neighbour's answer before dropping that neighbour (fault-tolerant mode); unset "
+               "it for the default of 2 s");
+    config.neighbor_deadline_seconds = value;
+  }
   if (const char* v = lookup("BLUEFOG_GLOO_EXTERNAL_STORE"))
     config.gloo_external_store = std::string(v) == "1";
   const Lookup& launcher = launcher_lookup ? launcher_lookup : lookup;

@@ -112,6 +112,13 @@ struct Config {
   // in bfrun, which outlives every rank) instead of in rank 0.
   std::string gloo_prefix;
   bool gloo_external_store = false;
+  // Windows that survive a lost neighbour (BLUEFOG_FAULT_TOLERANT, or bf.init(fault_tolerant=
+  // True); docs/windows.md): a neighbour whose connection broke, or that left a window message
+  // unanswered for neighbor_deadline_seconds (BLUEFOG_NEIGHBOR_DEADLINE, > 0), is dropped.
+  // The default: a few step times of a typical window step (0.05-0.5 s), so that a loaded host
+  // does not drop live neighbours, yet a hung one stalls its neighbours for only a few steps.
+  bool fault_tolerant = false;
+  double neighbor_deadline_seconds = 2.0;
   // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK was set when this process started (and
   // OMPI_MCA_ess is not "singleton"): an MPI launcher started it. Read from the environment the
   // process was started with, because MPI initialised inside the process without a launcher (a

@@ -84,8 +84,21 @@ void Window::Update(const void* self, void* out, double self_weight,
       buffer_p_[k] = 0.0;
     }
   }
+  if (publish && !returned_.empty()) {
+    ScaleAdd(out, returned_.data(), count_, spec_.dtype, 1.0, true);
+    p += returned_p_;
+    returned_.clear();
+    returned_p_ = 0.0;
+  }
   if (with_p) self_p_ = p;
   if (publish) std::memcpy(self_.data(), out, self_.size());
+}
+
+void Window::GiveBack(const void* data, double weight, double p) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (returned_.empty()) returned_.assign(self_.size(), 0);
+  ScaleAdd(returned_.data(), data, count_, spec_.dtype, weight, true);
+  returned_p_ += p;
 }
 
 std::vector<int64_t> Window::Versions() const {

@@ -60,6 +60,11 @@ class Window {
   // `self` and `out` may be the same memory. Ranks must be in-neighbours (checked by callers).
   void Update(const void* self, void* out, double self_weight, const std::vector<int32_t>& ranks,
               const std::vector<double>& weights, bool reset, bool publish, bool with_p);
+  // A put or accumulate to a lost neighbour (fault-tolerant mode): `weight * data` and
+  // associated weight `p` were meant for it and never arrived, so they stay with this rank: the
+  // next publishing Update adds them to its result (with weight 1), which keeps push-sum's
+  // total mass exact among the ranks left.
+  void GiveBack(const void* data, double weight, double p);
 
   // Writes into each in-neighbour's buffer since it was last read by an update, in in_ranks order.
   std::vector<int64_t> Versions() const;
@@ -75,6 +80,8 @@ class Window {
   std::vector<std::vector<char>> buffers_;  // one per in-neighbour
   std::vector<double> buffer_p_;
   std::vector<int64_t> versions_;
+  std::vector<char> returned_;  // GiveBack's sum since the last publishing Update (or empty)
+  double returned_p_ = 0.0;
 };
 
 }  // namespace bluefog

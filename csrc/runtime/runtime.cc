@@ -36,6 +36,10 @@ Runtime& Runtime::Get() {
 
 bool Runtime::running() const { return started_ && world_->running(); }
 
+bool Runtime::windows_open() const {
+  return started_ && (world_->running() || (config_.fault_tolerant && windows_->Open()));
+}
+
 bool Runtime::forked() const { return started_ && getpid() != init_pid_; }
 
 std::string Runtime::ForkedChildError(const std::string& what) const {
@@ -69,6 +73,10 @@ void Runtime::Init(const Config::Settings& settings) {
       Runtime& rt = Runtime::Get();
       return rt.running() ? rt.info().rank : -1;
     });
+  {
+    std::lock_guard<std::mutex> lock(end_mutex_);
+    end_requested_ = false;
+  }
   std::promise<void> started;
   std::future<void> ready = started.get_future();
   thread_ = std::thread(&Runtime::Main, this, &started);
@@ -82,8 +90,17 @@ void Runtime::Init(const Config::Settings& settings) {
   started_ = true;
 }
 
+void Runtime::RequestEnd() {
+  {
+    std::lock_guard<std::mutex> lock(end_mutex_);
+    end_requested_ = true;
+  }
+  end_cv_.notify_all();
+}
+
 void Runtime::ResetEndedJob() {
   // The job ended (shutdown, or its global channel failed): its thread finishes on its own.
+  RequestEnd();
   if (thread_.joinable()) thread_.join();
   started_ = false;
   world_.reset();
@@ -106,6 +123,7 @@ void Runtime::Shutdown() {
   // At once, not after the shutdown round: the other ranks join that round only at their next
   // collective, and until then their window operations into this rank must fail, not land.
   windows_->Close(reason);
+  RequestEnd();
   world_->RequestStop(reason);
   if (thread_.joinable()) thread_.join();
 }
@@ -147,6 +165,7 @@ void Runtime::Main(std::promise<void>* started) {
   windows_->Attach(
       [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
       info_.rank, info_.size);
+  windows_->SetFaultTolerance(config_.fault_tolerant, config_.neighbor_deadline_seconds);
   world_->set_runtime_hook(
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
@@ -189,6 +208,15 @@ void Runtime::Main(std::promise<void>* started) {
   // failed call, and closing its connections now is what makes the peers still waiting on
   // this rank fail at once rather than after their timeout (their error in turn reaches theirs).
   const bool fails_fast = transport_->capabilities().fails_fast;
+  if (!clean && config_.fault_tolerant) {
+    // A lost rank failed a collective; the windows' connections of their own still reach the
+    // ranks left, so the windows go on (global collectives fail from now on) until shutdown.
+    std::unique_lock<std::mutex> lock(end_mutex_);
+    if (!end_requested_)
+      BF_LOG(LogLevel::kWarning, "collectives have stopped on this rank (", world_->stop_reason(),
+             "); its windows go on in fault-tolerant mode until bf.shutdown()");
+    end_cv_.wait(lock, [this] { return end_requested_; });
+  }
   windows_->Stop(reason, clean || fails_fast);
   timeline_.Close();
   {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <future>
 #include <map>
 #include <memory>
@@ -39,6 +40,9 @@ class Runtime {
   void Shutdown();
 
   bool running() const;
+  // Whether the windows take operations (fault-tolerant mode: also after the collectives
+  // failed, until shutdown).
+  bool windows_open() const;
   // Whether this process is a fork (os.fork, multiprocessing's "fork") of the one that called
   // Init. Only the calling thread survives a fork; the communicator, the shared memory of the
   // rounds and the channels' state are the parent's, and the child must not touch them: its
@@ -141,6 +145,12 @@ class Runtime {
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
   std::atomic<bool> started_{false};
   std::thread thread_;
+  // Fault-tolerant mode: once the global channel failed (a lost rank), the background thread
+  // keeps the windows running until this rank shuts down or re-initializes.
+  std::mutex end_mutex_;
+  std::condition_variable end_cv_;
+  bool end_requested_ = false;
+  void RequestEnd();
   int init_pid_ = 0;  // the process that called Init
 
   struct ProcessSet {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,11 @@ constexpr double kDrainSeconds = 1.0;
 // While operations wait for replies and nothing arrives, the link is asked this often whether a
 // peer left the job (WindowLink::CheckPeers).
 constexpr double kPeerCheckSeconds = 1.0;
+// Fault-tolerant mode: how often the store is asked which ranks left, while a reply is later
+// than a healthy one would be (a lost rank's own replies never come, and a lock request queued
+// at it breaks no connection of this rank's that Gloo reports).
+constexpr double kTolerantPeerCheckSeconds = 0.02;
+constexpr double kLateReplySeconds = 0.02;
 
 enum Kind : int32_t {
   kPut = 1,
@@ -34,6 +40,9 @@ enum Kind : int32_t {
   kLock,
   kGrant,
   kUnlock,
+  // Fault-tolerant mode: a lock request waits behind another holder (sent when it is queued and
+  // again every third of the deadline), so the requester tells a busy mutex from a hung rank.
+  kQueued,
 };
 
 struct Header {
@@ -84,6 +93,11 @@ struct WindowService::Op {
   bool with_p = false;
   int outstanding = 0;
   Status status;
+  // Fault-tolerant mode: the ranks whose reply this op waits for, since when; and the weights of
+  // its puts or accumulates not yet acknowledged (given back if their target is dropped).
+  std::map<int32_t, double> waiting;
+  std::map<int32_t, double> unacked;
+  bool gives_back = false;  // accumulate, or with_p
 };
 
 struct WindowService::Entry {

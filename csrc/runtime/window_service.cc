@@ -30,6 +30,14 @@ int WindowService::Create(WindowSpec spec, const void* initial, bool zero_init) 
     BF_ENFORCE(link_ != nullptr, StatusCode::kPrecondition,
                "windows (win_create, win_put/get/accumulate and the window optimizers) are not "
                "available on this backend");
+    if (fault_tolerant_ && !link_->TolerateLostPeers()) {
+      link_->Free(true);
+      link_.reset();
+      throw BluefogError(StatusCode::kPrecondition,
+                         "fault-tolerant windows (BLUEFOG_FAULT_TOLERANT=1 or "
+                         "bf.init(fault_tolerant=True)) need the Gloo backend; this backend ends "
+                         "the whole job when a rank is lost. Run on Gloo, or leave the mode off");
+    }
     thread_ = std::thread(&WindowService::Loop, this);
   }
   int id;
@@ -185,6 +193,7 @@ int64_t WindowService::Put(const std::string& name, const WinTensor& tensor,
   }
   std::memcpy(op->payload->data(), data, e->window->bytes());
   op->with_p = with_p;
+  op->gives_back = options.accumulate || with_p;
   op->p = e->window->associated_p();
   e->window->Publish(data, options.self_weight, with_p ? options.self_weight : 1.0);
   std::vector<int32_t> sorted = dsts;
@@ -237,8 +246,41 @@ void WindowService::Update(const std::string& name, const WinTensor& self, void*
   CheckTensor("win_update", *e, self.dtype, self.shape);
   CheckRanks("win_update", *e, o.ranks, o.weights, false);
   CheckSelfWeight("win_update", *e, o.self_weight);
-  e->window->Update(self.data, out, o.self_weight, o.ranks, o.weights, o.reset, o.publish,
-                    o.with_p);
+  std::vector<int32_t> ranks = o.ranks;
+  std::vector<double> weights = o.weights;
+  double self_weight = o.self_weight;
+  if (fault_tolerant_ && !o.with_p) {
+    // An average over the in-neighbours left: the dropped ones' weights are spread over the
+    // rest (self included) in proportion, so the weights keep their sum.
+    std::lock_guard<std::mutex> lock(mutex_);
+    double total = self_weight, kept = self_weight;
+    std::vector<int32_t> live_ranks;
+    std::vector<double> live_weights;
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      total += weights[k];
+      if (gone_.count(ranks[k])) continue;
+      kept += weights[k];
+      live_ranks.push_back(ranks[k]);
+      live_weights.push_back(weights[k]);
+    }
+    if (live_ranks.size() != ranks.size()) {
+      if (kept != 0.0) {
+        const double scale = total / kept;
+        self_weight *= scale;
+        for (double& w : live_weights) w *= scale;
+      } else {
+        self_weight = total;
+      }
+      ranks.swap(live_ranks);
+      weights.swap(live_weights);
+    }
+  }
+  e->window->Update(self.data, out, self_weight, ranks, weights, o.reset, o.publish, o.with_p);
+}
+
+std::vector<int32_t> WindowService::GoneRanks() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::vector<int32_t>(gone_.begin(), gone_.end());
 }
 
 std::vector<int32_t> WindowService::InRanks(const std::string& name) {

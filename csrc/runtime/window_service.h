@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -84,6 +85,25 @@ class WindowService {
     rank_ = rank;
     size_ = size;
   }
+
+  // Fault-tolerant mode (docs/windows.md, "Fault-tolerant windows"), before the first window: a
+  // neighbour whose connection breaks, or that leaves a message of this rank's operation
+  // unanswered for `deadline_seconds`, is dropped by this rank for good (one warning). The
+  // operation completes without it: a put's or accumulate's share meant for it stays with this
+  // rank (Window::GiveBack); later operations skip it; a plain update renormalizes the weights
+  // of the in-neighbours left (a push-sum one, with_p, still collects its buffer, which holds
+  // mass it sent before it went). Needs a link that tolerates lost peers (Gloo).
+  void SetFaultTolerance(bool on, double deadline_seconds) {
+    fault_tolerant_ = on;
+    deadline_ = deadline_seconds;
+  }
+  // Neither closed nor stopped: operations are taken.
+  bool Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !stop_ && !closed_;
+  }
+  // The ranks this rank dropped (fault-tolerant mode), ascending.
+  std::vector<int32_t> GoneRanks();
 
   // Collective: every rank calls these at the same agreed point (the global channel's thread).
   // Create returns the window's id; both throw BluefogError.
@@ -147,6 +167,13 @@ class WindowService {
   void Post(int dst, std::unique_ptr<window_internal::Header> header,
             std::shared_ptr<std::vector<char>> data);
   bool TestOutgoing();
+  // Fault-tolerant mode.
+  void MarkGone(int rank, const std::string& why);
+  void Abandon(Op* op, int rank);
+  double CheckDeadlines();  // returns how long the oldest reply has been waited for
+  void SendQueued();
+  void GrantNext(Entry& e);
+  bool IsGone(int rank);
   bool Closed(std::string* reason);
   void RefuseWaiters(const std::string& reason);
   void Drain();
@@ -155,6 +182,8 @@ class WindowService {
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<WindowLink> link_;  // made by the first Create
+  bool fault_tolerant_ = false;
+  double deadline_ = 2.0;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
 
@@ -175,11 +204,13 @@ class WindowService {
     std::function<void(const Status&)> waiter;
   };
   std::unordered_map<int64_t, Handle> handles_;
+  std::set<int> gone_;  // fault-tolerant mode: the neighbours dropped
 
   // Only the service thread touches these.
   std::unordered_map<int64_t, std::unique_ptr<Op>> running_;
   std::list<Outgoing> outgoing_;  // a list: its element type may be incomplete here
   std::vector<char> scratch_;     // incoming data; grown to the largest window, never shrunk
+  std::set<std::string> alone_;   // windows whose neighbours are all gone (said once)
 };
 
 }  // namespace bluefog

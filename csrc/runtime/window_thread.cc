@@ -27,6 +27,7 @@ void WindowService::Loop() {
   auto pause = kMinPause;
   bool waiters_refused = false;
   double last_check = Now();
+  double last_queued = Now();
   while (true) {
     std::deque<std::unique_ptr<Op>> fresh;
     {
@@ -50,11 +51,30 @@ void WindowService::Loop() {
       for (int k = 0; k < 64; ++k) {
         int src = -1;
         if (!link_->ProbeHeader(&src)) break;
-        Receive(src);
         worked = true;
+        if (!fault_tolerant_) {
+          Receive(src);
+          continue;
+        }
+        try {
+          Receive(src);
+        } catch (const std::exception& e) {
+          MarkGone(src, Concat("its message broke off: ", e.what()));
+        }
       }
       worked |= TestOutgoing();
-      if (worked || running_.empty()) {
+      if (fault_tolerant_) {
+        for (int r : link_->TakeLostPeers()) MarkGone(r, "its connection broke");
+        if (!running_.empty() && CheckDeadlines() > kLateReplySeconds &&
+            Now() - last_check > kTolerantPeerCheckSeconds) {
+          last_check = Now();
+          link_->CheckPeers();
+        }
+        if (Now() - last_queued > deadline_ / 3) {
+          last_queued = Now();
+          SendQueued();
+        }
+      } else if (worked || running_.empty()) {
         last_check = Now();
       } else if (Now() - last_check > kPeerCheckSeconds) {
         last_check = Now();
@@ -209,8 +229,10 @@ void WindowService::Advance(Op* op) {
                                      RanksText(op->granted), ", were released)"));
         const int window = op->entry->window->id();
         for (int32_t r : op->granted) {
+          if (IsGone(r)) continue;
           Send(r, kUnlock, window, op->handle, 0, 0, nullptr, 0);
           ++op->outstanding;
+          if (fault_tolerant_) op->waiting[r] = Now();
         }
         op->granted.clear();
         op->release_at_end = false;
@@ -235,14 +257,27 @@ void WindowService::Advance(Op* op) {
       const int32_t r = step.ranks.front();
       step.ranks.erase(step.ranks.begin());
       if (step.ranks.empty()) op->steps.pop_front();
+      if (IsGone(r)) continue;
       Send(r, kLock, window, op->handle, 0, 0, nullptr, 0);
       op->outstanding = 1;
+      if (fault_tolerant_) op->waiting[r] = Now();
       return;
     }
     Op::Step s = std::move(step);
     op->steps.pop_front();
     for (size_t k = 0; k < s.ranks.size(); ++k) {
       const double w = s.weights.empty() ? 1.0 : s.weights[k];
+      const int32_t r = s.ranks[k];
+      const bool put = s.kind == kPut || s.kind == kAccumulate;
+      if (IsGone(r)) {
+        if (put && op->gives_back)
+          op->entry->window->GiveBack(op->payload->data(), w, op->with_p ? op->p * w : 0.0);
+        continue;
+      }
+      if (fault_tolerant_) {
+        op->waiting[r] = Now();
+        if (put) op->unacked[r] = w;
+      }
       switch (s.kind) {
         case kPut:
         case kAccumulate:
@@ -291,6 +326,14 @@ void WindowService::Receive(int src) {
     if (scratch_.size() < static_cast<size_t>(h.bytes)) scratch_.resize(h.bytes);
     link_->ReceiveData(src, scratch_.data(), static_cast<size_t>(h.bytes));
   }
+  if (h.kind == kQueued) {
+    auto it = running_.find(h.op);
+    if (it != running_.end()) {
+      auto w = it->second->waiting.find(src);
+      if (w != it->second->waiting.end()) w->second = Now();
+    }
+    return;
+  }
   // Replies to this rank's own operations.
   if (h.kind == kAck || h.kind == kGrant || h.kind == kGetReply) {
     auto it = running_.find(h.op);
@@ -300,6 +343,11 @@ void WindowService::Receive(int src) {
       op->status =
           WinError(static_cast<StatusCode>(h.code), op->name, op->entry->window->spec().name,
                    Concat("rank ", src, " refused: ", std::string(scratch_.data(), h.bytes)));
+    }
+    if (fault_tolerant_) {
+      // A reply from a rank already dropped (late, not dead) was given up on: not counted twice.
+      if (!op->waiting.erase(src)) return;
+      op->unacked.erase(src);
     }
     if (h.kind == kGrant) op->granted.push_back(src);
     if (h.kind == kGetReply) {
@@ -367,6 +415,7 @@ void WindowService::Receive(int src) {
         Send(src, kGrant, h.window, h.op, 0, 0, nullptr, 0);
       } else {
         e->waiters.emplace_back(src, h.op);
+        if (fault_tolerant_) Send(src, kQueued, h.window, h.op, 0, 0, nullptr, 0);
       }
       return;
     case kUnlock:
@@ -376,11 +425,8 @@ void WindowService::Receive(int src) {
       e->holder = -1;
       if (Closed(&why)) {
         RefuseWaiters(why);
-      } else if (!e->waiters.empty()) {
-        auto [next, next_op] = e->waiters.front();
-        e->waiters.pop_front();
-        e->holder = next;
-        Send(next, kGrant, h.window, next_op, 0, 0, nullptr, 0);
+      } else {
+        GrantNext(*e);
       }
       Send(src, kAck, h.window, h.op, 0, 0, nullptr, 0);
       return;

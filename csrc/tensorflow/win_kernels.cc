@@ -32,10 +32,11 @@ absl::Status NotRunning(const char* op) {
       Concat("bluefog ", op, ": bluefog is not initialized; call bf.init() first"));
 }
 
-// Ok when window operations may run here: bluefog running, in the process that started it
+// Ok when window operations may run here: the windows open, in the process that started it
 // (the window service and its thread are the parent's in a forked child).
 absl::Status Usable(const char* op, const std::string& what) {
-  if (!Runtime::Get().running()) return NotRunning(op);
+  // windows_open: in fault-tolerant mode windows outlive failed collectives.
+  if (!Runtime::Get().windows_open()) return NotRunning(op);
   if (Runtime::Get().forked())
     return absl::FailedPreconditionError(Runtime::Get().ForkedChildError(what));
   return absl::OkStatus();

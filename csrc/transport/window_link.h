@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 namespace bluefog {
 
@@ -42,6 +43,17 @@ class WindowLink {
   // nothing arrives: throws, naming them, when peers are known to have left the job (their
   // replies will never come). Backends that end the whole job on a lost peer need nothing here.
   virtual void CheckPeers() {}
+
+  // Fault-tolerant mode (the service's, on request; before any message): from now on a peer
+  // whose connection breaks fails nothing: its sends count as done, the link goes on with the
+  // others, and the peer is reported by TakeLostPeers (CheckPeers too reports instead of
+  // throwing). Returns false where the backend cannot do this.
+  virtual bool TolerateLostPeers() { return false; }
+  // The peers found lost since the last call (fault-tolerant mode).
+  virtual std::vector<int> TakeLostPeers() { return {}; }
+  // The service gave up on `rank` (lost, or silent past its deadline): sends to it are no
+  // longer waited for, and new ones are dropped.
+  virtual void DropPeer(int rank) { (void)rank; }
   // Frees the link's connections; `release` false: leave them as they are (the backend may be
   // in an unknown state after a failure). Idempotent.
   virtual void Free(bool release) = 0;

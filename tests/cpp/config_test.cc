@@ -83,6 +83,22 @@ TEST(Config, BackendChoice) {
           << e.what();
     }
   }
+  // Fault-tolerant windows: off by default; a deadline must be a positive number of seconds.
+  EXPECT_FALSE(with({}).fault_tolerant);
+  EXPECT_EQ(with({}).neighbor_deadline_seconds, 2.0);
+  EXPECT_TRUE(with({{"BLUEFOG_FAULT_TOLERANT", "1"}}).fault_tolerant);
+  EXPECT_EQ(with({{"BLUEFOG_NEIGHBOR_DEADLINE", "0.25"}}).neighbor_deadline_seconds, 0.25);
+  for (const char* bad : {"0", "-1", "nan", "inf", "2s", ""}) {
+    try {
+      with({{"BLUEFOG_NEIGHBOR_DEADLINE", bad}});
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const BluefogError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("BLUEFOG_NEIGHBOR_DEADLINE='") + bad +
+                                           "' is not a number of seconds > 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Asked for Gloo without a rendezvous, or with a rank outside the job: named.
   try {
     FromMap({{"BLUEFOG_BACKEND", "gloo"}, {"MASTER_ADDR", "h"}}).UseGloo();

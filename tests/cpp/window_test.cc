@@ -73,6 +73,24 @@ TEST(WindowTest, PublishScalesTheValueAndWeight) {
   EXPECT_DOUBLE_EQ(p, 0.5);
 }
 
+TEST(WindowTest, GivenBackShareJoinsTheNextPublishingUpdateOnce) {
+  const std::vector<float> x = {2, 4, 6};
+  Window w(0, Spec(), x.data(), true);
+  w.Publish(x.data(), 0.5, 0.5);     // kept 1/2 of x and of p = 1
+  w.GiveBack(x.data(), 0.25, 0.25);  // the share meant for a lost out-neighbour
+  std::vector<float> out(3);
+  // A clone (publish false, and so without the weight, as win_update(clone=True) calls it)
+  // leaves the given-back share for later.
+  w.Update(x.data(), out.data(), 0.5, {1, 3}, {1.0, 1.0}, false, false, false);
+  EXPECT_EQ(out, std::vector<float>({1, 2, 3}));
+  w.Update(x.data(), out.data(), 0.5, {1, 3}, {1.0, 1.0}, false, true, true);
+  EXPECT_EQ(out, std::vector<float>({1.5f, 3, 4.5f}));  // 0.5 x + 0.25 x
+  EXPECT_DOUBLE_EQ(w.associated_p(), 0.5 * 0.5 + 0.25);
+  std::vector<float> again(3);
+  w.Update(out.data(), again.data(), 1.0, {}, {}, false, true, true);
+  EXPECT_EQ(again, out);  // added once only
+}
+
 TEST(WindowTest, NeighbourIndexes) {
   const std::vector<float> x = {0, 0, 0};
   Window w(0, Spec(), x.data(), false);

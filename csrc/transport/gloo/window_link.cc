@@ -22,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/status.h"
@@ -144,7 +145,36 @@ class GlooWindowLink : public WindowLink {
     });
   }
 
+  bool TolerateLostPeers() override {
+    tolerant_ = true;
+    return true;
+  }
+
+  std::vector<int> TakeLostPeers() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int> lost(lost_.begin(), lost_.end());
+    lost_.clear();
+    return lost;
+  }
+
+  void DropPeer(int rank) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped_.insert(rank);
+    if (current_send_ && current_send_->dst == rank) current_send_->buffer->abortWaitSend();
+  }
+
   void CheckPeers() override {
+    if (tolerant_) {
+      std::vector<int> gone;
+      try {
+        gone = GoneRanks();
+      } catch (const std::exception&) {
+        return;  // rank 0's store is gone: the lost connections themselves still tell
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      lost_.insert(gone.begin(), gone.end());
+      return;
+    }
     std::vector<int> gone;
     try {
       std::vector<std::string> keys;
@@ -188,15 +218,30 @@ class GlooWindowLink : public WindowLink {
     auto p = std::make_shared<PendingSend>();
     p->bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
     p->dst = dst;
+    if (tolerant_) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (dropped_.count(dst)) {
+        p->state = 1;
+        return std::make_unique<GlooSend>(p);
+      }
+    }
     if (dst == rank_) {
       (slot == kHeaderSlot ? loop_headers_ : loop_data_).push_back(std::move(p->bytes));
       p->state = 1;
       return std::make_unique<GlooSend>(p);
     }
-    Guard("send", dst, [&] {
-      p->buffer = context_->createUnboundBuffer(p->bytes.data(), p->bytes.size());
-      p->buffer->send(dst, slot);
-    });
+    try {
+      Guard("send", dst, [&] {
+        p->buffer = context_->createUnboundBuffer(p->bytes.data(), p->bytes.size());
+        p->buffer->send(dst, slot);
+      });
+    } catch (const std::exception&) {
+      if (!tolerant_) throw;
+      std::lock_guard<std::mutex> lock(mutex_);
+      lost_.insert(dst);
+      p->state = 1;
+      return std::make_unique<GlooSend>(p);
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       sends_.push_back(p);
@@ -206,20 +251,61 @@ class GlooWindowLink : public WindowLink {
   }
 
   // Thread: one receive of a header from every other rank at a time, queued when it lands.
+  // Fault-tolerant: a broken connection ends the receive for every source; the ranks the store
+  // says left are taken out of the sources, and the receive is posted again for the others.
   void ReceiveHeaders() {
-    try {
-      while (true) {
-        header_buffer_->recv(others_, kHeaderSlot);
+    std::vector<int> sources = others_;
+    while (!sources.empty()) {
+      try {
+        header_buffer_->recv(sources, kHeaderSlot);
         int src = -1;
         if (!header_buffer_->waitRecv(&src, kForever)) return;  // Free
         std::lock_guard<std::mutex> lock(mutex_);
         headers_.emplace_back(src, header_);
+        continue;
+      } catch (const std::exception& e) {
+        std::vector<int> gone;
+        if (tolerant_) gone = GoneAmong(sources);
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (freed_) return;
+        if (gone.empty()) {
+          error_ = Describe("receive", -1, e.what());
+          return;
+        }
+        for (int r : gone) {
+          lost_.insert(r);
+          sources.erase(std::remove(sources.begin(), sources.end(), r), sources.end());
+        }
       }
-    } catch (const std::exception& e) {
-      std::string text = Describe("receive", -1, e.what());
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::move(text);
     }
+  }
+
+  std::vector<int> GoneRanks() {
+    std::vector<std::string> keys;
+    for (int r : others_) keys.push_back(GoneKey(r));
+    std::vector<std::string> missing = store_->Missing(keys);
+    std::vector<int> gone;
+    for (size_t k = 0; k < keys.size(); ++k)
+      if (std::find(missing.begin(), missing.end(), keys[k]) == missing.end())
+        gone.push_back(others_[k]);
+    return gone;
+  }
+
+  // The ranks of `among` that the store marks gone, asked for up to a second: the store may
+  // learn of a death a moment after a connection broke.
+  std::vector<int> GoneAmong(const std::vector<int>& among) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      std::vector<int> gone;
+      try {
+        for (int r : GoneRanks())
+          if (std::find(among.begin(), among.end(), r) != among.end()) gone.push_back(r);
+      } catch (const std::exception&) {
+        return {};
+      }
+      if (!gone.empty()) return gone;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return {};
   }
 
   // Thread: waits for the sends to complete, in the order posted.
@@ -232,10 +318,18 @@ class GlooWindowLink : public WindowLink {
         if (freed_) return;
         p = sends_.front();
         sends_.pop_front();
+        if (tolerant_ && dropped_.count(p->dst)) {
+          p->state = 1;
+          continue;
+        }
         current_send_ = p;
       }
       try {
-        if (p->buffer->waitSend(timeout_)) {
+        // Fault-tolerant: no timeout (one that expires closes every pair of the context); the
+        // service drops a silent peer (DropPeer aborts this wait).
+        if (p->buffer->waitSend(tolerant_ ? kForever : timeout_)) {
+          p->state = 1;
+        } else if (tolerant_) {
           p->state = 1;
         } else {
           p->error = Concat("rank ", rank_, ": the window service's send to rank ", p->dst,
@@ -243,8 +337,14 @@ class GlooWindowLink : public WindowLink {
           p->state = 2;
         }
       } catch (const std::exception& e) {
-        p->error = Describe("send", p->dst, e.what());
-        p->state = 2;
+        if (tolerant_) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          lost_.insert(p->dst);
+          p->state = 1;
+        } else {
+          p->error = Describe("send", p->dst, e.what());
+          p->state = 2;
+        }
       }
       std::lock_guard<std::mutex> lock(mutex_);
       current_send_.reset();
@@ -293,6 +393,7 @@ class GlooWindowLink : public WindowLink {
   size_t header_bytes_;
   std::chrono::milliseconds timeout_;
   std::vector<int> others_;
+  std::atomic<bool> tolerant_{false};
 
   // The header thread's buffer (touched by it alone while it runs).
   std::vector<char> header_;
@@ -307,6 +408,8 @@ class GlooWindowLink : public WindowLink {
   std::string error_;
   std::deque<std::shared_ptr<PendingSend>> sends_;
   std::shared_ptr<PendingSend> current_send_;
+  std::set<int> lost_;     // found lost, not yet taken by the service
+  std::set<int> dropped_;  // given up on by the service
 
   // Messages to this rank itself (the service's thread only).
   std::deque<std::vector<char>> loop_headers_;
