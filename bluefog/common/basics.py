@@ -223,12 +223,6 @@ def is_initialized() -> bool:
     return lib is not None and bool(lib.bluefog_is_initialized())
 
 
-def _windows_open() -> bool:
-    """Whether this rank's windows take operations: while initialized, and in fault-tolerant
-    mode also after a lost rank failed the collectives, until shutdown."""
-    return _lib is not None and bool(_lib.bluefog_windows_open())
-
-
 def _query(fn_name: str) -> int:
     value = getattr(_load(), fn_name)() if library.loaded() is not None else -1
     if value < 0:
@@ -311,27 +305,6 @@ def add_process_set_ranks(ranks: Sequence[int]) -> int:
 def remove_process_set_id(set_id: int) -> None:
     """Removes a registered process set on every rank (collective)."""
     _check(_load().bluefog_remove_process_set(set_id))
-
-
-def process_set_rank(set_id: int) -> int:
-    """This rank's index in the set, -1 when not in it (or not initialized)."""
-    return _load().bluefog_process_set_rank(set_id)
-
-
-def process_set_size(set_id: int) -> int:
-    """The set's size, -1 when this rank is not in it (or not initialized)."""
-    return _load().bluefog_process_set_size(set_id)
-
-
-def process_set_ranks(set_id: int) -> List[int]:
-    """The set's job-wide ranks; empty when there is no such set (or not initialized)."""
-    lib = _load()
-    n = lib.bluefog_process_set_ranks(set_id, None, 0)
-    if n <= 0:
-        return []
-    out = (ctypes.c_int * n)()
-    lib.bluefog_process_set_ranks(set_id, out, n)
-    return list(out)
 
 
 # The process sets' Python objects (``ProcessSet``), public as bluefog.common.process_sets. They

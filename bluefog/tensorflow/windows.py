@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from bluefog.common import basics, topology, topology_util
+from bluefog.common import basics, library, topology, topology_util
 from bluefog.tensorflow.op_library import const_input, name_input, ops
 from bluefog.tensorflow.op_rules import FLOAT_DTYPES, rank_str
 
@@ -90,6 +90,13 @@ def _topology_guard():
 topology.register_change_guard(_topology_guard)
 
 
+def _windows_open() -> bool:
+    """Whether this rank's windows take operations: while initialized, and in fault-tolerant
+    mode also after a lost rank failed the collectives, until shutdown."""
+    lib = library.loaded()
+    return lib is not None and bool(lib.bluefog_windows_open())
+
+
 def _prefix(op: str, name) -> str:
     return f"rank {rank_str()}: bluefog {op} of window {name!r}"
 
@@ -97,7 +104,7 @@ def _prefix(op: str, name) -> str:
 def _window(op: str, name) -> _Window:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{_prefix(op, name)}: the name must be a non-empty str")
-    if not basics.is_initialized() and not basics._windows_open():
+    if not basics.is_initialized() and not _windows_open():
         with _lock:
             _windows.clear()  # shutdown() freed them in the core
         raise ValueError(f"{_prefix(op, name)}: bluefog is not initialized (or was shut down, "

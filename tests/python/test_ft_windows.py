@@ -66,6 +66,7 @@ def test_sigkill_mass_exact_among_survivors(tmp_path):
     assert abs(lost["mass"] - 4.0 * (dead + 1)) > 1e-6, lost
 
 
+@pytest.mark.nightly  # the SIGKILL case covers the dropping; this one the deadline
 def test_sigstop_dropped_by_deadline(tmp_path):
     stopped, at, steps, np_ = 1, 10, 30, 3
     result = run_gloo_job([PYTHON, JOB, str(tmp_path), str(steps), "--stop", f"{stopped}@{at}"],
