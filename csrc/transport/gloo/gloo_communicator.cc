@@ -74,37 +74,6 @@ std::string HostName() {
   return name;
 }
 
-// What a rank announces at the rendezvous: its host name, then, when LOCAL_WORLD_SIZE is set,
-// a newline and that value (a host name holds no newline).
-std::string Announcement(const std::string& host, int local_size) {
-  return local_size > 0 ? Concat(host, "\n", local_size) : host;
-}
-
-// Why the LOCAL_WORLD_SIZE some rank announced contradicts the number of ranks that announced
-// its host; empty when none does. Every rank gets the same announcements, hence the same text.
-std::string LocalSizeContradiction(std::vector<std::string>* hosts) {
-  std::vector<int> local_size(hosts->size(), -1);
-  for (size_t r = 0; r < hosts->size(); ++r) {
-    const size_t nl = (*hosts)[r].find('\n');
-    if (nl == std::string::npos) continue;
-    local_size[r] = std::atoi((*hosts)[r].c_str() + nl + 1);
-    (*hosts)[r].resize(nl);
-  }
-  for (size_t r = 0; r < hosts->size(); ++r) {
-    if (local_size[r] <= 0) continue;
-    std::vector<int> same_host;
-    for (size_t q = 0; q < hosts->size(); ++q)
-      if ((*hosts)[q] == (*hosts)[r]) same_host.push_back(static_cast<int>(q));
-    if (static_cast<int>(same_host.size()) == local_size[r]) continue;
-    return Concat("rank ", r, " has LOCAL_WORLD_SIZE=", local_size[r], ", but ", same_host.size(),
-                  " rank(s) of this job run on its host ", (*hosts)[r], " (rank(s) ",
-                  RanksText(same_host),
-                  "). Set LOCAL_WORLD_SIZE on every process to the number of its job's "
-                  "processes on its host, or unset it (bluefog then counts them)");
-  }
-  return "";
-}
-
 // Gloo's own allreduce (a ring over its TCP pairs): whatever the one-host algorithms do not
 // take, so the last of the list.
 class GlooRingAllreduce : public AllreduceAlgorithm {
@@ -153,9 +122,7 @@ TransportInfo GlooCommunicator::Init() {
 
   // Every rank announces its host; a rank that never comes is named, not waited on forever.
   const std::string host = HostName();
-  const std::string announced = Announcement(host, setup_.local_size);
-  store_->set(Concat("bluefog/arrived/", rank_),
-              std::vector<char>(announced.begin(), announced.end()));
+  store_->set(Concat("bluefog/arrived/", rank_), std::vector<char>(host.begin(), host.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(Concat("bluefog/arrived/", r));
   const auto start = std::chrono::steady_clock::now();
@@ -200,19 +167,6 @@ TransportInfo GlooCommunicator::Init() {
   for (int r = 0; r < size_; ++r) {
     std::vector<char> v = store_->get(keys[r]);
     hosts[r].assign(v.begin(), v.end());
-  }
-  const std::string contradiction = LocalSizeContradiction(&hosts);
-  if (!contradiction.empty()) {
-    // Every rank ends with the same error; rank 0, whose process serves the store, waits until
-    // every rank has read what it needs from it.
-    store_->set(Concat("bluefog/checked/", rank_), {});
-    std::vector<std::string> checked;
-    for (int r = 0; r < size_; ++r) checked.push_back(Concat("bluefog/checked/", r));
-    for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-         rank_ == 0 && !store_->Missing(checked).empty() &&
-         std::chrono::steady_clock::now() < until;)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    throw BluefogError(StatusCode::kInvalidArgument, Concat("rank ", rank_, ": ", contradiction));
   }
 
   TransportInfo info;
