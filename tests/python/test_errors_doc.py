@@ -14,7 +14,7 @@ COVERED = ("rendezvous at", "cannot listen at", "refused this rank's job token",
            "so this process was started to join a job", "is out of range",
            "TF_CONFIG's cluster lists", "Ray found no room", "and never will", "below --min-np",
            "--reset-limit", "already joined this job as rank",
-           "the handshake with the Gloo rendezvous server", "has LOCAL_WORLD_SIZE=")
+           "the handshake with the Gloo rendezvous server")
 
 
 def _sources() -> str:
