@@ -34,6 +34,7 @@ def run_example(tmp_path, script, args=(), env=None):
     return result.output
 
 
+@pytest.mark.nightly  # the Keras MNIST example runs in make test; this one's tape is tested apart
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_tensorflow2_mnist_learns_and_checkpoints(tmp_path):
     # 22 steps over 2 ranks: 11 per rank, printed at steps 0 and 10.
