@@ -210,6 +210,7 @@ def test_ctrl_c_says_what_it_does_stops_the_ranks_and_removes_the_folder(presses
         job.kill(tree)
 
 
+@pytest.mark.nightly  # an error path of the reset callbacks the other elastic tests run
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_a_failing_reset_callback_ends_the_job_with_its_traceback(tmp_path):
     rc, out = grow(tmp_path, ["--state-dir", str(tmp_path / "state")], ["--bad-reset"])

@@ -115,6 +115,7 @@ def test_killed_worker_survivors_continue_in_place():
           f"uninterrupted {accuracy(ref):.4f}")
 
 
+@pytest.mark.nightly  # a flood, as test_flood's job floods (make flood)
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_store_flood_then_a_lost_worker_still_reforms():
     """A stranger holds 200 idle connections to the store bfrun serves while bfrun has 30

@@ -269,6 +269,7 @@ def _engine_pids(ipython_dir):
         client.close()
 
 
+@pytest.mark.nightly  # a flood (make flood runs it at 10,000 connections)
 @needs_cluster
 @pytest.mark.timeout(240)
 def test_a_stranger_flood_leaves_a_two_host_clusters_controller_as_it_was(ipython_dir,

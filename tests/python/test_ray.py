@@ -85,6 +85,7 @@ def room_cases():
     return found
 
 
+@pytest.mark.nightly  # placement's error paths: a Ray cluster of their own (~20 s)
 def test_no_room_on_the_cluster_fails_at_once(room_cases):
     c = case(room_cases, "no_room")
     assert c["raised"]
@@ -94,6 +95,7 @@ def test_no_room_on_the_cluster_fails_at_once(room_cases):
     assert c["seconds"] < 10, c  # not the 60 s of placement_group_timeout_s
 
 
+@pytest.mark.nightly
 def test_a_busy_cluster_is_waited_for_saying_so(room_cases):
     c = case(room_cases, "busy")
     assert c["raised"] and "within 12 s" in c["message"], c
