@@ -222,12 +222,12 @@ def test_two_optimizers_of_one_class_in_one_step(rank, size):
 
 
 def test_extra_plain_optimizers_on_some_ranks(rank, size):
-    """Keras numbers every optimizer a process makes; the collectives' names must not depend on
-    it, or one extra optimizer on some ranks would stall the next step."""
-    extra = [keras.optimizers.SGD(0.1) for _ in range(rank)]
+    """Recent Keras numbers every optimizer a process makes; the collectives' names
+    must not depend on it, or one extra optimizer on some ranks would stall the next step."""
+    for _ in range(rank):
+        keras.optimizers.SGD(0.1)  # a plain optimizer this rank makes and drops
     v = tf.Variable(W)
     opt = bf.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.5))
-    assert len({o.name for o in extra} | {opt.name}) == rank + 1
     opt.apply([tf.constant((rank + 1) * W)], [v])
     np.testing.assert_allclose(v.numpy(), W - 0.5 * mean_factor(size) * W, rtol=1e-6)
     assert len(set(bf.allgather_object(opt._bluefog_prefix))) == 1
