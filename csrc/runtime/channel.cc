@@ -288,6 +288,8 @@ Request* Channel::Lookup(const std::string& name) {
   auto it = in_flight_.find(name);
   BF_ENFORCE(it != in_flight_.end(), StatusCode::kInternal, "tensor '", name,
              "' completed but this rank has no such request");
+  // The executors look a request up when its collective runs: from now on it is exchanging.
+  recorder_->Start(it->second.flight_id);
   return &it->second;  // stable: only this thread erases
 }
 

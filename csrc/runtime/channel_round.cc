@@ -108,15 +108,13 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
   std::vector<Response> ready = coordinator_.TakeReady();
   // Every rank records the same ready list, so the caches stay identical.
   cache_.Record(ready);
-  {
-    const bool timeline = timeline_->enabled();
-    const double now = timeline ? NowSeconds() : 0;
+  if (timeline_->enabled()) {
+    const double now = NowSeconds();
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Response& r : ready) {
       auto it = in_flight_.find(r.meta.name);
-      if (it == in_flight_.end()) continue;
-      recorder_->Start(it->second.flight_id);  // agreed: from now on it is exchanging
-      if (timeline) timeline_->Phase(r.meta.name, "NEGOTIATE", it->second.announced_at, now);
+      if (it != in_flight_.end())
+        timeline_->Phase(r.meta.name, "NEGOTIATE", it->second.announced_at, now);
     }
   }
   ++stats_.rounds;
