@@ -65,15 +65,7 @@ TEST(PathCacheRuns, LearnsOrStartsFromTheFile) {
   ASSERT_TRUE(transport->paths().staged && transport->paths().direct);
   transport->tuning().worse = 1e9;
   if (mode == "cached") {
-    PathCache cache(dir, PathCache::MachineKey());
-    std::string why;
-    ASSERT_EQ(cache.Load(&why), PathCache::Loaded::kLoaded) << why;
-    for (int64_t count : kCounts) {
-      const CachedChoice* c =
-          cache.Find(info.size, "out of place", PathChooser::SizeClass(count * 4));
-      ASSERT_NE(c, nullptr) << count;
-      EXPECT_EQ(Choice(count), c->path) << count;  // before the first call
-    }
+    ExpectFileHoldsTheChoices();  // before the first call
   } else {
     for (int64_t count : kCounts) EXPECT_EQ(Choice(count), -1) << count;
   }
