@@ -92,6 +92,15 @@ const char* bluefog_flight_recorder(void) {
   }
   return json.c_str();
 }
+const char* bluefog_diagnose(void) {
+  thread_local std::string text;
+  try {
+    text = bluefog::Runtime::Get().Diagnose();
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  return text.c_str();
+}
 int bluefog_flight_dump_installed(void) { return bluefog::FlightDumpInstalled() ? 1 : 0; }
 
 int bluefog_start_timeline(const char* path) {

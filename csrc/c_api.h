@@ -48,6 +48,10 @@ int bluefog_timeline_activity(const char* tensor, const char* activity, double s
 // This rank's flight recorder (its last operations, core/flight_recorder.h) as a JSON array,
 // valid until this thread's next call; before init an empty array. Never fails.
 const char* bluefog_flight_recorder(void);
+// What every rank of the job is doing, asked now over the hang doctor's link (runtime/doctor.h;
+// waits a few seconds at most), or why it cannot be asked; valid until this thread's next call.
+// Never fails.
+const char* bluefog_diagnose(void);
 // 1 when SIGUSR1 prints the flight recorder (bluefog installed the handler at init), else 0.
 int bluefog_flight_dump_installed(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call

@@ -24,3 +24,17 @@ def flight_recorder() -> List[Dict[str, Any]]:
     ``started_s_ago``, ``ended_s_ago`` (seconds before this call; None when not reached).
     Works before ``init`` (an empty list) and after ``shutdown`` (what was recorded)."""
     return json.loads(library.load().bluefog_flight_recorder().decode("utf-8", "replace"))
+
+
+def diagnose() -> str:
+    """What every rank of the job is doing now, as one text: asks each rank over the hang
+    doctor's connection of its own (so it answers while its Python thread sleeps, computes or
+    waits inside another operation) and waits up to a few seconds for the answers. Each line
+    names a rank with its host and pid and its oldest pending operation (``"rank 2 (node-a, pid
+    4711): it is in broadcast 'w' since 41.0 s"``), or its last finished one when it is in
+    none, and the window mutexes it holds; a rank that does not answer is named as such
+    (stopped, dead or frozen). The same consultation runs by itself when an operation waits
+    past ``BLUEFOG_STALL_CHECK_TIME`` and prints its diagnosis on the waiting ranks. Returns a
+    sentence saying why when it cannot ask (not initialized, one rank,
+    ``BLUEFOG_HANG_DOCTOR=0``)."""
+    return library.load().bluefog_diagnose().decode("utf-8", "replace")

@@ -24,7 +24,7 @@ from bluefog.common.capabilities import (  # noqa: F401
     nccl_built,
     rocm_built,
 )
-from bluefog.common.flight_recorder import flight_recorder  # noqa: F401
+from bluefog.common.flight_recorder import diagnose, flight_recorder  # noqa: F401
 from bluefog.common.hosts import cross_rank, cross_size  # noqa: F401
 from bluefog.common.process_sets import (  # noqa: F401
     ProcessSet,
@@ -226,7 +226,7 @@ __all__ = [
     "window_names", "window_variable",
     "ReplicaMismatchError", "check_replicas", "replica_spread",
 ]
-__all__ += ["DiLoCo", "LocalSGD", "flight_recorder"]
+__all__ += ["DiLoCo", "LocalSGD", "diagnose", "flight_recorder"]
 # Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
 _SUBPACKAGES = ("elastic", "keras", "util")
 

@@ -63,6 +63,9 @@ struct Config {
   double stall_check_seconds = 60.0;
   // With a value > 0, such a request fails after this long instead of waiting forever.
   double stall_shutdown_seconds = 0.0;
+  // BLUEFOG_HANG_DOCTOR: a stall makes this rank ask the others what they do and print a
+  // diagnosis (runtime/doctor.h); bf.diagnose() asks on demand.
+  bool hang_doctor = true;
   // Operations the flight recorder keeps (core/flight_recorder.h; 0: off), at most 65536.
   int64_t flight_recorder_size = 256;
   LogLevel log_level = LogLevel::kWarning;

@@ -348,7 +348,9 @@ void Channel::CheckStalls() {
     }
   }
   const StallWatch::Verdict verdict = stall_watch_.Check(now, oldest);
-  if (verdict == StallWatch::Verdict::kQuiet) return;
+  if (verdict == StallWatch::Verdict::kQuiet ||
+      (verdict == StallWatch::Verdict::kWarn && stalls_diagnosed_))
+    return;
   std::sort(mine.begin(), mine.end());
   std::vector<WaitingTensor> waiting = coordinator_.Waiting();
   for (WaitingTensor& w : waiting)  // job-wide ranks in messages

@@ -47,6 +47,9 @@ class Channel : private RequestTable {
   void set_runtime_hook(RuntimeHook hook) { runtime_hook_ = std::move(hook); }
   // Where this channel records its requests (queued, running, finished); set before Start.
   void set_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
+  // The hang doctor (runtime/doctor.h) prints the diagnosis of a stall: this channel then only
+  // fails a request at BLUEFOG_STALL_SHUTDOWN_TIME, without warnings of its own. Before Start.
+  void set_stalls_diagnosed(bool diagnosed) { stalls_diagnosed_ = diagnosed; }
 
   // Runs the loop on the calling thread until every rank of the channel has agreed to stop (or
   // an error stops it); then fails what is still pending. Returns false when an exchange may be
@@ -131,6 +134,7 @@ class Channel : private RequestTable {
 
   const int id_;
   const Config config_;
+  bool stalls_diagnosed_ = false;
   std::atomic<int64_t> inline_threshold_;
   Communicator* transport_;
   const TransportInfo info_;

@@ -104,6 +104,7 @@ void Runtime::ResetEndedJob() {
   if (thread_.joinable()) thread_.join();
   started_ = false;
   world_.reset();
+  doctor_.reset();
   windows_ = std::make_unique<WindowService>();
   transport_.reset();
   std::lock_guard<std::mutex> lock(sets_mutex_);
@@ -166,6 +167,8 @@ void Runtime::Main(std::promise<void>* started) {
       [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
       info_.rank, info_.size);
   windows_->SetFaultTolerance(config_.fault_tolerant, config_.neighbor_deadline_seconds);
+  StartDoctor();
+  world_->set_stalls_diagnosed(doctor_ != nullptr);
   world_->set_runtime_hook(
       [this](const Response& r, const Request* mine) { return OnRuntimeOp(r, mine); });
   started->set_value();
@@ -217,6 +220,7 @@ void Runtime::Main(std::promise<void>* started) {
              "); its windows go on in fault-tolerant mode until bf.shutdown()");
     end_cv_.wait(lock, [this] { return end_requested_; });
   }
+  if (doctor_) doctor_->Stop(clean || fails_fast);
   windows_->Stop(reason, clean || fails_fast);
   timeline_.Close();
   {
@@ -428,6 +432,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
       set.channel =
           std::make_unique<Channel>(id, config_, set.transport.get(), info, set.ranks, nullptr);
       set.channel->set_recorder(&recorder_);
+      set.channel->set_stalls_diagnosed(doctor_ != nullptr);
       set.channel->Start();
     }
     std::lock_guard<std::mutex> lock(sets_mutex_);

@@ -19,6 +19,7 @@
 #include "core/request.h"
 #include "core/timeline.h"
 #include "runtime/channel.h"
+#include "runtime/doctor.h"
 #include "runtime/window_service.h"
 #include "transport/communicator.h"
 #include "transport/shared_heap.h"
@@ -114,10 +115,15 @@ class Runtime {
   WindowService& windows() { return *windows_; }
   // This rank's last operations (core/flight_recorder.h): any thread, any time.
   FlightRecorder& recorder() { return recorder_; }
+  // What every rank is doing, asked now (runtime/doctor.h); a sentence saying why not when the
+  // doctor is off or not running.
+  std::string Diagnose();
 
  private:
   Runtime() = default;
   void Main(std::promise<void>* started);
+  // On the background thread at init, at the same point on every rank: the hang doctor's link.
+  void StartDoctor();
   // Drops what an ended job left (Init on Gloo, after the background thread has ended).
   void ResetEndedJob();
   // On the global channel's thread: registers or removes the set of `response`, or creates or
@@ -142,6 +148,7 @@ class Runtime {
   Timeline timeline_;
   FlightRecorder recorder_;  // every channel's requests and the window operations
   std::unique_ptr<WindowService> windows_ = std::make_unique<WindowService>();
+  std::unique_ptr<Doctor> doctor_;  // set by the background thread before Init returns
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns
   std::atomic<bool> started_{false};
   std::thread thread_;
