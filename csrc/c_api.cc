@@ -92,6 +92,13 @@ const char* bluefog_flight_recorder(void) {
   }
   return json.c_str();
 }
+int bluefog_op_totals(long long* operations, long long* bytes, double* waiting_seconds) {
+  const bluefog::FlightRecorder::Totals t = bluefog::Runtime::Get().recorder().totals();
+  if (operations != nullptr) *operations = static_cast<long long>(t.operations);
+  if (bytes != nullptr) *bytes = static_cast<long long>(t.bytes);
+  if (waiting_seconds != nullptr) *waiting_seconds = t.waiting_seconds;
+  return 0;
+}
 int bluefog_flight_dump_installed(void) { return bluefog::FlightDumpInstalled() ? 1 : 0; }
 
 int bluefog_start_timeline(const char* path) {

@@ -48,6 +48,10 @@ int bluefog_timeline_activity(const char* tensor, const char* activity, double s
 // This rank's flight recorder (its last operations, core/flight_recorder.h) as a JSON array,
 // valid until this thread's next call; before init an empty array. Never fails.
 const char* bluefog_flight_recorder(void);
+// Operations this process has begun (every kind the flight recorder records, also while it is
+// off) and the bytes of their tensors, and the seconds it waited with an operation queued for
+// the other ranks (core/flight_recorder.h's Totals), since the process started. Never fails.
+int bluefog_op_totals(long long* operations, long long* bytes, double* waiting_seconds);
 // 1 when SIGUSR1 prints the flight recorder (bluefog installed the handler at init), else 0.
 int bluefog_flight_dump_installed(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call

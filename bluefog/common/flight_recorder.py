@@ -9,8 +9,9 @@ stack, also while the rank is stuck inside an operation.
 
 from __future__ import annotations
 
+import ctypes
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from bluefog.common import library
 
@@ -24,3 +25,14 @@ def flight_recorder() -> List[Dict[str, Any]]:
     ``started_s_ago``, ``ended_s_ago`` (seconds before this call; None when not reached).
     Works before ``init`` (an empty list) and after ``shutdown`` (what was recorded)."""
     return json.loads(library.load().bluefog_flight_recorder().decode("utf-8", "replace"))
+
+
+def op_totals() -> Tuple[int, int, float]:
+    """Since this process started: the operations it began (every kind the recorder records,
+    also while it is off), the bytes of their tensors, and the seconds during which at least
+    one recorded operation was queued, waiting for the other ranks:
+    ``(operations, bytes, waiting_seconds)``."""
+    ops, nbytes, waited = ctypes.c_longlong(0), ctypes.c_longlong(0), ctypes.c_double(0)
+    library.load().bluefog_op_totals(ctypes.byref(ops), ctypes.byref(nbytes),
+                                     ctypes.byref(waited))
+    return int(ops.value), int(nbytes.value), float(waited.value)
