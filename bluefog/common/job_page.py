@@ -3,8 +3,9 @@ format), served by a small threaded HTTP server in daemon threads.
 
 Training never waits for it: the training thread only appends to ``JobState`` under a short
 lock; the server's threads read. Every connection has a timeout, at most ``MAX_CONNECTIONS``
-are served at once (more are closed at once), requests are GET or HEAD with bounded lines and
-headers, and a handler's error ends that connection only. Every request is authenticated
+are served at once (more are closed at once), one not authenticated within
+``LOGIN_DEADLINE_S`` is cut, requests are GET or HEAD with bounded lines and headers, and a
+handler's error ends that connection only. Every request is authenticated
 (``job_page_auth``). The charts are drawn by plotly.js, served from the installed ``plotly``
 Python package (the browser fetches nothing outside the job).
 """
@@ -28,7 +29,8 @@ from bluefog.common.job_page_state import JobState, metrics_text
 
 VARIABLE = "BLUEFOG_JOB_PAGE"
 MAX_CONNECTIONS = 16
-CONNECTION_TIMEOUT_S = 5.0
+CONNECTION_TIMEOUT_S = 5.0  # per read or write
+LOGIN_DEADLINE_S = 10.0  # a connection not authenticated by then is cut, however it drips
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -144,6 +146,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(LOGIN_DEADLINE_S, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        try:
+            self.request.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
+
     def _send(self, code: int, body: bytes, ctype: str, headers: Dict[str, str] = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -164,6 +182,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         verdict = page.auth.check(self.headers.get("Authorization"), self.command, self.path,
                                   loopback)
         if verdict:
+            self._deadline.cancel()
             return True
         self._send(401, b"bluefog job page: credentials needed (user bluefog, the secret in "
                    b"the file the job printed)\n", "text/plain; charset=utf-8",

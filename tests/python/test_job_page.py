@@ -19,6 +19,7 @@ import urllib.request
 
 import pytest
 
+from bluefog.common import job_page
 from bluefog.common.job_page import parse_address
 
 from mpi_jobs import PYTHON, REPO, BackgroundJob, have_mpirun, mpirun_prefix
@@ -41,6 +42,29 @@ def test_addresses_are_parsed_or_refused_clearly():
     out = subprocess.run([sys.executable, "-m", "bluefog.run", "--job-page", "80a", "-np", "2",
                           "true"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 2 and "--job-page='80a' is not a port" in out.stderr, out.stderr
+
+
+def test_a_dripping_stranger_is_cut_at_the_login_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(job_page, "LOGIN_DEADLINE_S", 1.0)
+    page = job_page.JobPage("127.0.0.1", 0, 0, str(tmp_path / "secret"))
+    try:
+        s = socket.create_connection(("127.0.0.1", page.port), timeout=10)
+        started, closed = time.time(), False
+        for _ in range(8):  # one byte every 0.5 s: within the per-read timeout
+            try:
+                s.sendall(b"G")
+                time.sleep(0.5)
+            except OSError:
+                closed = True
+                break
+        s.settimeout(3)
+        closed = closed or s.recv(100) == b""
+        assert closed and time.time() - started < 4.5
+        secret = open(tmp_path / "secret").read().strip()
+        code, text, _ = _get(page.url + "metrics", {"Authorization": f"Bearer {secret}"})
+        assert code == 200 and "bluefog_straggler -1" in text
+    finally:
+        page.close()
 
 
 def _get(url: str, headers=None, opener=None):
