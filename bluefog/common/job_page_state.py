@@ -42,13 +42,11 @@ class JobState:
         self.reports = 0
 
     def set_ranks(self, hosts: List[str], elastic_round: int) -> None:
-        """A (new) job of ``len(hosts)`` ranks: an elastic round when the size or round changed."""
+        """A new job (the first, or one after an elastic reset) of ``len(hosts)`` ranks."""
         with self._lock:
-            if hosts != self.hosts or not self.rounds or \
-                    self.rounds[-1]["round"] != elastic_round:
-                self.rounds.append({"time": time.time(), "round": elastic_round,
-                                    "size": len(hosts)})
-                del self.rounds[:-100]
+            self.rounds.append({"time": time.time(), "round": elastic_round,
+                                "size": len(hosts)})
+            del self.rounds[:-100]
             self.hosts = list(hosts)
             self._points = {r: self._points.get(r, collections.deque(maxlen=self._history))
                             for r in range(len(hosts))}

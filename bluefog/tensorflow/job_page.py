@@ -33,9 +33,18 @@ DEFAULT_EVERY = 10
 _lock = threading.Lock()
 _page: List[Optional[JobPage]] = [None]
 _run = {"on": None, "every": DEFAULT_EVERY, "steps": 0, "since": 0, "t0": None,
-        "hosts": None, "writer": None, "log_dir": None}
-# A new job in this process (elastic reset): hosts are gathered again, the clock restarts.
-basics.register_reinit_hook(lambda: _run.update(hosts=None, t0=None))
+        "hosts": None, "writer": None, "log_dir": None, "address": None, "secret_file": None,
+        "serve_again": False}
+
+
+def _after_reinit() -> None:
+    # A new job in this process (an elastic reset): rank 0 may be another process now, so the
+    # page is served again at the next step (kept when this process is still rank 0), the
+    # hosts are gathered again and the clock restarts.
+    _run.update(hosts=None, t0=None, serve_again=bool(_run["on"]))
+
+
+basics.register_reinit_hook(_after_reinit)
 
 
 def _check_every(every_n_steps) -> int:
@@ -70,8 +79,12 @@ def serve_job_page(address=None, secret_file: Optional[str] = None,
     parsed = parse_address(value, where) if value.strip() else None
     rank = basics.rank()
     with _lock:
-        _run.update(on=True, every=every)
+        _run.update(on=True, every=every, address=address, secret_file=secret_file,
+                    serve_again=False)
         if parsed is None or rank != 0:
+            if _page[0] is not None and _page[0].url is not None:
+                _page[0].close()  # no longer rank 0 (an elastic reset)
+                _page[0] = None
             return None
         if _page[0] is not None:
             if (_page[0].port == parsed[1] or parsed[1] == 0) and _page[0].host == parsed[0]:
@@ -115,7 +128,7 @@ def _hosts() -> List[str]:
 
 
 def _elastic_round() -> int:
-    return elastic_rounds.current_round() if elastic_rounds.active() else 0
+    return elastic_rounds.current_round() if elastic_rounds.active() else -1
 
 
 def _row(steps: int, step_seconds: float, interval: float, stall_s: float) -> np.ndarray:
@@ -160,14 +173,14 @@ def _write_scalars(step: int) -> None:
 def _report(now: float) -> None:
     if _run["hosts"] is None or len(_run["hosts"]) != basics.size():
         _run["hosts"] = _hosts()
-        if _page[0] is not None:
+        if _page[0] is not None and basics.rank() == 0:
             _page[0].state.set_ranks(_run["hosts"], _elastic_round())
     interval = now - _run["t0"]
     steps = _run["since"]
     stall_s = _page[0].stall_seconds if _page[0] is not None else float("inf")
     row = _row(_run["steps"], interval / max(steps, 1), interval, stall_s)
     rows = _gather(row, "bluefog.job_page.report")
-    if _page[0] is not None:
+    if _page[0] is not None and basics.rank() == 0:
         _page[0].state.record(rows.tolist())
         _write_scalars(_run["steps"])
 
@@ -185,6 +198,8 @@ def job_page_step() -> None:
             _run["on"] = False
     if not _run["on"]:
         return
+    if _run["serve_again"]:
+        serve_job_page(_run["address"], _run["secret_file"], _run["every"])
     now = time.perf_counter()
     if _run["t0"] is None:  # the first call starts the clock
         _run["t0"], _run["since"] = now, 0
