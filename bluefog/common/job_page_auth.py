@@ -52,6 +52,11 @@ def load_or_create_secret(path: str) -> str:
     return secret
 
 
+def _same(a: str, b: str) -> bool:
+    """Constant-time equality of any two strings (a stranger's may hold any character)."""
+    return hmac.compare_digest(a.encode("utf-8", "replace"), b.encode("utf-8", "replace"))
+
+
 def _h(text: str) -> str:
     return hashlib.md5(text.encode("utf-8")).hexdigest()
 
@@ -80,7 +85,7 @@ class DigestAuth:
             age = time.time() - float(stamp)
         except ValueError:
             return False
-        return hmac.compare_digest(mac, self._sign(stamp)) and 0 <= age < NONCE_LIFETIME_S
+        return _same(mac, self._sign(stamp)) and 0 <= age < NONCE_LIFETIME_S
 
     def check(self, header: Optional[str], method: str, path: str,
               loopback: bool) -> Optional[bool]:
@@ -91,7 +96,7 @@ class DigestAuth:
             return False
         scheme, _, rest = header.strip().partition(" ")
         if scheme.lower() == "bearer":
-            return loopback and hmac.compare_digest(rest.strip().encode(), self._secret.encode())
+            return loopback and _same(rest.strip(), self._secret)
         if scheme.lower() != "digest" or len(rest) > 4096:
             return False
         p: Dict[str, str] = {m.group(1).lower(): m.group(2) if m.group(2) is not None
@@ -104,6 +109,6 @@ class DigestAuth:
             return False
         ha2 = _h(f"{method}:{p['uri']}")
         want = _h(f"{self._ha1}:{p['nonce']}:{p['nc']}:{p['cnonce']}:auth:{ha2}")
-        if not hmac.compare_digest(want, p["response"]):
+        if not _same(want, p["response"]):
             return False
         return True if self._fresh(p["nonce"]) else None

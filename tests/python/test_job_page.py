@@ -44,7 +44,7 @@ def test_addresses_are_parsed_or_refused_clearly():
     assert out.returncode == 2 and "--job-page='80a' is not a port" in out.stderr, out.stderr
 
 
-def test_a_dripping_stranger_is_cut_at_the_login_deadline(tmp_path, monkeypatch):
+def test_a_dripping_stranger_is_cut_and_bad_credentials_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(job_page, "LOGIN_DEADLINE_S", 1.0)
     page = job_page.JobPage("127.0.0.1", 0, 0, str(tmp_path / "secret"))
     try:
@@ -63,6 +63,10 @@ def test_a_dripping_stranger_is_cut_at_the_login_deadline(tmp_path, monkeypatch)
         secret = open(tmp_path / "secret").read().strip()
         code, text, _ = _get(page.url + "metrics", {"Authorization": f"Bearer {secret}"})
         assert code == 200 and "bluefog_straggler -1" in text
+        for bad in ('Digest username="bluefog", realm="x", nonce="1-\xe9", uri="/metrics", '
+                    'response="\xe9", nc=1, cnonce=x, qop=auth', "Digest " + "a=b," * 3000,
+                    "Bearer \xe9", "Basic Ymx1ZWZvZzp4", "Digest garbage"):
+            assert _get(page.url + "metrics", {"Authorization": bad})[0] == 401, bad
     finally:
         page.close()
 
