@@ -42,6 +42,11 @@ def test_addresses_are_parsed_or_refused_clearly():
     out = subprocess.run([sys.executable, "-m", "bluefog.run", "--job-page", "80a", "-np", "2",
                           "true"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 2 and "--job-page='80a' is not a port" in out.stderr, out.stderr
+    if have_mpirun():  # the variable reaches the ranks
+        out = subprocess.run([sys.executable, "-m", "bluefog.run", "--job-page", "8265", "-np",
+                              "2", "--dry-run", "true"], capture_output=True, text=True,
+                             cwd=REPO, timeout=60)
+        assert out.returncode == 0 and " -x BLUEFOG_JOB_PAGE " in out.stderr, out.stderr
 
 
 def test_a_dripping_stranger_is_cut_and_bad_credentials_refused(tmp_path, monkeypatch):
