@@ -92,6 +92,13 @@ const char* bluefog_flight_recorder(void) {
   }
   return json.c_str();
 }
+const char* bluefog_last_stall(double* seconds_ago) {
+  thread_local std::string message;
+  double at = 0;
+  message = bluefog::Runtime::Get().recorder().LastStall(&at);
+  if (seconds_ago != nullptr) *seconds_ago = at > 0 ? bluefog::NowSeconds() - at : 0;
+  return message.c_str();
+}
 int bluefog_op_totals(long long* operations, long long* bytes, double* waiting_seconds) {
   const bluefog::FlightRecorder::Totals t = bluefog::Runtime::Get().recorder().totals();
   if (operations != nullptr) *operations = static_cast<long long>(t.operations);

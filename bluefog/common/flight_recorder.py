@@ -36,3 +36,12 @@ def op_totals() -> Tuple[int, int, float]:
     library.load().bluefog_op_totals(ctypes.byref(ops), ctypes.byref(nbytes),
                                      ctypes.byref(waited))
     return int(ops.value), int(nbytes.value), float(waited.value)
+
+
+def last_stall() -> Tuple[str, float]:
+    """This rank's last stall warning (``BLUEFOG_STALL_CHECK_TIME``: the waiting tensors and
+    the ranks that have not submitted them) and how many seconds ago it was given;
+    ``("", 0.0)`` before any."""
+    ago = ctypes.c_double(0)
+    text = library.load().bluefog_last_stall(ctypes.byref(ago))
+    return text.decode("utf-8", "replace"), float(ago.value)

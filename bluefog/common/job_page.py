@@ -76,7 +76,7 @@ def rank_stalls(stall_seconds: float) -> List[Dict[str, Any]]:
         age = float(e["queued_s_ago"])
         if e["state"] == "queued":
             why = ("submitted here and waiting for the other ranks: at least one has not "
-                   "submitted it (the runtime's stall warning names them)")
+                   "submitted it (the last stall warning names them)")
         else:
             why = (f"agreed by every rank, exchanging data for {e['started_s_ago']:.1f} s: "
                    "a peer or the network is slow or gone")
@@ -273,6 +273,12 @@ class JobPage:
         except Exception:
             out["topology"] = {"nodes": [], "edges": []}
         out["rank0_pending"] = self.stalls()
+        try:
+            message, ago = flight_recorder.last_stall()
+        except Exception:
+            message, ago = "", 0.0
+        out["last_stall"] = {"message": message, "seconds_ago": round(ago, 1)} if message \
+            else None
         out["stall_seconds"] = None if math.isinf(self.stall_seconds) else self.stall_seconds
         out["now"] = time.time()
         return out

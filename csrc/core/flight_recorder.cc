@@ -100,6 +100,18 @@ FlightRecorder::Totals FlightRecorder::totals() const {
   return out;
 }
 
+void FlightRecorder::NoteStall(const std::string& message, double at) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_stall_ = message;
+  last_stall_at_ = at;
+}
+
+std::string FlightRecorder::LastStall(double* at) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (at != nullptr) *at = last_stall_at_;
+  return last_stall_;
+}
+
 std::vector<FlightEntry> FlightRecorder::Snapshot() const {
   std::vector<FlightEntry> out;
   {

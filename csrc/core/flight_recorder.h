@@ -58,6 +58,12 @@ class FlightRecorder {
   };
   Totals totals() const;
 
+  // The runtime's last stall warning (the waiting tensors and the ranks that have not
+  // submitted them), kept for the job page; `at` is its NowSeconds(). LastStall returns an
+  // empty message and at = 0 before any.
+  void NoteStall(const std::string& message, double at);
+  std::string LastStall(double* at) const;
+
   // The entries still held, oldest first.
   std::vector<FlightEntry> Snapshot() const;
   // The entries not finished, oldest first, as lines for a person ("allreduce 'grad.3' (set 0,
@@ -76,6 +82,8 @@ class FlightRecorder {
   uint64_t next_id_ = 1;
   Totals totals_;
   int queued_ = 0;  // entries held in state kQueued
+  std::string last_stall_;
+  double last_stall_at_ = 0;
   double waiting_since_ = 0;
   std::vector<FlightEntry> ring_;
 };

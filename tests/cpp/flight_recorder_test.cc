@@ -101,5 +101,16 @@ TEST(FlightRecorderTest, WaitingCountsTheTimeAnyEntryIsQueuedOnce) {
   EXPECT_EQ(rec.totals().waiting_seconds, after);
 }
 
+TEST(FlightRecorderTest, KeepsTheLastStallWarning) {
+  FlightRecorder rec(0);
+  double at = -1;
+  EXPECT_EQ(rec.LastStall(&at), "");
+  EXPECT_EQ(at, 0.0);
+  rec.NoteStall("first", 1.5);
+  rec.NoteStall("rank 0: 'grad' (missing ranks 1)", 2.5);
+  EXPECT_EQ(rec.LastStall(&at), "rank 0: 'grad' (missing ranks 1)");
+  EXPECT_EQ(at, 2.5);
+}
+
 }  // namespace
 }  // namespace bluefog

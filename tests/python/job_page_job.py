@@ -1,6 +1,7 @@
 """A 2-rank job for test_job_page.py: a short Keras fit with JobPageCallback (TensorBoard
 scalars too), then a custom loop calling bf.job_page_step() until the test writes the stop
-file (argv[1]). Rank 1 is slowed by 30 ms a step: the straggler. Rank 0 also checks that a
+file (argv[1]). Rank 1 is slowed by 30 ms a step: the straggler; once the file argv[1] + ".stall"
+appears it stops for 3 s: a stall. Rank 0 also checks that a
 busy port and bad addresses are refused with clear errors, and prints what it found."""
 
 import glob
@@ -58,9 +59,12 @@ if bf.rank() == 0:
     busy.close()
 
 grad = tf.Variable(tf.zeros([4096]))
-step = 0
+step, stalled = 0, False
 while True:
     time.sleep(0.01 + slow)
+    if bf.rank() == 1 and not stalled and os.path.exists(stop_file + ".stall"):
+        stalled = True
+        time.sleep(3)  # rank 0 waits in 'grad': BLUEFOG_STALL_CHECK_TIME=1 warns
     flag = 1.0 if bf.rank() == 0 and os.path.exists(stop_file) else 0.0
     grad.assign(tf.fill([4096], flag))
     if bf.allreduce(grad, average=False, name="grad").numpy()[0] > 0:

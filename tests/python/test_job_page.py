@@ -8,6 +8,7 @@ One job for all of it (TensorFlow's import is the cost)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -119,6 +120,17 @@ def _wait_metrics(base: str, secret: str, ready, timeout: float = 60) -> dict:
     raise AssertionError(f"/metrics never got there: {values}")
 
 
+def _wait_data(base: str, secret: str, ready, timeout: float = 20) -> dict:
+    deadline, data = time.time() + timeout, {}
+    while time.time() < deadline:
+        code, text, _ = _get(base + "data.json", {"Authorization": f"Bearer {secret}"})
+        data = json.loads(text) if code == 200 else {}
+        if data and ready(data):
+            return data
+        time.sleep(0.2)
+    raise AssertionError(f"/data.json never got there: {data}")
+
+
 def _strangers(port: int) -> list:
     held = []
     for payload in (b"\x00\xff garbage \r\n\r\n", b"GET / HTTP/1.1\r\nHost: x", b"",
@@ -137,6 +149,7 @@ def test_job_page_in_a_real_job(tmp_path):
         pytest.skip("mpirun not installed")
     stop = tmp_path / "stop"
     env = {"BLUEFOG_JOB_PAGE": "127.0.0.1:0", "XDG_RUNTIME_DIR": str(tmp_path),
+           "BLUEFOG_STALL_CHECK_TIME": "1",
            "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
     job = BackgroundJob(mpirun_prefix(2) + [PYTHON, os.path.join(HERE, "job_page_job.py"),
                                             str(stop), str(tmp_path / "tb")], env=env)
@@ -169,6 +182,16 @@ def test_job_page_in_a_real_job(tmp_path):
 
         _browser(base, secret, tmp_path)
         assert _metrics(base, secret)['bluefog_steps_total{rank="0"}'] > steps  # still training
+        (tmp_path / "stop.stall").write_text("stall")
+        stall = _wait_data(base, secret, lambda d: d["last_stall"] and "'grad'" in
+                           d["last_stall"]["message"] and any(
+                               p["name"] == "grad" and p["stalled"] for p in d["rank0_pending"]))
+        pending = [p for p in stall["rank0_pending"] if p["name"] == "grad"][0]
+        assert pending["state"] == "queued" and "waiting for the other ranks" in \
+            pending["diagnosis"], pending
+        # Rank 1 has not reached its next collective: the runtime's diagnosis says so.
+        assert re.search(r"^rank 0: .* Waiting here: 'grad'\. No other rank has announced",
+                         stall["last_stall"]["message"]), stall["last_stall"]
     finally:
         stop.write_text("stop")
         output = job.finish(timeout=60)
