@@ -169,7 +169,7 @@ def test_job_page_in_a_real_job(tmp_path):
 
         before = _wait_metrics(base, secret, lambda v: 'bluefog_steps_total{rank="0"}' in v)
         held = _strangers(port)  # the server refuses what it cannot take; training goes on
-        time.sleep(2)
+        time.sleep(1)
         for s in held:
             s.close()
         values = _wait_metrics(base, secret, lambda v: v.get("bluefog_straggler") == 1)
