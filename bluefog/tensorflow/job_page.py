@@ -59,7 +59,8 @@ def serve_job_page(address=None, secret_file: Optional[str] = None,
                    every_n_steps: int = DEFAULT_EVERY) -> Optional[str]:
     """Turns the live job page on; every rank must call it (after ``init``), with the same
     ``every_n_steps``. Rank 0 listens and returns the page's URL (and prints it with the path
-    of the secret's file); the other ranks return None.
+    of the secret's file); the other ranks return None. Called again with the same address (or
+    none) it keeps the page and its history.
 
     Args:
         address: a port (``8265``, on 127.0.0.1), ``"HOST:PORT"`` or ``"[::1]:PORT"``; port 0
@@ -81,11 +82,11 @@ def serve_job_page(address=None, secret_file: Optional[str] = None,
     with _lock:
         _run.update(on=True, every=every, address=address, secret_file=secret_file,
                     serve_again=False)
+        if rank != 0 and _page[0] is not None:
+            _page[0].close()  # no longer rank 0 (an elastic reset)
+            _page[0] = None
         if parsed is None or rank != 0:
-            if _page[0] is not None and _page[0].url is not None:
-                _page[0].close()  # no longer rank 0 (an elastic reset)
-                _page[0] = None
-            return None
+            return job_page_url()
         if _page[0] is not None:
             if (_page[0].port == parsed[1] or parsed[1] == 0) and _page[0].host == parsed[0]:
                 return _page[0].url
