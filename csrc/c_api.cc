@@ -101,6 +101,20 @@ const char* bluefog_diagnose(void) {
   }
   return text.c_str();
 }
+const char* bluefog_last_stall(double* seconds_ago) {
+  thread_local std::string message;
+  double at = 0;
+  message = bluefog::Runtime::Get().recorder().LastStall(&at);
+  if (seconds_ago != nullptr) *seconds_ago = at > 0 ? bluefog::NowSeconds() - at : 0;
+  return message.c_str();
+}
+int bluefog_op_totals(long long* operations, long long* bytes, double* waiting_seconds) {
+  const bluefog::FlightRecorder::Totals t = bluefog::Runtime::Get().recorder().totals();
+  if (operations != nullptr) *operations = static_cast<long long>(t.operations);
+  if (bytes != nullptr) *bytes = static_cast<long long>(t.bytes);
+  if (waiting_seconds != nullptr) *waiting_seconds = t.waiting_seconds;
+  return 0;
+}
 int bluefog_flight_dump_installed(void) { return bluefog::FlightDumpInstalled() ? 1 : 0; }
 
 int bluefog_start_timeline(const char* path) {

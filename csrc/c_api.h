@@ -52,6 +52,14 @@ const char* bluefog_flight_recorder(void);
 // waits a few seconds at most), or why it cannot be asked; valid until this thread's next call.
 // Never fails.
 const char* bluefog_diagnose(void);
+// Operations this process has begun (every kind the flight recorder records, also while it is
+// off) and the bytes of their tensors, and the seconds it waited with an operation queued for
+// the other ranks (core/flight_recorder.h's Totals), since the process started. Never fails.
+int bluefog_op_totals(long long* operations, long long* bytes, double* waiting_seconds);
+// This rank's last stall report (BLUEFOG_STALL_CHECK_TIME: the hang doctor's diagnosis, or the
+// waiting tensors and the ranks that have not submitted them), valid until this thread's next call,
+// with how long ago it was given in *seconds_ago; "" (and 0) before any. Never fails.
+const char* bluefog_last_stall(double* seconds_ago);
 // 1 when SIGUSR1 prints the flight recorder (bluefog installed the handler at init), else 0.
 int bluefog_flight_dump_installed(void);
 const char* bluefog_last_error(void);  // thread-local; valid until the next failing call

@@ -9,8 +9,9 @@ stack, also while the rank is stuck inside an operation.
 
 from __future__ import annotations
 
+import ctypes
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from bluefog.common import library
 
@@ -38,3 +39,23 @@ def diagnose() -> str:
     sentence saying why when it cannot ask (not initialized, one rank,
     ``BLUEFOG_HANG_DOCTOR=0``)."""
     return library.load().bluefog_diagnose().decode("utf-8", "replace")
+
+
+def op_totals() -> Tuple[int, int, float]:
+    """Since this process started: the operations it began (every kind the recorder records,
+    also while it is off), the bytes of their tensors, and the seconds during which at least
+    one recorded operation was queued, waiting for the other ranks:
+    ``(operations, bytes, waiting_seconds)``."""
+    ops, nbytes, waited = ctypes.c_longlong(0), ctypes.c_longlong(0), ctypes.c_double(0)
+    library.load().bluefog_op_totals(ctypes.byref(ops), ctypes.byref(nbytes),
+                                     ctypes.byref(waited))
+    return int(ops.value), int(nbytes.value), float(waited.value)
+
+
+def last_stall() -> Tuple[str, float]:
+    """This rank's last stall report (``BLUEFOG_STALL_CHECK_TIME``: the hang doctor's diagnosis,
+    or with the doctor off the waiting tensors and the ranks that have not submitted them) and how many seconds ago it was given;
+    ``("", 0.0)`` before any."""
+    ago = ctypes.c_double(0)
+    text = library.load().bluefog_last_stall(ctypes.byref(ago))
+    return text.decode("utf-8", "replace"), float(ago.value)

@@ -43,6 +43,10 @@ def load() -> ctypes.CDLL:
             lib.bluefog_backend.restype = ctypes.c_char_p
             lib.bluefog_flight_recorder.restype = ctypes.c_char_p
             lib.bluefog_diagnose.restype = ctypes.c_char_p
+            lib.bluefog_op_totals.argtypes = [ctypes.POINTER(ctypes.c_longlong)] * 2 + [
+                ctypes.POINTER(ctypes.c_double)]
+            lib.bluefog_last_stall.argtypes = [ctypes.POINTER(ctypes.c_double)]
+            lib.bluefog_last_stall.restype = ctypes.c_char_p
             lib.bluefog_op_accepts_dtype.argtypes = [ctypes.c_int, ctypes.c_int]
             lib.bluefog_op_accepts_dtype.restype = ctypes.c_int
             lib.bluefog_add_process_set.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]

@@ -29,6 +29,7 @@ import sys
 import threading
 from typing import Dict, List, Optional, Sequence
 
+from bluefog.common import job_page
 from bluefog.run import (
     elastic_driver,
     elastic_hosts,
@@ -73,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline-per-rank", dest="timeline_per_rank", action="store_true",
                    help="keep one timeline file per rank (rank 0 the given name, rank r "
                         "<stem>.rank<r>.json) instead of merging them")
+    p.add_argument("--job-page", dest="job_page", metavar="[HOST:]PORT",
+                   help="rank 0 serves the live job page (docs/job-page.md) on this port, "
+                        "on 127.0.0.1 unless a host is given; sets BLUEFOG_JOB_PAGE for "
+                        "every rank")
     p.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also forward this environment variable (repeatable)")
     p.add_argument("--mpi-args", dest="mpi_args", default="",
@@ -293,6 +298,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as e:
             print(f"bfrun: {e}", file=sys.stderr)
             return 2
+    if args.job_page is not None:
+        try:
+            job_page.parse_address(args.job_page, "--job-page")
+        except ValueError as e:
+            print(f"bfrun: {e}", file=sys.stderr)
+            return 2
+        os.environ[job_page.VARIABLE] = args.job_page  # forwarded to the ranks as all set
     if args.hostfile and not os.path.isfile(args.hostfile):
         print(f"bfrun: hostfile {args.hostfile!r} does not exist", file=sys.stderr)
         return 2

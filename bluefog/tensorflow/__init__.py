@@ -94,6 +94,12 @@ from bluefog.tensorflow.feedback import (  # noqa: F401
     reset_compression_stats,
 )
 from bluefog.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from bluefog.tensorflow.job_page import (  # noqa: F401
+    job_page_step,
+    job_page_url,
+    serve_job_page,
+    stop_job_page,
+)
 from bluefog.tensorflow.join_op import join  # noqa: F401
 from bluefog.tensorflow.keras_optimizer import DistributedOptimizer  # noqa: F401
 from bluefog.tensorflow.low_communication import DiLoCo, LocalSGD  # noqa: F401
@@ -227,6 +233,7 @@ __all__ = [
     "ReplicaMismatchError", "check_replicas", "replica_spread",
 ]
 __all__ += ["DiLoCo", "LocalSGD", "diagnose", "flight_recorder"]
+__all__ += ["job_page_step", "job_page_url", "serve_job_page", "stop_job_page"]
 # Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
 _SUBPACKAGES = ("elastic", "keras", "util")
 

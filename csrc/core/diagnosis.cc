@@ -269,6 +269,9 @@ std::string Diagnose(int me, const std::vector<OpBrief>& stalled,
       const std::string who = "rank " + std::to_string(r);
       if (state == 'P') {
         waiting_too.push_back(r);
+      } else if (state == 'D' && theirs->age > op.age) {
+        // It finished that name before this rank submitted it: an earlier step's.
+        say(who + " has not called " + Op(op) + " again; " + Doing(rep, &op));
       } else if (state == 'D') {
         say(who + " already finished " + Op(op) + " " + Seconds(theirs->age) + " ago (it ran it " +
             "more often than this rank, or under another process set); " + Doing(rep, &op));

@@ -28,9 +28,16 @@ void CopyTruncated(char* dst, size_t size, const char* src, size_t len) {
 }  // namespace
 
 void FlightRecorder::Resize(size_t capacity) {
+  const double now = NowSeconds();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (queued_ > 0) totals_.waiting_seconds += now - waiting_since_;
+  queued_ = 0;
   capacity_ = capacity;
   ring_.assign(capacity, FlightEntry());
+}
+
+void FlightRecorder::UnqueueLocked(double now) {
+  if (--queued_ == 0) totals_.waiting_seconds += now - waiting_since_;
 }
 
 FlightEntry* FlightRecorder::SlotLocked(uint64_t id) {
@@ -43,9 +50,13 @@ uint64_t FlightRecorder::Begin(const char* kind, const std::string& name, int pr
                                int64_t bytes, DataType dtype) {
   const double now = NowSeconds();
   std::lock_guard<std::mutex> lock(mutex_);
+  ++totals_.operations;
+  totals_.bytes += bytes;
   if (capacity_ == 0) return 0;
   const uint64_t id = next_id_++;
   FlightEntry& e = ring_[id % capacity_];
+  if (e.id != 0 && e.state == FlightEntry::kQueued) UnqueueLocked(now);
+  if (queued_++ == 0) waiting_since_ = now;
   e.id = id;
   CopyTruncated(e.kind, sizeof(e.kind), kind, std::strlen(kind));
   CopyTruncated(e.name, sizeof(e.name), name.data(), name.size());
@@ -64,6 +75,7 @@ void FlightRecorder::Start(uint64_t id) {
   const double now = NowSeconds();
   std::lock_guard<std::mutex> lock(mutex_);
   if (FlightEntry* e = SlotLocked(id); e != nullptr && e->state == FlightEntry::kQueued) {
+    UnqueueLocked(now);
     e->state = FlightEntry::kRunning;
     e->started_at = now;
   }
@@ -74,9 +86,30 @@ void FlightRecorder::End(uint64_t id, bool ok) {
   const double now = NowSeconds();
   std::lock_guard<std::mutex> lock(mutex_);
   if (FlightEntry* e = SlotLocked(id)) {
+    if (e->state == FlightEntry::kQueued) UnqueueLocked(now);
     e->state = ok ? FlightEntry::kDone : FlightEntry::kFailed;
     e->ended_at = now;
   }
+}
+
+FlightRecorder::Totals FlightRecorder::totals() const {
+  const double now = NowSeconds();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Totals out = totals_;
+  if (queued_ > 0) out.waiting_seconds += now - waiting_since_;
+  return out;
+}
+
+void FlightRecorder::NoteStall(const std::string& message, double at) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_stall_ = message;
+  last_stall_at_ = at;
+}
+
+std::string FlightRecorder::LastStall(double* at) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (at != nullptr) *at = last_stall_at_;
+  return last_stall_;
 }
 
 std::vector<FlightEntry> FlightRecorder::Snapshot() const {

@@ -47,6 +47,23 @@ class FlightRecorder {
   // The entry finished, or failed. An id whose slot was reused since is ignored.
   void End(uint64_t id, bool ok);
 
+  // Operations begun since the process started and the bytes of their tensors (counted also
+  // while the recorder is off, and kept across Resize), and the wall time during which at
+  // least one recorded operation was queued, i.e. this rank waited for the others (the rank
+  // they all wait for waits least): the job page's traffic and straggler per rank.
+  struct Totals {
+    uint64_t operations = 0;
+    int64_t bytes = 0;
+    double waiting_seconds = 0;
+  };
+  Totals totals() const;
+
+  // The runtime's last stall report (the hang doctor's diagnosis, or the waiting tensors and the
+  // ranks that have not submitted them), kept for the job page; `at` is its NowSeconds(). LastStall
+  // returns an empty message and at = 0 before any.
+  void NoteStall(const std::string& message, double at);
+  std::string LastStall(double* at) const;
+
   // The entries still held, oldest first.
   std::vector<FlightEntry> Snapshot() const;
   // The entries not finished, oldest first, as lines for a person ("allreduce 'grad.3' (set 0,
@@ -58,10 +75,16 @@ class FlightRecorder {
 
  private:
   FlightEntry* SlotLocked(uint64_t id);
+  void UnqueueLocked(double now);
 
   mutable std::mutex mutex_;
   size_t capacity_ = 0;
   uint64_t next_id_ = 1;
+  Totals totals_;
+  int queued_ = 0;  // entries held in state kQueued
+  std::string last_stall_;
+  double last_stall_at_ = 0;
+  double waiting_since_ = 0;
   std::vector<FlightEntry> ring_;
 };
 

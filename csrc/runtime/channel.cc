@@ -356,6 +356,7 @@ void Channel::CheckStalls() {
   for (WaitingTensor& w : waiting)  // job-wide ranks in messages
     for (int& r : w.missing_ranks) r = WorldRank(r);
   std::string message = StallMessage(now - oldest, mine, waiting);
+  recorder_->NoteStall(Concat("rank ", WorldRank(info_.rank), ": ", message), now);
   const std::string pending = recorder_->Pending(now, 10);
   if (!pending.empty())
     message += Concat(" What rank ", WorldRank(info_.rank),

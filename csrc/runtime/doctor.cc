@@ -213,6 +213,7 @@ void Doctor::Finish() {
     return;
   }
   last_diagnosis_ = text;
+  recorder_->NoteStall(Concat("rank ", options_.rank, ": hang doctor: ", text), NowSeconds());
   BF_LOG(LogLevel::kWarning, "hang doctor: ", text,
          "\n(BLUEFOG_STALL_CHECK_TIME=", options_.stall_seconds, " s; bf.diagnose() asks again)");
 }

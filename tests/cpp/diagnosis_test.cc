@@ -73,11 +73,21 @@ TEST(DiagnosisTest, SilentLostAndFinishedRanks) {
   std::vector<RankReport> reports(4);
   reports[1].status = RankReport::kLost;
   reports[2].status = RankReport::kSilent;
-  reports[3] = Answer({Entry(7, "allgather", "x", FlightEntry::kDone, 70, 75)}, stalled);
+  reports[3] = Answer({Entry(7, "allgather", "x", FlightEntry::kDone, 82, 85)}, stalled);
   const std::string text = Diagnose(0, stalled, reports, 3.0, Everyone);
   EXPECT_TRUE(Has(text, "rank 1 is gone: its connection to this rank broke")) << text;
   EXPECT_TRUE(Has(text, "rank 2 did not answer within 3.0 s: it is stopped (SIGSTOP)")) << text;
-  EXPECT_TRUE(Has(text, "rank 3 already finished allgather 'x' 25.0 s ago")) << text;
+  EXPECT_TRUE(Has(text, "rank 3 already finished allgather 'x' 15.0 s ago")) << text;
+
+  // A name used every step: finished before this rank submitted it is an earlier step's.
+  const std::vector<OpBrief> late =
+      StalledOps({Entry(9, "allgather", "x", FlightEntry::kRunning, 90)}, 100.0, 5.0);
+  reports[3] = Answer({Entry(7, "allgather", "x", FlightEntry::kDone, 70, 75)}, late);
+  const std::string again = Diagnose(0, late, reports, 3.0, Everyone);
+  EXPECT_TRUE(Has(again,
+                  "rank 3 has not called allgather 'x' again; it is in no bluefog "
+                  "operation: its last, allgather 'x', ended 25.0 s ago"))
+      << again;
 }
 
 TEST(DiagnosisTest, EveryRankPendingBlamesTheTransfer) {

@@ -74,5 +74,43 @@ TEST(FlightRecorderTest, OffRecordsNothingAndTruncatesLongNames) {
   EXPECT_NE(rec.Json(NowSeconds()).find("\"started_s_ago\": null"), std::string::npos);
 }
 
+TEST(FlightRecorderTest, TotalsCountEveryBeginAlsoWhenOffAndAcrossResize) {
+  FlightRecorder rec(0);
+  rec.Begin("allreduce", "a", 0, 100, DataType::kFloat32);
+  rec.Resize(2);
+  for (int i = 0; i < 5; ++i) rec.Begin("win_put", "w", 0, 8, DataType::kFloat64);
+  EXPECT_EQ(rec.totals().operations, 6u);
+  EXPECT_EQ(rec.totals().bytes, 140);
+}
+
+TEST(FlightRecorderTest, WaitingCountsTheTimeAnyEntryIsQueuedOnce) {
+  FlightRecorder rec(4);
+  const uint64_t a = rec.Begin("allreduce", "a", 0, 1, DataType::kFloat32);
+  const uint64_t b = rec.Begin("allreduce", "b", 0, 1, DataType::kFloat32);
+  const double queued = rec.totals().waiting_seconds;
+  EXPECT_GE(queued, 0.0);
+  rec.Start(a);
+  rec.End(b, true);
+  const double done = rec.totals().waiting_seconds;
+  EXPECT_GE(done, queued);
+  rec.End(a, true);  // running, not queued: no more waiting
+  EXPECT_EQ(rec.totals().waiting_seconds, done);
+  for (int i = 0; i < 6; ++i) rec.Begin("allreduce", "c", 0, 1, DataType::kFloat32);
+  rec.Resize(4);  // the queued entries are forgotten, and the waiting stops
+  const double after = rec.totals().waiting_seconds;
+  EXPECT_EQ(rec.totals().waiting_seconds, after);
+}
+
+TEST(FlightRecorderTest, KeepsTheLastStallWarning) {
+  FlightRecorder rec(0);
+  double at = -1;
+  EXPECT_EQ(rec.LastStall(&at), "");
+  EXPECT_EQ(at, 0.0);
+  rec.NoteStall("first", 1.5);
+  rec.NoteStall("rank 0: 'grad' (missing ranks 1)", 2.5);
+  EXPECT_EQ(rec.LastStall(&at), "rank 0: 'grad' (missing ranks 1)");
+  EXPECT_EQ(at, 2.5);
+}
+
 }  // namespace
 }  // namespace bluefog

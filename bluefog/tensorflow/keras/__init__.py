@@ -52,6 +52,7 @@ from bluefog.tensorflow.keras import callbacks, layers  # noqa: F401
 from bluefog.tensorflow.keras.callbacks import (  # noqa: F401
     BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
+    JobPageCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,

@@ -9,6 +9,8 @@
   (in ``schedule_callbacks``): Horovod's learning-rate schedule and best-model checkpoint.
 * ``ReplicaCheckCallback(every_n_batches)``: checks that the ranks' models are still bitwise
   equal (``check_replicas``), or logs their spread under a decentralized optimizer.
+* ``JobPageCallback(address, ...)``: the live job page (step time, bytes, straggler per rank)
+  served by rank 0, and the same numbers as TensorBoard scalars.
 
 Every rank must run ``fit`` with the same callbacks and the same number of steps per epoch.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Optional
 
 import keras
@@ -24,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from bluefog.common import basics
-from bluefog.tensorflow import mpi_ops
+from bluefog.tensorflow import job_page, mpi_ops
 from bluefog.tensorflow.keras.schedule_callbacks import (
     BestModelCheckpoint,
     LearningRateScheduleCallback,
@@ -37,7 +40,7 @@ from bluefog.tensorflow.variables import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback", "LearningRateScheduleCallback", "BestModelCheckpoint",
-           "ReplicaCheckCallback"]
+           "ReplicaCheckCallback", "JobPageCallback"]
 
 
 def _check_root_rank(root_rank, what: str) -> int:
@@ -332,3 +335,39 @@ class ReplicaCheckCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and self._last is not None:
             logs["replica_spread"] = self._last
+
+
+class JobPageCallback(keras.callbacks.Callback):
+    """The live job page during ``fit`` (docs/job-page.md): at the start of training it calls
+    ``bf.serve_job_page(address, secret_file, every_n_steps)`` and after each batch
+    ``bf.job_page_step()``.
+
+    Args:
+        address: the port or ``"HOST:PORT"`` rank 0 serves the page on (127.0.0.1 unless a
+            host is given); None: ``BLUEFOG_JOB_PAGE``, and with neither no page is served.
+        every_n_steps: batches between two reports (each is one small allgather).
+        log_dir: rank 0 also writes each report as TensorBoard scalars there
+            (``bluefog/step_seconds/rankR``, ``bytes_per_second``, ``waiting_share``,
+            ``compute_seconds``, ``bluefog/straggler``), with or without a page.
+        secret_file: the page's secret file (see ``serve_job_page``).
+
+    Every rank must pass the same arguments and run the same number of batches.
+    """
+
+    def __init__(self, address=None, every_n_steps: int = job_page.DEFAULT_EVERY,
+                 log_dir: Optional[str] = None, secret_file: Optional[str] = None):
+        super().__init__()
+        self.every_n_steps = job_page._check_every(every_n_steps)
+        self.address = address
+        self.log_dir = log_dir
+        self.secret_file = secret_file
+
+    def on_train_begin(self, logs=None):
+        if self.address is not None or self.log_dir is not None or \
+                os.environ.get(job_page.VARIABLE, "").strip():
+            job_page.serve_job_page(self.address, self.secret_file, self.every_n_steps)
+        if self.log_dir is not None:
+            job_page.log_to_tensorboard(self.log_dir)
+
+    def on_train_batch_end(self, batch, logs=None):
+        job_page.job_page_step()
