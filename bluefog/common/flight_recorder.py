@@ -53,9 +53,9 @@ def op_totals() -> Tuple[int, int, float]:
 
 
 def last_stall() -> Tuple[str, float]:
-    """This rank's last stall report (``BLUEFOG_STALL_CHECK_TIME``: the hang doctor's diagnosis,
-    or with the doctor off the waiting tensors and the ranks that have not submitted them) and how many seconds ago it was given;
-    ``("", 0.0)`` before any."""
+    """This rank's last stall report (``BLUEFOG_STALL_CHECK_TIME``: the hang doctor's
+    diagnosis, or with the doctor off the waiting tensors and the ranks that have not submitted
+    them) and how many seconds ago it was given; ``("", 0.0)`` before any."""
     ago = ctypes.c_double(0)
     text = library.load().bluefog_last_stall(ctypes.byref(ago))
     return text.decode("utf-8", "replace"), float(ago.value)
