@@ -21,8 +21,8 @@ over the blocks, so the machine's drift within a launch cancels.
 
 A variant is ``default``, comma-separated ``key=value`` keyword arguments of
 ``DistributedGradientTape`` (integers), e.g. ``groups=4``, or ``buckets=B[:F]``: the gradients
-in backward order (the last variables' first), cut into grouped allreduces of at most B bytes,
-the first of at most F (default B / 4), each sent as soon as its own gradients are there.
+in backward order (the last variables' first), cut into grouped allreduces that each close once
+they hold B bytes (the first F, default B / 4), each sent as soon as its own gradients exist.
 """
 
 import argparse
@@ -50,17 +50,16 @@ def bucket_caps(variant: str):
 
 def bucketed_average(bf, grads: list, caps, name: str) -> list:
     """The average of `grads` over ranks as grouped allreduces of consecutive gradients in
-    backward order (reversed), each of at most caps[1] bytes for the first, caps[0] after."""
+    backward order (reversed), each closed once it holds caps[1] bytes (the first) or
+    caps[0] (the others)."""
     order = [j for j in reversed(range(len(grads))) if grads[j] is not None]
     buckets, size = [[]], 0
     for j in order:
-        nbytes = grads[j].shape.num_elements() * grads[j].dtype.size
-        cap = caps[1] if len(buckets) == 1 else caps[0]
-        if buckets[-1] and size + nbytes > cap:
-            buckets.append([])
+        if size >= (caps[1] if len(buckets) == 1 else caps[0]):
+            buckets.append([])  # a bucket closes once it holds its cap, as DDP's
             size = 0
         buckets[-1].append(j)
-        size += nbytes
+        size += grads[j].shape.num_elements() * grads[j].dtype.size
     out = list(grads)
     for i, bucket in enumerate(buckets):
         reduced = bf.grouped_allreduce([grads[j] for j in bucket], op=bf.Average,
