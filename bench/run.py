@@ -5,9 +5,10 @@ raw MPI_Allreduce with buffers allocated once (the MPI floor, in place; timed in
 process with its batches interleaved with bluefog's, which the ratios use, and as its own
 program; plus, interleaved, out of place, as bluefog must work when the caller keeps its input),
 TensorFlow's MultiWorkerMirroredStrategy all-reduce, the 100 x 1 KiB step, gradient compression
-(fp16 and bf16 against none, 16 MiB at 2 ranks), and the training-step overhead of
-DistributedGradientTape at 1 rank. Prints markdown tables with times,
-bandwidths and ratios.
+(fp16 and bf16 against none, 16 MiB at 2 ranks), the training-step overhead of
+DistributedGradientTape at 1 rank, and at 2 ranks the step against its compute alone and its
+gradients' allreduce alone (how much of the communication hides behind the compute). Prints
+markdown tables with times, bandwidths and ratios.
 """
 
 from __future__ import annotations
@@ -207,6 +208,21 @@ def main() -> None:
           f"DistributedGradientTape {fmt_time(t['distributed_tape'])} ({ratio * 100:+.1f}%)")
     floors.append(("1 rank: DistributedGradientTape step overhead < 5%", ratio < 0.05,
                    f"{ratio * 100:+.1f}%"))
+    overlap = records(MPIRUN + ["-np", "2", PY, "bench/step_overlap.py", "--models", "mlp",
+                                "resnet50"], 1800)
+    saved += [dict(r, program="step_overlap") for r in overlap]
+    print("\n### Training step against its parts, 2 ranks (bench/step_overlap.py)\n")
+    print("| model | step | compute only | its gradients' allreduce alone | step / compute "
+          "| step / max(compute, comm) | step / (compute + comm) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in overlap:
+        print(f"| {r['model']} | {fmt_time(r['step_s'])} | {fmt_time(r['compute_s'])} | "
+              f"{fmt_time(r['comm_s'])} | {r['overhead'] + 1:.3f} | {r['step_over_max']:.3f} | "
+              f"{r['step_over_sum']:.3f} |")
+        limit = {"mlp": 0.08, "resnet50": 0.03}[r["model"]]
+        floors.append((f"2 ranks {r['model']}: step overhead over compute only <= "
+                       f"{limit * 100:.0f}%", r["overhead"] <= limit,
+                       f"{r['overhead'] * 100:+.1f}%"))
     print("\n### Floors\n")
     for what, ok, value in floors:
         print(f"- {'PASS' if ok else 'FAIL'}: {what} ({value})")
