@@ -150,6 +150,9 @@ def run_case(backend, name, stall, limit):
             ready = ready or job.first(r"READY")
             if ready and (all(job.first(p) for p in patterns) or time.time() > ready + limit + 2):
                 break
+            if all(p.poll() is not None for p in job.procs):
+                time.sleep(0.5)  # the last lines
+                break
             time.sleep(0.2)
         found = [job.first(p) for p in patterns]
     finally:

@@ -92,6 +92,9 @@ const char* bluefog_flight_recorder(void) {
   }
   return json.c_str();
 }
+void bluefog_set_frame_provider(int (*provider)(char* buf, int size)) {
+  bluefog::SetFrameProvider(provider);
+}
 const char* bluefog_diagnose(void) {
   thread_local std::string text;
   try {

@@ -52,6 +52,10 @@ const char* bluefog_flight_recorder(void);
 // waits a few seconds at most), or why it cannot be asked; valid until this thread's next call.
 // Never fails.
 const char* bluefog_diagnose(void);
+// The hang doctor's source of the main thread's Python frame: writes at most `size` bytes of
+// "file.py:LINE in FUNCTION" into `buf` and returns their number (bluefog/common/python_frames.py;
+// called from the doctor's thread, only while answering).
+void bluefog_set_frame_provider(int (*provider)(char* buf, int size));
 // Operations this process has begun (every kind the flight recorder records, also while it is
 // off) and the bytes of their tensors, and the seconds it waited with an operation queued for
 // the other ranks (core/flight_recorder.h's Totals), since the process started. Never fails.

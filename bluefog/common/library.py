@@ -57,6 +57,9 @@ def load() -> ctypes.CDLL:
             lib.bluefog_tuning_get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
             lib.bluefog_tuning_set.argtypes = [ctypes.c_char_p, ctypes.c_longlong,
                                                ctypes.POINTER(ctypes.c_longlong)]
+            from bluefog.common import python_frames
+
+            python_frames.install(lib)
             _lib = lib
         return _lib
 

@@ -92,6 +92,7 @@ std::string Doing(const RankReport& r, const OpBrief* besides, const std::string
                     Seconds(r.last_done.age) +
                     " ago (it computes, reads input, sleeps or waits in Python)";
   }
+  if (!r.frame.empty()) out += "; its main thread is at " + r.frame;
   for (const OpBrief& m : r.mutexes)
     if (!said || m.name != *said)
       out += "; it holds the mutex of window '" + m.name + "' since " + Seconds(m.age);
@@ -184,6 +185,7 @@ std::string EncodeReport(const RankReport& report, size_t limit) {
     if (out.size() + line.size() <= limit) out += line;
   };
   for (const OpBrief& a : report.asked) add(Line('A', a));
+  if (!report.frame.empty()) add("F\t" + Clean(report.frame, 160) + "\n");
   if (report.last_done.state != 'N') add(Line('L', report.last_done));
   for (const OpBrief& m : report.mutexes) add(Line('M', m));
   for (const OpBrief& p : report.pending) add(Line('P', p));
@@ -199,6 +201,10 @@ RankReport DecodeReport(const std::string& text) {
       const size_t tab = line.find('\t', 2);
       r.pid = std::atoi(line.substr(2, tab - 2).c_str());
       if (tab != std::string::npos) r.host = line.substr(tab + 1);
+      continue;
+    }
+    if (line.rfind("F\t", 0) == 0) {
+      r.frame = line.substr(2);
       continue;
     }
     char tag;

@@ -36,6 +36,7 @@ struct RankReport {
   OpBrief last_done;             // state 'N': none remembered
   std::vector<OpBrief> mutexes;  // held: name = window, age = held for
   std::vector<OpBrief> asked;    // the asker's operations, with this rank's state of each
+  std::string frame;             // the main thread's Python line ("train.py:88 in step"), or ''
   static constexpr size_t kMaxPending = 6;
 };
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/logging.h"
@@ -19,6 +20,36 @@ constexpr size_t kTextLimit = Doctor::kMessageBytes - kTextOffset;
 constexpr auto kTick = std::chrono::milliseconds(100);
 constexpr size_t kMaxAsked = 4;  // a stall's oldest operations asked about
 
+std::atomic<int (*)(char*, int)> g_frame_provider{nullptr};
+
+// The provider's answer, or why there is none within a second: it takes Python's interpreter
+// lock, which a thread computing in Python holds for up to its switch interval (5 ms) at a
+// time, and which native code may hold longer. It runs on a thread of its own so that the
+// doctor never blocks on it.
+std::string PythonFrame() {
+  int (*provider)(char*, int) = g_frame_provider.load();
+  if (!provider) return "";
+  struct Call {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    std::string text;
+  };
+  auto call = std::make_shared<Call>();
+  std::thread([call, provider] {
+    char buf[256];
+    const int n = provider(buf, static_cast<int>(sizeof(buf)));
+    std::lock_guard<std::mutex> lock(call->mutex);
+    call->text.assign(buf, static_cast<size_t>(std::clamp(n, 0, static_cast<int>(sizeof(buf)))));
+    call->done = true;
+    call->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(call->mutex);
+  if (!call->cv.wait_for(lock, std::chrono::seconds(1), [&] { return call->done; }))
+    return "unknown (Python's interpreter lock was not free within 1 s)";
+  return call->text;
+}
+
 std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
@@ -26,6 +57,8 @@ std::string HostName() {
 }
 
 }  // namespace
+
+void SetFrameProvider(int (*provider)(char* buf, int size)) { g_frame_provider = provider; }
 
 Doctor::Doctor(const Options& options, FlightRecorder* recorder, std::unique_ptr<WindowLink> link,
                std::function<std::vector<int>(int)> members)
@@ -219,7 +252,9 @@ void Doctor::Finish() {
 }
 
 RankReport Doctor::Mine(const std::vector<OpBrief>& asked) const {
-  return ReportFrom(recorder_->Snapshot(), NowSeconds(), asked, host_, pid_);
+  RankReport report = ReportFrom(recorder_->Snapshot(), NowSeconds(), asked, host_, pid_);
+  report.frame = PythonFrame();
+  return report;
 }
 
 // ---- The runtime's side ------------------------------------------------------------------------

@@ -23,6 +23,10 @@
 
 namespace bluefog {
 
+// Where the main thread's Python code is ("train.py:88 in step"): the Python layer's callback
+// (bluefog/common/python_frames.py), asked only while answering a question, with a time limit.
+void SetFrameProvider(int (*provider)(char* buf, int size));
+
 class Doctor {
  public:
   // The fixed size of the link's messages (a question or an answer, text included).

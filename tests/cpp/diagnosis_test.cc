@@ -133,8 +133,14 @@ TEST(DiagnosisTest, OnDemandListsEveryRankAndTheWireCuts) {
   reports[0] = ReportFrom({}, 100.0, {}, "host-a", 7);
   reports[1] = Answer({Entry(3, "neighbor_allreduce", "x", FlightEntry::kQueued, 90)}, {});
   reports[2].status = RankReport::kSilent;
+  RankReport with_frame = ReportFrom({}, 100.0, {}, "host-b", 9);
+  with_frame.frame = "train.py:88 in step";
+  reports[0] = DecodeReport(EncodeReport(with_frame, 2036));
   const std::string text = Diagnose(0, {}, reports, 3.0, Everyone);
-  EXPECT_TRUE(Has(text, "rank 0 (host-a, pid 7): it is in no bluefog operation")) << text;
+  EXPECT_TRUE(Has(text,
+                  "rank 0 (host-b, pid 9): it is in no bluefog operation and has finished "
+                  "none it remembers; its main thread is at train.py:88 in step"))
+      << text;
   EXPECT_TRUE(Has(text, "rank 1 (host-a, pid 42): it is in neighbor_allreduce 'x' since 10.0 s"))
       << text;
   EXPECT_TRUE(Has(text, "rank 2 did not answer")) << text;
