@@ -178,8 +178,8 @@ def main():
         for name in args.case or CASES:
             res = run_case(backend, name, args.stall, args.stall + 10)
             results.append(res)
-            print(f"{backend:5} {'ok  ' if res['ok'] else 'MISS'} {res['seconds_after_ready']!s:>5} s"
-                  f"  {name}", flush=True)
+            mark = "ok  " if res["ok"] else "MISS"
+            print(f"{backend:5} {mark} {res['seconds_after_ready']!s:>5} s  {name}", flush=True)
             if not res["ok"]:
                 print(textwrap.indent(res["output_tail"] or "", "    | "), flush=True)
     for backend in backends:

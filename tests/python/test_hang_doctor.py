@@ -98,8 +98,8 @@ def _check(out: str, mpi: bool):
         assert re.search(r"win_mutex_acquire 'mw' has waited \d+\.\d s on rank 2\.\n  rank 0 "
                          r"holds the mutex of window 'mw' since \d[.\d]* s; it is in no bluefog "
                          r"operation: its last, win_mutex_acquire 'mw', ended [.\d]* s ago \(it "
-                         r"computes, reads input, sleeps or waits in Python\); its main thread is at "
-                         r"<string>:\d+ in <module>\.\n", out), out
+                         r"computes, reads input, sleeps or waits in Python\); its main thread is "
+                         r"at <string>:\d+ in <module>\.\n", out), out
     stopped = _blocks(out, "stopped")
     assert "rank 2 did not answer within 3.0 s: it is stopped (SIGSTOP)" in stopped.get(0, ""), out
     assert "rank 1 (" in stopped[0], stopped[0]
