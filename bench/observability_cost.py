@@ -4,6 +4,9 @@ both off (BLUEFOG_FLIGHT_RECORDER_SIZE=0, BLUEFOG_HANG_DOCTOR=0), launches inter
 off, on, ...). Prints each pair's ratio of step times (on / off) and their median.
 
     .venv/bin/python bench/observability_cost.py [--pairs 3] [--ranks 2] [--models mlp]
+        [--only doctor|recorder]
+
+``--only``: turn off only the hang doctor, or only the flight recorder, in the "off" launches.
 """
 
 import argparse
@@ -40,7 +43,13 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--models", nargs="+", default=["mlp"])
+    ap.add_argument("--only", choices=["doctor", "recorder"])
     args = ap.parse_args()
+    if args.only:
+        keep = "BLUEFOG_HANG_DOCTOR" if args.only == "doctor" else "BLUEFOG_FLIGHT_RECORDER_SIZE"
+        for k in list(OFF):
+            if k != keep:
+                del OFF[k]
     print("load before:", os.getloadavg(), flush=True)
     ratios = {m: [] for m in args.models}
     for k in range(args.pairs):
