@@ -112,6 +112,18 @@ std::string FlightRecorder::LastStall(double* at) const {
   return last_stall_;
 }
 
+bool FlightRecorder::OldestPending(double* queued_at) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  bool any = false;
+  for (const FlightEntry& e : ring_) {
+    if (e.id == 0 || (e.state != FlightEntry::kQueued && e.state != FlightEntry::kRunning))
+      continue;
+    if (!any || e.queued_at < *queued_at) *queued_at = e.queued_at;
+    any = true;
+  }
+  return any;
+}
+
 std::vector<FlightEntry> FlightRecorder::Snapshot() const {
   std::vector<FlightEntry> out;
   {

@@ -66,6 +66,9 @@ class FlightRecorder {
 
   // The entries still held, oldest first.
   std::vector<FlightEntry> Snapshot() const;
+  // When the oldest entry not finished was queued (NowSeconds()); false when none is pending.
+  // Copies nothing: what a periodic check calls before it needs the entries themselves.
+  bool OldestPending(double* queued_at) const;
   // The entries not finished, oldest first, as lines for a person ("allreduce 'grad.3' (set 0,
   // 4096 B float32) queued 12.3 s ago, running since 12.1 s"), `now` the current NowSeconds().
   // At most `limit` lines; empty when nothing is pending.

@@ -66,6 +66,7 @@ Doctor::Doctor(const Options& options, FlightRecorder* recorder, std::unique_ptr
       recorder_(recorder),
       link_(std::move(link)),
       members_(std::move(members)),
+      watch_(options.stall_seconds, 0),
       host_(HostName()),
       pid_(static_cast<int>(getpid())),
       buffer_(kMessageBytes) {
@@ -135,16 +136,14 @@ void Doctor::Loop() {
       const double now = NowSeconds();
       if (demand) {
         Begin(true, {});
-      } else if (!current_ && options_.stall_seconds > 0 && now - last_check_ >= 1.0) {
-        last_check_ = now;
-        if (now - last_stall_ >= options_.stall_seconds) {
+      } else if (!current_ && watch_.enabled() && watch_.Due(now)) {
+        double oldest = now;
+        recorder_->OldestPending(&oldest);
+        if (watch_.Check(now, oldest) == StallWatch::Verdict::kWarn) {
           std::vector<OpBrief> stalled =
               StalledOps(recorder_->Snapshot(), now, options_.stall_seconds);
           if (stalled.size() > kMaxAsked) stalled.resize(kMaxAsked);
-          if (!stalled.empty()) {
-            last_stall_ = now;
-            Begin(false, std::move(stalled));
-          }
+          if (!stalled.empty()) Begin(false, std::move(stalled));
         }
       }
       if (current_ && (current_->waiting == 0 || NowSeconds() >= current_->deadline)) Finish();

@@ -19,6 +19,7 @@
 
 #include "core/diagnosis.h"
 #include "core/flight_recorder.h"
+#include "core/stall_report.h"
 #include "transport/window_link.h"
 
 namespace bluefog {
@@ -78,6 +79,7 @@ class Doctor {
   FlightRecorder* recorder_;
   std::unique_ptr<WindowLink> link_;
   std::function<std::vector<int>(int)> members_;
+  StallWatch watch_;  // when a pending operation deserves a consultation
   std::string host_;
   int pid_ = 0;
   std::thread thread_;
@@ -85,8 +87,6 @@ class Doctor {
   std::vector<char> buffer_;
   std::unique_ptr<Consultation> current_;  // the doctor's thread's
   uint32_t next_seq_ = 1;
-  double last_check_ = 0;
-  double last_stall_ = 0;
 
   mutable std::mutex mutex_;  // guards what follows
   std::condition_variable cv_;

@@ -112,5 +112,22 @@ TEST(FlightRecorderTest, KeepsTheLastStallWarning) {
   EXPECT_EQ(at, 2.5);
 }
 
+TEST(FlightRecorderTest, OldestPendingWithoutCopying) {
+  FlightRecorder rec(4);
+  double at = -1;
+  EXPECT_FALSE(rec.OldestPending(&at));
+  const uint64_t a = rec.Begin("allreduce", "a", 0, 4, DataType::kFloat32);
+  const uint64_t b = rec.Begin("win_put", "w", 0, 4, DataType::kFloat32);
+  rec.Start(b);  // running counts as pending
+  const std::vector<FlightEntry> all = rec.Snapshot();
+  ASSERT_TRUE(rec.OldestPending(&at));
+  EXPECT_EQ(at, all[0].queued_at);
+  rec.End(a, true);
+  ASSERT_TRUE(rec.OldestPending(&at));
+  EXPECT_EQ(at, all[1].queued_at);
+  rec.End(b, false);
+  EXPECT_FALSE(rec.OldestPending(&at));
+}
+
 }  // namespace
 }  // namespace bluefog
