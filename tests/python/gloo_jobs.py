@@ -57,6 +57,14 @@ def gloo_env(rank: int, size: int, port: int, extra: Optional[Dict[str, str]] = 
     return env
 
 
+def no_mpi_launcher_env() -> Dict[str, str]:
+    """job_env() for ``bluefog.run`` and the like: no MPI launcher's variables, one TF thread
+    of each kind per rank, BLUEFOG_GLOO_TIMEOUT 60 s."""
+    env = job_env({"BLUEFOG_GLOO_TIMEOUT": "60", "TF_NUM_INTRAOP_THREADS": "1",
+                   "TF_NUM_INTEROP_THREADS": "1"})
+    return {k: v for k, v in env.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+
+
 def run_gloo_job(cmd: Sequence[str], np_: int, timeout: float,
                  env: Optional[Dict[str, str]] = None, ranks: Optional[Sequence[int]] = None,
                  cwd: str = REPO,

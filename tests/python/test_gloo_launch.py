@@ -1,5 +1,5 @@
-"""Launching Gloo jobs without mpirun: ``bfrun --gloo`` and ``bluefog.run`` (bluefog/run/
-gloo_launch.py, runner.py), and what the rendezvous does with connections that are not the job's.
+"""Launching Gloo jobs without mpirun: ``bfrun --gloo`` (bluefog/run/gloo_launch.py);
+``bluefog.run`` is tests/python/test_run_function.py.
 
 Real processes, real TensorFlow and Gloo; every job has a timeout. mpirun is kept off PATH for
 bfrun --gloo (a PATH of a folder with only sh, env, cat and kill), so the job cannot use it.
@@ -21,7 +21,7 @@ import pytest
 import bluefog
 from bluefog.run import gloo_launch
 
-from gloo_jobs import gloo_built, run_gloo_job
+from gloo_jobs import gloo_built, no_mpi_launcher_env, run_gloo_job
 from mpi_jobs import (
     PYTHON,
     REPO,
@@ -327,7 +327,8 @@ def _digits_in_process(script, argv):
 @pytest.mark.skipif(os.environ.get("BLUEFOG_TEST_GLOO_DIGITS") != "1",
                     reason="~3 min: run by `make test-gloo` (BLUEFOG_TEST_GLOO_DIGITS=1)")
 @pytest.mark.timeout(5 * JOB_TIMEOUT_S + 60)
-def test_digits_same_accuracy_under_every_bootstrap(no_mpirun_env, run_env):
+def test_digits_same_accuracy_under_every_bootstrap(no_mpirun_env):
+    run_env = no_mpi_launcher_env()
     """examples/tape_digits.py at 2 ranks started each way a Gloo job can start: bfrun --gloo,
     torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), TF_CONFIG alone, and
     bluefog.run; each reaches mpirun's test accuracy within 1 percentage point, with identical
@@ -381,142 +382,6 @@ def test_bfrun_gloo_digits_across_netns_hosts():
     assert result.returncode == 0 and "[gloo_netns] all passed" in result.output, result.tail()
     accuracies = re.findall(r"digits: -H \S+: test accuracy ([\d.]+)", result.output)
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1], result.tail()
-
-
-# --- bluefog.run ----------------------------------------------------------------------------
-
-@pytest.fixture
-def run_env():
-    env = job_env({"BLUEFOG_GLOO_TIMEOUT": "60", "TF_NUM_INTRAOP_THREADS": "1",
-                   "TF_NUM_INTEROP_THREADS": "1"})
-    return {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
-
-
-def _collective_with_strays(scale):
-    """Rank 0 sends the rendezvous a garbage connection and another job's rank, then
-    both ranks allreduce: the store refuses both (logged) and the job goes on."""
-    import os
-    import socket
-
-    import tensorflow as tf
-
-    import bluefog.tensorflow as bf
-    from bluefog.common import gloo_store
-
-    bf.init()
-    answers = []
-    if bf.rank() == 0:
-        addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-        with socket.create_connection(addr, timeout=10) as s:
-            s.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)))
-            answers.append(s.recv(16))  # closed: b""
-        try:  # another job's rank: the handshake's proofs do not match
-            gloo_store.StoreClient(*addr, gloo_store.job_token("another job"), rank=1,
-                                   timeout=10)
-            answers.append("accepted")
-        except ConnectionError:
-            answers.append("refused")
-    x = bf.allreduce(tf.constant([scale * (bf.rank() + 1)]), average=False)
-    return bf.rank(), bf.size(), float(x.numpy()[0]), answers
-
-
-@needs_gloo
-def test_run_returns_every_ranks_result_and_refuses_strays(run_env, capfd):
-    results = bluefog.run(_collective_with_strays, args=(2.0,), np=2, env=run_env,
-                          timeout=JOB_TIMEOUT_S)
-    assert results == [(0, 2, 6.0, [b"", "refused"]), (1, 2, 6.0, [])]
-    err = capfd.readouterr().err
-    assert "did not open with bluefog's handshake" in err, err[-3000:]
-    assert "its job token differs from this job's" in err, err[-3000:]
-
-
-def _fails_on_rank_one(n):
-    import os
-    import time
-
-    if os.environ["RANK"] == "1":
-        raise ValueError(f"no good: {n}")
-    time.sleep(120)  # ended by bluefog.run when rank 1 fails
-    return n
-
-
-def test_run_raises_naming_the_rank(run_env):
-    started = time.time()
-    with pytest.raises(RuntimeError, match=r"rank 1 raised ValueError: no good: 7") as info:
-        bluefog.run(_fails_on_rank_one, args=(7,), np=2, env=run_env, timeout=JOB_TIMEOUT_S)
-    assert isinstance(info.value.__cause__, ValueError)
-    assert time.time() - started < 60
-
-
-def _prints_without_newline(n):
-    import os
-    import sys
-
-    me = os.environ.get("RANK") or os.environ["BLUEFOG_ELASTIC_WORKER"]  # elastic: no RANK yet
-    sys.stdout.write(f"partial line of rank {me}")  # no newline after it
-    return n * 2
-
-
-@pytest.mark.parametrize("elastic", [False, True])
-def test_run_result_after_output_without_newline(run_env, capfd, elastic):
-    """The function's last output has no newline: its result still comes back, and the text
-    is still printed."""
-    extra = {"min_num_proc": 1, "hosts": "localhost:2"} if elastic else {}
-    results = bluefog.run(_prints_without_newline, args=(21,), np=2, env=run_env,
-                          timeout=JOB_TIMEOUT_S, **extra)
-    assert results == [42, 42]
-    out = capfd.readouterr().out
-    assert "partial line of rank 0" in out and "partial line of rank 1" in out, out
-    assert "bluefog-run-result-" not in out, out
-
-
-def test_run_lambda_results_in_rank_order(run_env):
-    offset = 10
-    # use_gloo / use_mpi as Horovod's examples pass them (horovod.run(..., use_gloo=True)).
-    out = bluefog.run(lambda k: int(__import__("os").environ["RANK"]) * k + offset, args=(3,),
-                      np=3, env=run_env, timeout=JOB_TIMEOUT_S, use_gloo=True, use_mpi=False)
-    assert out == [10, 13, 16]
-
-
-def test_run_elastic_arguments_run_the_in_place_driver(run_env):
-    """min_num_proc/max_num_proc: the job runs under bfrun --gloo --min-np's driver (each
-    worker has its elastic worker id) and the results come back in rank order."""
-    out = bluefog.run(lambda: (os.environ["BLUEFOG_ELASTIC_WORKER"],
-                               os.environ["BLUEFOG_GLOO_EXTERNAL_STORE"]),
-                      num_proc=2, min_num_proc=1, max_num_proc=3, hosts="localhost:3",
-                      use_gloo=True, env=run_env)
-    assert out == [("0", "1"), ("1", "1")]
-
-
-def test_run_takes_horovods_arguments(run_env, tmp_path):
-    """horovod.run's names: num_proc, hostfile, start_timeout, disable_cache; the ones with no
-    meaning for a Gloo job are refused naming what to do instead."""
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text("# this machine\nlocalhost slots=2\n")
-    out = bluefog.run(lambda: (os.environ["RANK"], os.environ["BLUEFOG_GLOO_TIMEOUT"],
-                               os.environ["BLUEFOG_CACHE_CAPACITY"]),
-                      num_proc=2, hostfile=str(hostfile), start_timeout=45, disable_cache=True,
-                      use_gloo=True, env=run_env, timeout=JOB_TIMEOUT_S)
-    assert out == [("0", "45.0", "0"), ("1", "45.0", "0")]
-    with pytest.raises(ValueError, match="always starts a Gloo job"):
-        bluefog.run(abs, args=(1,), num_proc=2, use_mpi=True)
-    with pytest.raises(ValueError, match=r"slots: not supported: give each host's slots"):
-        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, slots=3)
-    with pytest.raises(ValueError, match=r"--reset-limit must be >= 0, got -1"):
-        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, reset_limit=-1)
-    with pytest.raises(ValueError, match=r"--blacklist-cooldown-range needs 0 <= MIN <= MAX"):
-        bluefog.run(abs, args=(1,), num_proc=2, min_num_proc=1, cooldown_range=(5, 1))
-    with pytest.raises(ValueError, match="min_np=1 and min_num_proc=2 disagree"):
-        bluefog.run(abs, args=(1,), min_np=1, min_num_proc=2)
-    with pytest.raises(ValueError, match="--max-np 1 is below --min-np 2"):
-        bluefog.run(abs, args=(1,), min_num_proc=2, max_num_proc=1, hosts="localhost:2")
-    with pytest.raises(ValueError, match="np=2 and num_proc=3 disagree"):
-        bluefog.run(abs, args=(1,), np=2, num_proc=3)
-    hostfile.write_text("localhost cpus=2\n")
-    with pytest.raises(ValueError, match="line 1: expected 'host slots=N'"):
-        bluefog.run(abs, args=(1,), hostfile=str(hostfile))
-    with pytest.warns(UserWarning, match="verbose=2 has no effect"):
-        assert bluefog.run(abs, args=(-3,), verbose=2, env=run_env, timeout=JOB_TIMEOUT_S) == [3]
 
 
 if __name__ == "__main__":
