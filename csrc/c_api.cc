@@ -92,6 +92,15 @@ const char* bluefog_flight_recorder(void) {
   }
   return json.c_str();
 }
+const char* bluefog_straggler_report(void) {
+  thread_local std::string json;
+  try {
+    json = bluefog::Runtime::Get().stragglers().Report(bluefog::NowSeconds()).Json();
+  } catch (...) {
+    json = "{}";
+  }
+  return json.c_str();
+}
 void bluefog_set_frame_provider(int (*provider)(char* buf, int size)) {
   bluefog::SetFrameProvider(provider);
 }

@@ -48,6 +48,9 @@ int bluefog_timeline_activity(const char* tensor, const char* activity, double s
 // This rank's flight recorder (its last operations, core/flight_recorder.h) as a JSON array,
 // valid until this thread's next call; before init an empty array. Never fails.
 const char* bluefog_flight_recorder(void);
+// How far behind the first rank each rank's requests arrived at the negotiation over the last
+// minute, and the rank consistently last (core/straggler.h), as a JSON object. Never fails.
+const char* bluefog_straggler_report(void);
 // What every rank of the job is doing, asked now over the hang doctor's link (runtime/doctor.h;
 // waits a few seconds at most), or why it cannot be asked; valid until this thread's next call.
 // Never fails.

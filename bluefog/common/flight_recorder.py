@@ -41,6 +41,26 @@ def diagnose() -> str:
     return library.load().bluefog_diagnose().decode("utf-8", "replace")
 
 
+def straggler_report() -> Dict[str, Any]:
+    """Who the other ranks waited for over the last minute. A collective or neighbour op waits
+    from its submission until every rank has submitted it: the rank that comes last hardly
+    waits, the others wait for it. Every rank adds up its own requests' waits and sends the sum
+    with each negotiation round, so every rank knows every rank's. Returns a dict:
+    ``window_seconds`` (covered, at most 60), ``ops`` (requests agreed), ``contested_seconds``
+    (seconds in which the ranks' mean waits differed by more than 1 ms) and ``contested_ops``
+    (the requests agreed in them), ``ranks`` (one dict per rank: ``rank``, ``ops``,
+    ``mean_wait_seconds``; ``mean_lag_seconds``, the longest mean wait of any rank less its
+    own, how far behind the first rank its requests come on average; ``last_ops``, the
+    requests of the contested seconds in which it waited least), and ``straggler``: the rank
+    whose ``last_ops`` are at least 75% of ``contested_ops`` over at least 3 contested seconds,
+    else None. Rank 0 logs the straggler every ``BLUEFOG_STRAGGLER_REPORT`` seconds (60 by
+    default). Before ``init``: an empty report."""
+    text = library.load().bluefog_straggler_report().decode("utf-8", "replace")
+    report = json.loads(text)
+    return report if report else {"window_seconds": 0.0, "ops": 0, "contested_seconds": 0,
+                                  "contested_ops": 0, "straggler": None, "ranks": []}
+
+
 def op_totals() -> Tuple[int, int, float]:
     """Since this process started: the operations it began (every kind the recorder records,
     also while it is off), the bytes of their tensors, and the seconds during which at least

@@ -279,6 +279,10 @@ class JobPage:
             message, ago = "", 0.0
         out["last_stall"] = {"message": message, "seconds_ago": round(ago, 1)} if message \
             else None
+        try:
+            out["arrivals"] = flight_recorder.straggler_report()
+        except Exception:
+            out["arrivals"] = None
         out["stall_seconds"] = None if math.isinf(self.stall_seconds) else self.stall_seconds
         out["now"] = time.time()
         return out

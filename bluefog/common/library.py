@@ -43,6 +43,7 @@ def load() -> ctypes.CDLL:
             lib.bluefog_backend.restype = ctypes.c_char_p
             lib.bluefog_flight_recorder.restype = ctypes.c_char_p
             lib.bluefog_diagnose.restype = ctypes.c_char_p
+            lib.bluefog_straggler_report.restype = ctypes.c_char_p
             lib.bluefog_op_totals.argtypes = [ctypes.POINTER(ctypes.c_longlong)] * 2 + [
                 ctypes.POINTER(ctypes.c_double)]
             lib.bluefog_last_stall.argtypes = [ctypes.POINTER(ctypes.c_double)]

@@ -24,7 +24,7 @@ from bluefog.common.capabilities import (  # noqa: F401
     nccl_built,
     rocm_built,
 )
-from bluefog.common.flight_recorder import diagnose, flight_recorder  # noqa: F401
+from bluefog.common.flight_recorder import diagnose, flight_recorder, straggler_report  # noqa: F401
 from bluefog.common.hosts import cross_rank, cross_size  # noqa: F401
 from bluefog.common.process_sets import (  # noqa: F401
     ProcessSet,
@@ -232,7 +232,7 @@ __all__ = [
     "window_names", "window_variable",
     "ReplicaMismatchError", "check_replicas", "replica_spread",
 ]
-__all__ += ["DiLoCo", "LocalSGD", "diagnose", "flight_recorder"]
+__all__ += ["DiLoCo", "LocalSGD", "diagnose", "flight_recorder", "straggler_report"]
 __all__ += ["job_page_step", "job_page_url", "serve_job_page", "stop_job_page"]
 # Public subpackages, reached as attributes (bf.elastic, bf.keras; bf.util is Horovod's hvd.util).
 _SUBPACKAGES = ("elastic", "keras", "util")

@@ -123,6 +123,8 @@ Config Config::FromLookup(const Lookup& lookup, const Lookup& launcher_lookup) {
     config.stall_shutdown_seconds = ParseDouble("BLUEFOG_STALL_SHUTDOWN_TIME", v, 0.0);
   if (const char* v = lookup("BLUEFOG_HANG_DOCTOR"))
     config.hang_doctor = ParseBool("BLUEFOG_HANG_DOCTOR", v);
+  if (const char* v = lookup("BLUEFOG_STRAGGLER_REPORT"))
+    config.straggler_report_seconds = ParseDouble("BLUEFOG_STRAGGLER_REPORT", v, 0.0);
   if (const char* v = lookup("BLUEFOG_FLIGHT_RECORDER_SIZE")) {
     config.flight_recorder_size = ParseBytes("BLUEFOG_FLIGHT_RECORDER_SIZE", v);
     BF_ENFORCE(config.flight_recorder_size <= 65536, StatusCode::kInvalidArgument,

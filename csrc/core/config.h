@@ -66,6 +66,9 @@ struct Config {
   // BLUEFOG_HANG_DOCTOR: a stall makes this rank ask the others what they do and print a
   // diagnosis (runtime/doctor.h); bf.diagnose() asks on demand.
   bool hang_doctor = true;
+  // BLUEFOG_STRAGGLER_REPORT: every this many seconds rank 0 logs the rank the others waited
+  // for over the last minute, when one was consistently last (core/straggler.h; 0: never).
+  double straggler_report_seconds = 60.0;
   // Operations the flight recorder keeps (core/flight_recorder.h; 0: off), at most 65536.
   int64_t flight_recorder_size = 256;
   LogLevel log_level = LogLevel::kWarning;

@@ -8,6 +8,7 @@ namespace bluefog {
 namespace {
 
 constexpr uint32_t kFlagShutdown = 1u;
+constexpr uint32_t kFlagWaits = 2u;
 constexpr uint8_t kDataAnnouncement = 0;
 constexpr uint8_t kDataCached = 1;
 
@@ -49,7 +50,12 @@ class Reader {
 
 std::string EncodeRound(const RoundMessage& message) {
   std::string out;
-  Put<uint32_t>(out, message.shutdown ? kFlagShutdown : 0u);
+  Put<uint32_t>(out,
+                (message.shutdown ? kFlagShutdown : 0u) | (message.has_waits ? kFlagWaits : 0u));
+  if (message.has_waits) {
+    Put<uint32_t>(out, message.agreed);
+    Put<uint32_t>(out, message.wait_units);
+  }
   // The cached slots as a bit set, as long as the highest slot needs.
   const uint32_t bits_bytes = message.cached.empty() ? 0 : message.cached.back() / 8 + 1;
   Put<uint32_t>(out, bits_bytes);
@@ -105,7 +111,13 @@ size_t DataCost(size_t bytes) { return sizeof(uint8_t) + 2 * sizeof(uint32_t) + 
 RoundMessage DecodeRound(const char* data, size_t size) {
   Reader in(data, size);
   RoundMessage message;
-  message.shutdown = (in.Get<uint32_t>() & kFlagShutdown) != 0;
+  const uint32_t flags = in.Get<uint32_t>();
+  message.shutdown = (flags & kFlagShutdown) != 0;
+  message.has_waits = (flags & kFlagWaits) != 0;
+  if (message.has_waits) {
+    message.agreed = in.Get<uint32_t>();
+    message.wait_units = in.Get<uint32_t>();
+  }
   const std::string bits = in.GetString(in.Get<uint32_t>());
   for (uint32_t byte = 0; byte < bits.size(); ++byte)
     for (uint32_t bit = 0; bit < 8; ++bit)

@@ -18,6 +18,11 @@ struct RoundMessage {
   // as `announcements` (and `cached`), one string per entry, empty for none.
   std::vector<std::string> announcement_data;
   std::vector<std::string> cached_data;
+  // The sender's requests agreed so far and their total wait in the negotiation, in units of
+  // 10 us, both modulo 2^32 (core/straggler.h): 8 bytes when has_waits.
+  bool has_waits = false;
+  uint32_t agreed = 0;
+  uint32_t wait_units = 0;
 };
 
 // The bytes EncodeRound adds for one entry's data of `bytes` bytes.

@@ -22,6 +22,7 @@
 #include "core/request.h"
 #include "core/response_cache.h"
 #include "core/stall_report.h"
+#include "core/straggler.h"
 #include "core/timeline.h"
 #include "core/wire.h"
 #include "runtime/executor.h"
@@ -50,6 +51,9 @@ class Channel : private RequestTable {
   // The hang doctor (runtime/doctor.h) prints the diagnosis of a stall: this channel then only
   // fails a request at BLUEFOG_STALL_SHUTDOWN_TIME, without warnings of its own. Before Start.
   void set_stalls_diagnosed(bool diagnosed) { stalls_diagnosed_ = diagnosed; }
+  // Where this channel adds up its requests' waits and records the other ranks' (carried in the
+  // rounds); set before Start.
+  void set_straggler_tracker(StragglerTracker* tracker) { stragglers_ = tracker; }
 
   // Runs the loop on the calling thread until every rank of the channel has agreed to stop (or
   // an error stops it); then fails what is still pending. Returns false when an exchange may be
@@ -128,6 +132,9 @@ class Channel : private RequestTable {
   void Abandon(const std::string& reason);
   void FailAll(const Status& status);
   void CheckStalls();
+  // Gives the straggler tracker how long this rank's requests among `ready` waited; on world
+  // rank 0's global channel, logs the straggler every BLUEFOG_STRAGGLER_REPORT seconds.
+  void TrackWaits(const std::vector<Response>& ready);
   // The request's entry in the flight recorder, queued now.
   uint64_t Record(const Request& request);
   int WorldRank(int rank) const { return world_ranks_[rank]; }
@@ -143,6 +150,8 @@ class Channel : private RequestTable {
   Timeline* timeline_;
   FlightRecorder no_recorder_{0};
   FlightRecorder* recorder_ = &no_recorder_;
+  StragglerTracker* stragglers_ = nullptr;
+  std::vector<StragglerTracker::Totals> waits_;  // a round's, for stragglers_ (round_mutex_)
   Coordinator coordinator_;
   // Held by the thread running a round (the channel's own, or a caller in Enqueue(drive)):
   // cache_, coordinator_, executor_, stall_watch_ and stats_ are used under it only.

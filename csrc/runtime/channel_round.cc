@@ -59,6 +59,10 @@ std::string Channel::PrepareRound() {
     mine.cached.push_back(slot);
     mine.cached_data.push_back(std::move(data));
   }
+  if (stragglers_ != nullptr) {
+    mine.has_waits = true;
+    stragglers_->OwnTotals(&mine.agreed, &mine.wait_units);
+  }
   KeepDataThatFits(&mine);
   const double round_start = NowSeconds();
   if (timeline_->enabled()) {
@@ -93,9 +97,11 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
   round_open_ = false;
 
   int shutdown_rank = -1;
+  waits_.clear();
   for (int r = 0; r < info_.size; ++r) {
     RoundMessage theirs = DecodeRound(all[r].data(), all[r].size());
     if (theirs.shutdown && shutdown_rank < 0) shutdown_rank = r;
+    if (theirs.has_waits) waits_.push_back({WorldRank(r), theirs.agreed, theirs.wait_units});
     *anyone_spoke |= !theirs.announcements.empty() || !theirs.cached.empty();
     auto data = [](std::vector<std::string>& list, size_t k) {
       return k < list.size() ? std::move(list[k]) : std::string();
@@ -105,6 +111,8 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
     for (size_t k = 0; k < theirs.announcements.size(); ++k)
       coordinator_.Announce(r, theirs.announcements[k], data(theirs.announcement_data, k));
   }
+  if (stragglers_ != nullptr && !waits_.empty())
+    stragglers_->Observe(NowSeconds(), waits_.data(), waits_.size());
   std::vector<Response> ready = coordinator_.TakeReady();
   // Every rank records the same ready list, so the caches stay identical.
   cache_.Record(ready);
@@ -120,6 +128,7 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
   ++stats_.rounds;
   stats_.completed += ready.size();
   BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds, ": ready ", ready.size());
+  TrackWaits(ready);
   RunRuntimeOps(ready);
   stats_.collectives += executor_.Execute(ready);
   CheckStalls();
@@ -129,6 +138,24 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
     stop_reason_ = Concat("rank ", WorldRank(shutdown_rank),
                           " shut down: bf.shutdown() was called or its process exited");
   return false;
+}
+
+void Channel::TrackWaits(const std::vector<Response>& ready) {
+  if (stragglers_ == nullptr) return;
+  const double now = NowSeconds();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Response& r : ready) {
+      if (!r.status.ok() || IsRuntimeOp(r.meta.op) || r.meta.op == OpType::kJoin) continue;
+      auto it = in_flight_.find(r.meta.name);
+      if (it != in_flight_.end()) stragglers_->NoteOwnWait(now - it->second.enqueued_at);
+    }
+  }
+  if (id_ != 0 || info_.rank != 0 || config_.straggler_report_seconds <= 0 ||
+      !stragglers_->Due(now, config_.straggler_report_seconds))
+    return;
+  const std::string text = stragglers_->Report(now).Text();
+  if (!text.empty()) BF_LOG(LogLevel::kWarning, text);
 }
 
 // Process sets and windows (created, freed) leave the ready list here, in order, before the

@@ -163,6 +163,8 @@ void Runtime::Main(std::promise<void>* started) {
     recorder_.Resize(static_cast<size_t>(config_.flight_recorder_size));
   world_ = std::make_unique<Channel>(0, config_, transport_.get(), info_, everyone, &timeline_);
   world_->set_recorder(&recorder_);
+  stragglers_.Reset(info_.size);
+  world_->set_straggler_tracker(&stragglers_);
   windows_->Attach(
       [this](size_t header_bytes) { return transport_->CreateWindowLink(header_bytes); },
       info_.rank, info_.size);
@@ -432,6 +434,7 @@ int Runtime::OnRuntimeOp(const Response& response, const Request* mine) {
       set.channel =
           std::make_unique<Channel>(id, config_, set.transport.get(), info, set.ranks, nullptr);
       set.channel->set_recorder(&recorder_);
+      set.channel->set_straggler_tracker(&stragglers_);
       set.channel->set_stalls_diagnosed(doctor_ != nullptr);
       set.channel->Start();
     }

@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/flight_recorder.h"
 #include "core/request.h"
+#include "core/straggler.h"
 #include "core/timeline.h"
 #include "runtime/channel.h"
 #include "runtime/doctor.h"
@@ -115,6 +116,8 @@ class Runtime {
   WindowService& windows() { return *windows_; }
   // This rank's last operations (core/flight_recorder.h): any thread, any time.
   FlightRecorder& recorder() { return recorder_; }
+  // When each rank's requests arrived at the negotiation, over the last minute (every channel).
+  StragglerTracker& stragglers() { return stragglers_; }
   // What every rank is doing, asked now (runtime/doctor.h); a sentence saying why not when the
   // doctor is off or not running.
   std::string Diagnose();
@@ -147,6 +150,7 @@ class Runtime {
   std::atomic<int64_t> inline_threshold_{0};  // what SetTuning last set (config's at first)
   Timeline timeline_;
   FlightRecorder recorder_;  // every channel's requests and the window operations
+  StragglerTracker stragglers_;
   std::unique_ptr<WindowService> windows_ = std::make_unique<WindowService>();
   std::unique_ptr<Doctor> doctor_;  // set by the background thread before Init returns
   std::unique_ptr<Channel> world_;  // set once by the background thread, before Init returns

@@ -118,6 +118,21 @@ TEST(Wire, CachedSlotsTravelAsABitSet) {
   EXPECT_EQ(EncodeRound(hundred).size(), 4u + 4u + 13u + 4u + 4u);
 }
 
+TEST(Wire, RoundCarriesTheSendersWaitTotals) {
+  RoundMessage m;
+  m.has_waits = true;
+  m.agreed = 0xfffffffeu;
+  m.wait_units = 12345;
+  m.shutdown = true;
+  const std::string bytes = EncodeRound(m);
+  EXPECT_EQ(bytes.size(), 4u + 8u + 4u + 4u + 4u);
+  const RoundMessage back = DecodeRound(bytes.data(), bytes.size());
+  EXPECT_TRUE(back.has_waits && back.shutdown);
+  EXPECT_EQ(back.agreed, 0xfffffffeu);
+  EXPECT_EQ(back.wait_units, 12345u);
+  EXPECT_FALSE(DecodeRound(EncodeRound(RoundMessage()).data(), 16).has_waits);
+}
+
 TEST(Wire, SmallRequestsCarryTheirData) {
   RoundMessage m;
   m.announcements.resize(2);

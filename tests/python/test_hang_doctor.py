@@ -1,7 +1,8 @@
 """The hang doctor: when an operation waits past BLUEFOG_STALL_CHECK_TIME, the waiting ranks ask
 the others what they do and print a diagnosis naming the culprit; bf.diagnose() asks on demand.
 One job per backend at 3 ranks, going through the cases in turn: a rank sleeping in Python, a
-rank in another collective, a rank holding a window mutex, a stopped (SIGSTOP) rank."""
+rank in another collective, a rank holding a window mutex, a stopped (SIGSTOP) rank; then a
+straggler, which bf.straggler_report() and rank 0's log name."""
 
 import re
 import textwrap
@@ -65,10 +66,27 @@ _JOB = textwrap.dedent("""
         say("stopped", bf.diagnose())
         os.kill(pids[2], signal.SIGCONT)
     bf.allreduce(x, name="after_stop")
-    print("DONE", r, flush=True)
+
+    # A straggler: rank 1 comes 30 ms late to each of 120 allreduces (4 s). Rank 0 logs it
+    # (BLUEFOG_STRAGGLER_REPORT=1) at a round a second later; every rank reports it. (The waits
+    # travel with the next round: a few quick rounds first carry the last stall's waits.)
+    for step in range(5):
+        bf.allreduce(x, name="quick")
+    time.sleep(1)
+    for step in range(120):
+        if r == 1:
+            time.sleep(0.03)
+        bf.allreduce(x, name="straggle")
+    time.sleep(1.2)
+    bf.allreduce(x, name="after_straggle")
+    rep = bf.straggler_report()
+    say("stragglers", " ".join(str(v) for v in (rep["straggler"], rep["ranks"][1]["last_ops"],
+                                                rep["contested_ops"], rep["contested_seconds"],
+                                                rep["ops"])))
+    print(f"DONE {r}", flush=True)
     bf.shutdown()
     """)
-_ENV = {"BLUEFOG_STALL_CHECK_TIME": "1.5"}
+_ENV = {"BLUEFOG_STALL_CHECK_TIME": "1.5", "BLUEFOG_STRAGGLER_REPORT": "1"}
 
 
 def _blocks(out: str, tag: str):
@@ -104,6 +122,16 @@ def _check(out: str, mpi: bool):
     assert "rank 2 did not answer within 3.0 s: it is stopped (SIGSTOP)" in stopped.get(0, ""), out
     assert "rank 1 (" in stopped[0], stopped[0]
     assert all(f"DONE {k}" in out for k in range(3)), out
+    # The straggler, in every rank's report and in rank 0's log.
+    reports = {k: [int(v) if v != "None" else None for v in text.split()]
+               for k, text in _blocks(out, "stragglers").items()}
+    assert sorted(reports) == [0, 1, 2], out
+    for straggler, last, contested, seconds, ops in reports.values():
+        assert straggler == 1 and last >= 0.75 * contested, reports
+        assert seconds >= 3 and ops >= 125, reports
+    assert re.search(r"\[bluefog rank 0\] WARNING: straggler: the other ranks wait for rank 1: "
+                     r"it came last to \d+ of the \d+ collectives of the last \d+ s", out), out
+    assert "WARNING: straggler" not in out.replace("[bluefog rank 0] WARNING: straggler", ""), out
     # The doctor speaks instead of the channel's own stall warning.
     assert "a collective submitted on this rank has waited" not in out, out
 

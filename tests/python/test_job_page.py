@@ -233,6 +233,11 @@ def _browser(base: str, secret: str, tmp_path) -> None:
             page.wait_for_function("document.getElementById('straggler').textContent"
                                    ".includes('rank 1')", timeout=20000)
             assert "straggler" in page.locator("#ranks tbody tr").nth(1).get_attribute("class")
+            # The runtime's arrival lags: rank 1, slowed, comes later to the collectives.
+            cells = [[page.locator("#ranks tbody tr").nth(r).locator("td").nth(c).text_content()
+                      for c in (7, 8)] for r in range(2)]
+            assert float(cells[1][0]) > float(cells[0][0]), cells
+            assert int(cells[1][1].split(" / ")[0]) > 0, cells
             if os.environ.get("BLUEFOG_JOB_PAGE_SCREENSHOT"):
                 page.screenshot(path=os.environ["BLUEFOG_JOB_PAGE_SCREENSHOT"], full_page=True)
         finally:
