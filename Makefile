@@ -61,8 +61,13 @@ $(VENV)/.build-stamp: $(VENV)/.deps-stamp $(SOURCES)
 # The documentation site (mkdocs.yml): guides, the API reference generated from the docstrings
 # and `bfrun --help`, built into build/docs with every warning an error. mkdocstrings reads the
 # sources without importing them, so no build of the package is needed.
-docs: $(VENV)/.docs-stamp
+# Built again only when one of its inputs changed (the guides, mkdocs.yml, the package's
+# sources for the docstrings and `bfrun --help`): CI's docs stage and `make test` build it once.
+DOCS_INPUTS := mkdocs.yml $(shell find docs bluefog -type f -not -path '*/__pycache__/*' 2>/dev/null)
+docs: build/.docs-built
+build/.docs-built: $(VENV)/.docs-stamp $(DOCS_INPUTS)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@touch $@
 
 $(VENV)/.docs-stamp: $(VENV)/.deps-stamp docs/requirements.txt
 	$(PY) -m pip install -q -r docs/requirements.txt
