@@ -116,8 +116,11 @@ browser-deps:
 # Single-process tests (some start mpirun jobs of their own: bfrun, faults, timeline, stalls,
 # stress, fuzzing; the site in a browser, hence docs and browser-deps) but those marked nightly,
 # with the slowest printed, then the TF suite on 2 and 4 ranks.
+# PYTEST_DURATIONS: how many of the slowest tests to print (20).
+PYTEST_DURATIONS ?= 20
 test-python: build docs browser-deps
-	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi -m "not nightly" --durations=20
+	$(PY) -m pytest -q tests/python --ignore=tests/python/mpi -m "not nightly" \
+	  --durations=$(PYTEST_DURATIONS)
 	$(call mpi_suites,2 4)
 
 # The TF suite under mpirun on each rank count of $(1).
