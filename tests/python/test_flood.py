@@ -42,6 +42,7 @@ pytestmark = pytest.mark.skipif(not gloo_built(), reason="bluefog was built with
 COUNT = int(os.environ.get("BLUEFOG_FLOOD_COUNT", "400"))
 # Long enough for 10,000 connections on a busy two-core machine.
 TIMEOUT_S = 180 + COUNT // 40
+pytestmark = [pytestmark, pytest.mark.timeout(TIMEOUT_S + 60)]  # the job's timeout first
 
 
 # The functions below travel to the ranks by value (this file is not importable there).

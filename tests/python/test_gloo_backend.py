@@ -17,8 +17,12 @@ import pytest
 from gloo_jobs import gloo_built, run_gloo_job
 from mpi_jobs import PYTHON, REPO, netns_skip_reason, run_job
 
-pytestmark = pytest.mark.skipif(not gloo_built(),
-                                reason="bluefog was built without Gloo (libgloo-dev)")
+JOB_TIMEOUT_S = 180
+# Each job's own timeout fires before pytest-timeout's (which would end the whole session), so a
+# hang fails its test with the ranks' output.
+pytestmark = [pytest.mark.skipif(not gloo_built(),
+                                 reason="bluefog was built without Gloo (libgloo-dev)"),
+              pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
 
 # The parts of the TF suite that run on Gloo as they are: collectives of every kind and dtype,
 # gradients and optimizers, process sets, neighbour collectives, Horovod's API.
@@ -26,7 +30,6 @@ SUITE = ["test_collectives.py", "test_gradients.py", "test_process_sets.py",
          "test_decentralized.py", "test_horovod_api.py"]
 # Start-up (2 TensorFlow imports on 2 busy cores) plus the suite: ~30 s measured.
 SUITE_TIMEOUT_S = 600
-JOB_TIMEOUT_S = 180
 
 
 def _script(tmp_path, body: str) -> str:
@@ -52,6 +55,7 @@ def test_backend_chosen_without_mpirun(tmp_path):
     assert result.output.count("OK") == 2 and "OK 1 gloo" in result.output
 
 
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 def test_suite_subset_passes_on_gloo():
     files = [os.path.join("tests/python/mpi", f) for f in SUITE]
     result = run_gloo_job(["tests/mpi_pytest.sh", PYTHON, *files, "-rfE"], 2, SUITE_TIMEOUT_S)
@@ -229,7 +233,7 @@ def test_tf_config_starts_a_gloo_job(tmp_path):
     assert len(refusals) == 4 and len(set(refusals)) == 1, result.tail()
 
 
-@pytest.mark.parametrize("value", ["inf", "1e10"])
+@pytest.mark.parametrize("value", [pytest.param("inf", marks=pytest.mark.nightly), "1e10"])
 def test_unusable_gloo_timeout_is_refused_at_init(tmp_path, value):
     """BLUEFOG_GLOO_TIMEOUT beyond what a timer can hold fails bf.init() at once on every rank,
     naming the variable and the accepted range (tests/cpp/config_test.cc: the other values)."""
@@ -249,7 +253,8 @@ def test_unusable_gloo_timeout_is_refused_at_init(tmp_path, value):
         result.tail()
 
 
-@pytest.mark.parametrize("bootstrap", ["torchrun", "tf_config", "child_of_singleton"])
+@pytest.mark.parametrize("bootstrap", ["torchrun", "child_of_singleton",
+                                       pytest.param("tf_config", marks=pytest.mark.nightly)])
 def test_mpi4py_imported_first_still_one_job(tmp_path, bootstrap):
     """mpi4py imported before bf.init() makes MPI's singleton set PMIX_RANK=0 (and more) inside
     each process; that is not a launcher, so the two processes still form one Gloo job. Nor is

@@ -36,6 +36,8 @@ from mpi_jobs import (
 needs_gloo = pytest.mark.skipif(not gloo_built(),
                                 reason="bluefog was built without Gloo (libgloo-dev)")
 JOB_TIMEOUT_S = 240
+# A job's own timeout fires before pytest-timeout's: a hang fails its test with the output.
+pytestmark = pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 # The functions below are not importable on the ranks (this file is not a package module):
 # they travel by value, as a script's own functions do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

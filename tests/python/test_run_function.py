@@ -19,6 +19,7 @@ from mpi_jobs import REPO
 needs_gloo = pytest.mark.skipif(not gloo_built(),
                                 reason="bluefog was built without Gloo (libgloo-dev)")
 JOB_TIMEOUT_S = 240
+pytestmark = pytest.mark.timeout(JOB_TIMEOUT_S + 60)  # the job's own timeout fires first
 # The functions below are not importable on the ranks (this file is not a package module):
 # they travel by value, as a script's own functions do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -14,13 +14,15 @@ import pytest
 
 from mpi_jobs import PYTHON, have_mpirun, mpirun_prefix, run_job
 
-pytestmark = pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed")
+JOB_TIMEOUT_S = 180
+# The job's own timeout fires first, failing the test with the job's output.
+pytestmark = [pytest.mark.skipif(not have_mpirun(), reason="mpirun not installed"),
+              pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
 
 SHUTDOWN_BOUND_S = 5.0
 # How long a putter keeps putting if no put fails: well past the bound, so a shutdown that
 # waits for the putters to stop shows.
 PUT_CAP_S = 20.0
-JOB_TIMEOUT_S = 180
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -8,6 +8,7 @@ per case ("CASE {...}"), read by tests/python/test_ray.py.
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 
@@ -152,11 +153,25 @@ def busy():
         remove_placement_group(other)
 
 
+CLUSTER_START_S = 120  # ~8 s measured
+CLUSTER_DID_NOT_START = 75  # the exit status that says so (tests/python/test_ray.py retries)
+
+
+def cluster_did_not_start(*_):
+    print(f"# the Ray cluster did not come up within {CLUSTER_START_S} s", flush=True)
+    os._exit(CLUSTER_DID_NOT_START)  # Ray's own processes end with this driver (their reaper)
+
+
 def main():
+    started = time.time()
+    signal.signal(signal.SIGALRM, cluster_did_not_start)
+    signal.alarm(CLUSTER_START_S)
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 2, "include_dashboard": False})
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, log_to_driver=False)
+    signal.alarm(0)
+    print(f"# cluster of 2 nodes up: {time.time() - started:.1f} s", flush=True)
     cases = [a for a in sys.argv[1:]] or ["sums", "digits_2", "digits_3", "failure", "no_room",
                                           "busy"]
     try:
