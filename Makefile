@@ -90,12 +90,13 @@ test-cpp: cpp-build
 # folder of its own, and its Gloo ctests: proves the core builds and runs where MPI is absent.
 # CI runs the ones that differ from `make test`'s (where the same Gloo tests run against the
 # MPI build): the core's, no_mpi, and Gloo's transport and one-host paths at 3 ranks;
-# NO_MPI_TESTS= runs every one.
+# NO_MPI_TESTS= NO_MPI_TARGETS= builds and runs every one.
 NO_MPI_TESTS ?= -R '^(core_tests|no_mpi|gloo_transport_np3|local_transport_gloo_np3)$$'
+NO_MPI_TARGETS ?= core_tests no_mpi_tests gloo_transport_tests local_transport_tests
 test-no-mpi: $(VENV)/.deps-stamp
 	$(VENV)/bin/cmake -S . -B build/no-mpi -G Ninja -DBLUEFOG_BUILD_TF=OFF -DBLUEFOG_BUILD_TESTS=ON \
 	  -DBLUEFOG_WITH_MPI=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
-	$(VENV)/bin/ninja -C build/no-mpi $(NINJAFLAGS)
+	$(VENV)/bin/ninja -C build/no-mpi $(NINJAFLAGS) $(NO_MPI_TARGETS)
 	@if nm -D --undefined-only build/no-mpi/libbluefog_core.so | grep -q ' MPI_'; then \
 	  echo "build/no-mpi/libbluefog_core.so refers to MPI"; exit 1; fi
 	cd build/no-mpi && PATH=$(abspath $(VENV)/bin):$$PATH $(abspath $(VENV)/bin/ctest) \
