@@ -20,7 +20,9 @@ namespace bluefog {
 class Communicator;
 
 // Takes every floating-point call of any op (integer sums are exact in any order) with at
-// least one element. Placed first in a backend's list when the option is on.
+// least one element. Placed first in a backend's list when the option is on; on one host the
+// direct path in rank order (transport/local/algorithms.h), which gives the same bits, comes
+// before it.
 std::unique_ptr<AllreduceAlgorithm> MakeDeterministicAllreduce(Communicator* comm);
 
 }  // namespace bluefog

@@ -234,6 +234,7 @@ void GlooCommunicator::Connect(const std::string& prefix, const std::vector<std:
   if (options_.deterministic) {
     deterministic_ = MakeDeterministicAllreduce(this);
     allreduce_.insert(allreduce_.begin(), deterministic_.get());
+    if (local_) allreduce_.insert(allreduce_.begin(), local_->rank_ordered());
   }
 }
 

@@ -158,7 +158,7 @@ class GlooCommunicator : public Communicator {
   std::vector<std::string> hosts_;    // each rank's host name, announced at the rendezvous
   std::unique_ptr<LocalHost> local_;  // every rank on this host: its segment and paths
   std::vector<AllreduceAlgorithm*> allreduce_;
-  std::unique_ptr<AllreduceAlgorithm> deterministic_;  // first in allreduce_ when on
+  std::unique_ptr<AllreduceAlgorithm> deterministic_;  // when on: first but for local_'s
   std::unique_ptr<AllreduceAlgorithm> ring_;           // Gloo's own allreduce, last in allreduce_
   std::unique_ptr<AllreduceAlgorithm> hierarchical_;   // the world's, on several alike hosts
   std::string exchange_mine_;  // StartExchange's message, for what does not fit its slot

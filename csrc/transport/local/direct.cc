@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/op_rules.h"
 #include "core/reduce_kernels.h"
 #include "core/status.h"
 #include "transport/local/algorithms.h"
@@ -100,6 +101,8 @@ bool DirectAllreduce::AppliesTo(const AllreduceCall& call) const {
 // Each segment is reduced by one rank only, so every rank gets the same bits. In place is
 // safe: segment r of every buffer is read and written by rank r only, each chunk read from
 // every peer before it is written back.
+// In rank order (floats, when made so), a chunk's sum starts from rank 0's part and adds those of
+// ranks 1 to n-1 in turn, this rank's own among them.
 void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
   const int64_t count = call.count;
   const DataType dtype = call.dtype;
@@ -116,7 +119,12 @@ void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
   }
   auto begin = [&](int k) { return count * k / n; };
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkBytes / elem);
-  char* scratch = host_->Scratch(chunk * elem);
+  const bool rank_order = rank_order_ && IsFloat(dtype);
+  const bool in_place = call.in == call.out;
+  // In rank order, two more chunks of scratch: rank 0's part, and this rank's own set aside.
+  char* scratch = host_->Scratch((rank_order ? 3 : 1) * chunk * elem);
+  char* first_part = scratch + chunk * elem;
+  char* own_copy = first_part + chunk * elem;
   const char* src = static_cast<const char*>(call.in);
   char* dst = static_cast<char*>(call.out);
   const int64_t end = begin(rank + 1);
@@ -134,7 +142,34 @@ void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
   for (int64_t lo = begin(rank); lo < end && failure.empty(); lo += chunk) {
     const int64_t m = std::min(chunk, end - lo);
     const int64_t offset = lo * elem;
-    for (int k = 1; k < n && failure.empty(); ++k) {
+    if (rank_order) {
+      // The output chunk is written from rank 1's turn on: in place, a rank from 2 up sets its
+      // own part aside first.
+      const char* own = src + offset;
+      if (in_place && rank >= 2) {
+        std::memcpy(own_copy, own, m * elem);
+        own = own_copy;
+      }
+      const char* acc = own;  // rank 0's part
+      if (rank != 0) {
+        if (!reach(false, 0, gathered[0] + offset, first_part, m * elem)) break;
+        acc = first_part;
+      }
+      for (int peer = 1; peer < n && failure.empty(); ++peer) {
+        const char* part = own;
+        if (peer != rank) {
+          if (!reach(false, peer, gathered[3 * peer] + offset, scratch, m * elem)) break;
+          part = scratch;
+        }
+        if (op == ReduceOp::kSum) {
+          SumOf(dst + offset, acc, part, m, dtype, peer == n - 1 ? call.divisor : 1);
+        } else {
+          ReduceOf(dst + offset, acc, part, m, dtype, op);
+        }
+        acc = dst + offset;
+      }
+    }
+    for (int k = 1; k < n && failure.empty() && !rank_order; ++k) {
       const int peer = (rank + k) % n;
       if (!reach(false, peer, gathered[3 * peer] + offset, scratch, m * elem)) break;
       const char* acc = k == 1 ? src + offset : dst + offset;

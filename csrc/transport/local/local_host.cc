@@ -16,7 +16,7 @@ LocalHost::~LocalHost() = default;
 std::unique_ptr<LocalHost> LocalHost::Create(Communicator* comm, std::shared_ptr<Tuning> tuning,
                                              const TransportOptions& options, bool every_size) {
   std::unique_ptr<LocalHost> host(new LocalHost(comm, std::move(tuning)));
-  host->direct_ = std::make_unique<DirectAllreduce>(host.get());
+  host->direct_ = std::make_unique<DirectAllreduce>(host.get(), options.deterministic);
   host->direct_->Probe();
   if (options.local_rounds) {
     const int64_t staged = std::max<int64_t>(options.staged_bytes, 0);
@@ -26,6 +26,9 @@ std::unique_ptr<LocalHost> LocalHost::Create(Communicator* comm, std::shared_ptr
   }
   host->one_host_ =
       std::make_unique<OneHostAllreduce>(host.get(), host->direct_.get(), every_size, options);
+  if (options.deterministic)
+    host->rank_ordered_ =
+        std::make_unique<RankOrderedAllreduce>(host->one_host_.get(), host->direct_.get());
   return host;
 }
 
@@ -50,6 +53,8 @@ void LocalHost::SmallAllgather(const void* mine, size_t bytes, void* all) {
 std::vector<AllreduceAlgorithm*> LocalHost::algorithms() const {
   return {one_host_.get(), direct_.get()};
 }
+
+AllreduceAlgorithm* LocalHost::rank_ordered() const { return rank_ordered_.get(); }
 
 bool LocalHost::direct() const { return direct_->enabled(); }
 bool LocalHost::areas() const { return one_host_->areas(); }

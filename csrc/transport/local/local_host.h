@@ -20,6 +20,7 @@ namespace bluefog {
 
 class DirectAllreduce;
 class OneHostAllreduce;
+class RankOrderedAllreduce;
 
 class LocalHost {
  public:
@@ -52,6 +53,9 @@ class LocalHost {
 
   // The one-host algorithms in the order a backend asks them, before its own (owned here).
   std::vector<AllreduceAlgorithm*> algorithms() const;
+  // With `options.deterministic`: the one-host paths in rank order for floating-point calls,
+  // which a backend puts ahead of its deterministic algorithm (nullptr otherwise).
+  AllreduceAlgorithm* rank_ordered() const;
   // The direct path probed fine and is switched on; the data areas are there and switched on.
   bool direct() const;
   bool areas() const;
@@ -69,6 +73,7 @@ class LocalHost {
   std::unique_ptr<LocalRounds> rounds_;
   std::unique_ptr<DirectAllreduce> direct_;
   std::unique_ptr<OneHostAllreduce> one_host_;
+  std::unique_ptr<RankOrderedAllreduce> rank_ordered_;
   std::vector<char> scratch_;
   std::vector<int64_t> gather_bytes_;  // SmallAllgather without rounds
 };

@@ -16,6 +16,7 @@
 #include <chrono>
 
 #include "core/logging.h"
+#include "core/op_rules.h"
 #include "transport/local/algorithms.h"
 #include "transport/local/local_host.h"
 #include "transport/shared_heap.h"
@@ -35,7 +36,7 @@ OneHostAllreduce::OneHostAllreduce(LocalHost* host, DirectAllreduce* direct, boo
     : host_(host),
       direct_(direct),
       every_size_(every_size),
-      areas_(host),
+      areas_(host, options.deterministic),
       chooser_(host->rank(), host->size(), kKindNames,
                [host](const double* mine, int n, double* all) {
                  host->SmallAllgather(mine, n * sizeof(double), all);
@@ -162,6 +163,18 @@ void OneHostAllreduce::Run(const AllreduceCall& call) {
     chooser_.Record(kind, call.bytes, path,
                     std::chrono::duration<double>(Clock::now() - start).count());
   tuning.one_host_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool RankOrderedAllreduce::AppliesTo(const AllreduceCall& call) const {
+  return IsFloat(call.dtype) && (one_host_->AppliesTo(call) || direct_->AppliesTo(call));
+}
+
+void RankOrderedAllreduce::Run(const AllreduceCall& call) {
+  if (one_host_->AppliesTo(call)) {
+    one_host_->Run(call);
+  } else {
+    direct_->Run(call);
+  }
 }
 
 }  // namespace bluefog

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/op_rules.h"
 #include "core/reduce_kernels.h"
 #include "transport/local/algorithms.h"
 #include "transport/local/local_host.h"
@@ -56,6 +57,25 @@ void DataAreas::ReduceWithAreas(const char* own, char* out, int64_t at, int64_t 
   const int rank = host_->rank();
   const int64_t elem = static_cast<int64_t>(ElementSize(dtype));
   LocalRounds* rounds = host_->rounds();
+  if (rank_order_ && IsFloat(dtype)) {
+    // Out is written from the first step on: in place, this rank's part (needed at its turn)
+    // is set aside first, unless it is rank 0's or rank 1's (read at or before that write).
+    if (out == own && rank >= 2) {
+      aside_.resize(static_cast<size_t>(len * elem));
+      std::memcpy(aside_.data(), own, aside_.size());
+      own = aside_.data();
+    }
+    auto part = [&](int r) { return r == rank ? own : rounds->data(r) + at * elem; };
+    for (int r = 1; r < n; ++r) {
+      const char* acc = r == 1 ? part(0) : out;
+      if (op == ReduceOp::kSum) {
+        SumOf(out, acc, part(r), len, dtype, r == n - 1 ? divisor : 1);
+      } else {
+        ReduceOf(out, acc, part(r), len, dtype, op);
+      }
+    }
+    return;
+  }
   for (int k = 1; k < n; ++k) {
     const char* theirs = rounds->data((rank + k) % n) + at * elem;
     const char* acc = k == 1 ? own : out;

@@ -258,6 +258,7 @@ void MpiCommunicator::SetUp(bool one_host, bool world) {
   if (options_.deterministic) {
     own_allreduce_.push_back(MakeDeterministicAllreduce(this));
     allreduce_.insert(allreduce_.begin(), own_allreduce_.back().get());
+    if (local_) allreduce_.insert(allreduce_.begin(), local_->rank_ordered());
   }
 }
 
