@@ -22,9 +22,10 @@ void StragglerTracker::Reset(int world_size) {
   own_wait_ = 0;
 }
 
-void StragglerTracker::NoteOwnWait(double seconds) {
+void StragglerTracker::NoteOwnWaits(uint32_t ops, double seconds) {
+  if (ops == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  ++own_ops_;
+  own_ops_ += ops;
   own_wait_ += std::max(0.0, seconds);
 }
 

@@ -1,6 +1,6 @@
 // Who the other ranks wait for. A request waits in the negotiation from its submission until
 // every rank has submitted it: the rank that comes last hardly waits, the others wait for it.
-// Each rank adds up its own requests' waits (NoteOwnWait) and sends the totals in every
+// Each rank adds up its own requests' waits (NoteOwnWaits) and sends the totals in every
 // negotiation round it takes part in; every rank records the totals it receives (Observe), in
 // one-second buckets over the last minute. A rank's mean wait per request against the
 // longest mean wait of any rank is how far behind the first rank it comes on average (its
@@ -48,8 +48,9 @@ class StragglerTracker {
   explicit StragglerTracker(int world_size = 0, double window = 60, double spread = 0.001);
   // Forgets everything and sizes for a job of `world_size` ranks.
   void Reset(int world_size);
-  // A request of this rank's own was agreed `seconds` after its submission.
-  void NoteOwnWait(double seconds);
+  // `ops` requests of this rank's own were agreed, `seconds` after their submissions in all
+  // (a round's worth at once: one lock per round, not per request).
+  void NoteOwnWaits(uint32_t ops, double seconds);
   // This rank's totals for its round messages: requests agreed, and their waits in kWaitUnit.
   void OwnTotals(uint32_t* ops, uint32_t* wait_units) const;
   // World rank `rank`'s totals, as a round message of its carried them, received at `now`.

@@ -132,9 +132,10 @@ class Channel : private RequestTable {
   void Abandon(const std::string& reason);
   void FailAll(const Status& status);
   void CheckStalls();
-  // Gives the straggler tracker how long this rank's requests among `ready` waited; on world
-  // rank 0's global channel, logs the straggler every BLUEFOG_STRAGGLER_REPORT seconds.
-  void TrackWaits(const std::vector<Response>& ready);
+  // The ready list's timeline phases, and how long this rank's requests among it waited for the
+  // straggler tracker; on world rank 0's global channel, logs the straggler every
+  // BLUEFOG_STRAGGLER_REPORT seconds.
+  void TrackReady(const std::vector<Response>& ready);
   // The request's entry in the flight recorder, queued now.
   uint64_t Record(const Request& request);
   int WorldRank(int rank) const { return world_ranks_[rank]; }

@@ -116,19 +116,10 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
   std::vector<Response> ready = coordinator_.TakeReady();
   // Every rank records the same ready list, so the caches stay identical.
   cache_.Record(ready);
-  if (timeline_->enabled()) {
-    const double now = NowSeconds();
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const Response& r : ready) {
-      auto it = in_flight_.find(r.meta.name);
-      if (it != in_flight_.end())
-        timeline_->Phase(r.meta.name, "NEGOTIATE", it->second.announced_at, now);
-    }
-  }
   ++stats_.rounds;
   stats_.completed += ready.size();
   BF_LOG(LogLevel::kTrace, "channel ", id_, " round ", stats_.rounds, ": ready ", ready.size());
-  TrackWaits(ready);
+  TrackReady(ready);
   RunRuntimeOps(ready);
   stats_.collectives += executor_.Execute(ready);
   CheckStalls();
@@ -140,17 +131,28 @@ bool Channel::RunRound(bool* anyone_spoke, std::chrono::microseconds limit) {
   return false;
 }
 
-void Channel::TrackWaits(const std::vector<Response>& ready) {
-  if (stragglers_ == nullptr) return;
+void Channel::TrackReady(const std::vector<Response>& ready) {
+  const bool timeline = timeline_->enabled();
+  if (!timeline && stragglers_ == nullptr) return;
+  // One pass under one lock: the timeline's NEGOTIATE phases, and this rank's waits (submission
+  // to agreement) of the collectives agreed, for the straggler report.
   const double now = NowSeconds();
+  uint32_t waited = 0;
+  double wait = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Response& r : ready) {
-      if (!r.status.ok() || IsRuntimeOp(r.meta.op) || r.meta.op == OpType::kJoin) continue;
       auto it = in_flight_.find(r.meta.name);
-      if (it != in_flight_.end()) stragglers_->NoteOwnWait(now - it->second.enqueued_at);
+      if (it == in_flight_.end()) continue;
+      if (timeline) timeline_->Phase(r.meta.name, "NEGOTIATE", it->second.announced_at, now);
+      if (r.status.ok() && !IsRuntimeOp(r.meta.op) && r.meta.op != OpType::kJoin) {
+        ++waited;
+        wait += now - it->second.enqueued_at;
+      }
     }
   }
+  if (stragglers_ == nullptr) return;
+  stragglers_->NoteOwnWaits(waited, wait);
   if (id_ != 0 || info_.rank != 0 || config_.straggler_report_seconds <= 0 ||
       !stragglers_->Due(now, config_.straggler_report_seconds))
     return;

@@ -100,8 +100,8 @@ TEST(StragglerTest, TotalsWrapAroundAndOwnWaitsAddUp) {
   EXPECT_NEAR(r.ranks[0].mean_wait, 512 * StragglerTracker::kWaitUnit / 32, 1e-12);
   EXPECT_EQ(r.ranks[1].ops, 32);
   EXPECT_EQ(r.ranks[1].mean_wait, 0);
-  t.NoteOwnWait(0.5);
-  t.NoteOwnWait(0.25);
+  t.NoteOwnWaits(1, 0.5);
+  t.NoteOwnWaits(1, 0.25);
   uint32_t ops = 0, units = 0;
   t.OwnTotals(&ops, &units);
   EXPECT_EQ(ops, 2u);
