@@ -2,7 +2,7 @@
 how late a rank comes, name it, and name no one when no rank is late?
 
     .venv/bin/python bench/straggler_report.py [--backend mpi|gloo|both] [--seconds 6]
-        [--out FILE.json]
+        [--launches 1] [--out FILE.json]
 
 Each case is a job of 3 ranks running steps of a little compute (a 128x128 matmul) and a 64 KiB
 allreduce for --seconds (every 50th step also a broadcast of whether to stop); rank 2 sleeps
@@ -10,7 +10,10 @@ DELAY before each allreduce. Rank 0 logs the straggler
 every second (BLUEFOG_STRAGGLER_REPORT=1). The harness reads the output as it comes and notes
 when rank 0 first named a rank (seconds after every rank was past init); at the end rank 0
 prints bf.straggler_report(). Reported per case: the injected delay, rank 2's measured lag, the
-largest lag of the others, the rank named (or none) and how soon.
+largest lag of the others, the rank named (or none) and how soon. With --launches N every case
+runs N times (launches interleaved), then a summary gives each case's worst launch: the lag
+furthest from the delay, the others' largest lag, the latest naming, and whether any launch
+named the wrong rank or (with a delay) no one.
 """
 import argparse
 import json
@@ -120,23 +123,43 @@ def main() -> None:
     ap.add_argument("--backend", choices=["mpi", "gloo", "both"], default="both")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--delays", default="0,0.002,0.005,0.02", help="seconds, comma separated")
+    ap.add_argument("--launches", type=int, default=1, help="runs of every case, interleaved")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args()
     backends = ["mpi", "gloo"] if args.backend == "both" else [args.backend]
+    delays = [float(d) for d in args.delays.split(",")]
     rows = []
-    print(f"{'backend':8} {'delay ms':>8} {'lag ms':>8} {'others ms':>9} {'named':>6} "
-          f"{'logged':>6} {'after s':>7} {'ops':>6}")
-    for delay in (float(d) for d in args.delays.split(",")):
-        for backend in backends:  # interleaved: each delay on both backends in turn
-            row = run_case(backend, delay, args.seconds)
-            rows.append(row)
 
-            def f(v, fmt):
-                return format(v, fmt) if v is not None else "-"
-            print(f"{backend:8} {row['delay_ms']:8.1f} {f(row['lag_ms'], '8.2f')} "
-                  f"{f(row['others_max_lag_ms'], '9.2f')} {f(row['straggler'], '>6')} "
-                  f"{f(row['logged'], '>6')} {f(row['named_after_s'], '7.1f')} "
-                  f"{f(row['ops'], '>6')}", flush=True)
+    def f(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    print(f"{'launch':6} {'backend':8} {'delay ms':>8} {'lag ms':>8} {'others ms':>9} "
+          f"{'named':>6} {'logged':>6} {'after s':>7} {'ops':>6}")
+    for launch in range(args.launches):
+        for delay in delays:
+            for backend in backends:  # interleaved: each delay on both backends in turn
+                row = dict(run_case(backend, delay, args.seconds), launch=launch)
+                rows.append(row)
+                print(f"{launch:6} {backend:8} {row['delay_ms']:8.1f} "
+                      f"{f(row['lag_ms'], '8.2f')} {f(row['others_max_lag_ms'], '9.2f')} "
+                      f"{f(row['straggler'], '>6')} {f(row['logged'], '>6')} "
+                      f"{f(row['named_after_s'], '7.1f')} {f(row['ops'], '>6')}", flush=True)
+    if args.launches > 1:
+        print(f"\nworst of {args.launches} launches:")
+        print(f"{'backend':8} {'delay ms':>8} {'lag ms':>8} {'others ms':>9} {'after s':>7} "
+              "wrong")
+        for delay in delays:
+            for backend in backends:
+                mine = [r for r in rows if r["backend"] == backend and r["delay_ms"] == delay * 1e3]
+                lags = [r["lag_ms"] for r in mine if r["lag_ms"] is not None]
+                lag = max(lags, key=lambda v: abs(v - delay * 1e3)) if lags else None
+                others = max((r["others_max_lag_ms"] for r in mine
+                              if r["others_max_lag_ms"] is not None), default=None)
+                expect = 2 if delay > 0 else None
+                wrong = sum(1 for r in mine if r["straggler"] != expect or r["logged"] != expect)
+                afters = [r["named_after_s"] for r in mine if r["named_after_s"] is not None]
+                print(f"{backend:8} {delay * 1e3:8.1f} {f(lag, '8.2f')} {f(others, '9.2f')} "
+                      f"{f(max(afters) if afters else None, '7.1f')} {wrong}")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
