@@ -479,4 +479,13 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
+void ReduceStep(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op,
+                int64_t divisor) {
+  if (op == ReduceOp::kSum) {
+    SumOf(out, a, b, count, dtype, divisor);
+  } else {
+    ReduceOf(out, a, b, count, dtype, op);
+  }
+}
+
 }  // namespace bluefog

@@ -23,6 +23,10 @@ void SumOf(void* out, const void* a, const void* b, int64_t count, DataType dtyp
 // and are rounded once. Floating-point min and max return NaN when either input is NaN.
 // `out` may equal `a`.
 void ReduceOf(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op);
+// One step of a reduction over ranks: SumOf (dividing by `divisor`) for a sum, else ReduceOf
+// (`divisor` unused). `out` may equal `a` or `b`: each element is read before it is written.
+void ReduceStep(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op,
+                int64_t divisor);
 // data[i] = the identity of `op` for `dtype`: what a rank that takes part without a value
 // (a joined rank, bf.join()) contributes so that the others' result is unchanged. 0 for a sum,
 // 1 for a product, the largest value (+inf for floats) for min, the lowest (-inf) for max.

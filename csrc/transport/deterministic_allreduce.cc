@@ -56,11 +56,7 @@ class DeterministicAllreduce : public AllreduceAlgorithm {
       };
       for (int r = 1; r < n; ++r) {
         const void* acc = r == 1 ? part(0) : reduced;
-        if (call.op == ReduceOp::kSum) {
-          SumOf(reduced, acc, part(r), mine, call.dtype, r == n - 1 ? call.divisor : 1);
-        } else {
-          ReduceOf(reduced, acc, part(r), mine, call.dtype, call.op);
-        }
+        ReduceStep(reduced, acc, part(r), mine, call.dtype, call.op, r == n - 1 ? call.divisor : 1);
       }
     }
     std::vector<int64_t> bytes_per_rank(n);
@@ -77,6 +73,12 @@ class DeterministicAllreduce : public AllreduceAlgorithm {
 
 std::unique_ptr<AllreduceAlgorithm> MakeDeterministicAllreduce(Communicator* comm) {
   return std::make_unique<DeterministicAllreduce>(comm);
+}
+
+void PutDeterministicFirst(std::vector<AllreduceAlgorithm*>* list,
+                           AllreduceAlgorithm* deterministic, AllreduceAlgorithm* rank_ordered) {
+  list->insert(list->begin(), deterministic);
+  if (rank_ordered != nullptr) list->insert(list->begin(), rank_ordered);
 }
 
 }  // namespace bluefog

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "transport/allreduce_algorithm.h"
 
@@ -20,9 +21,12 @@ namespace bluefog {
 class Communicator;
 
 // Takes every floating-point call of any op (integer sums are exact in any order) with at
-// least one element. Placed first in a backend's list when the option is on; on one host the
-// direct path in rank order (transport/local/algorithms.h), which gives the same bits, comes
-// before it.
+// least one element.
 std::unique_ptr<AllreduceAlgorithm> MakeDeterministicAllreduce(Communicator* comm);
+// With the option on, a backend's list starts with `rank_ordered` (on one host the one-host
+// paths in rank order, LocalHost::rank_ordered(), which give the same bits without messages;
+// nullptr elsewhere), then `deterministic`, then the rest of `list`.
+void PutDeterministicFirst(std::vector<AllreduceAlgorithm*>* list,
+                           AllreduceAlgorithm* deterministic, AllreduceAlgorithm* rank_ordered);
 
 }  // namespace bluefog

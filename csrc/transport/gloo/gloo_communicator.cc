@@ -233,8 +233,8 @@ void GlooCommunicator::Connect(const std::string& prefix, const std::vector<std:
                               /*must=*/prefix == "bluefog/world", world_ranks_[rank_], backend());
   if (options_.deterministic) {
     deterministic_ = MakeDeterministicAllreduce(this);
-    allreduce_.insert(allreduce_.begin(), deterministic_.get());
-    if (local_) allreduce_.insert(allreduce_.begin(), local_->rank_ordered());
+    PutDeterministicFirst(&allreduce_, deterministic_.get(),
+                          local_ ? local_->rank_ordered() : nullptr);
   }
 }
 

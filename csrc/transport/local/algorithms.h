@@ -56,8 +56,7 @@ class DirectAllreduce : public AllreduceAlgorithm {
 // shared paths move each call's segments through (staged.cc).
 class DataAreas {
  public:
-  explicit DataAreas(LocalHost* host, bool rank_order = false)
-      : host_(host), rank_order_(rank_order) {}
+  DataAreas(LocalHost* host, bool rank_order) : host_(host), rank_order_(rank_order) {}
   // The reduced part is written to the output and published this much at a time, so the
   // second write reads it from cache.
   static constexpr int64_t kPublishBytes = int64_t{64} << 10;

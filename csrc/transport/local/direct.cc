@@ -161,11 +161,7 @@ void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
           if (!reach(false, peer, gathered[3 * peer] + offset, scratch, m * elem)) break;
           part = scratch;
         }
-        if (op == ReduceOp::kSum) {
-          SumOf(dst + offset, acc, part, m, dtype, peer == n - 1 ? call.divisor : 1);
-        } else {
-          ReduceOf(dst + offset, acc, part, m, dtype, op);
-        }
+        ReduceStep(dst + offset, acc, part, m, dtype, op, peer == n - 1 ? call.divisor : 1);
         acc = dst + offset;
       }
     }
@@ -173,11 +169,7 @@ void DirectAllreduce::Run(const AllreduceCall& call, const uint64_t* gathered) {
       const int peer = (rank + k) % n;
       if (!reach(false, peer, gathered[3 * peer] + offset, scratch, m * elem)) break;
       const char* acc = k == 1 ? src + offset : dst + offset;
-      if (op == ReduceOp::kSum) {
-        SumOf(dst + offset, acc, scratch, m, dtype, k == n - 1 ? call.divisor : 1);
-      } else {
-        ReduceOf(dst + offset, acc, scratch, m, dtype, op);
-      }
+      ReduceStep(dst + offset, acc, scratch, m, dtype, op, k == n - 1 ? call.divisor : 1);
     }
     // Pushed while still in cache: the peers' copies of this chunk cost no second read of it.
     for (int k = 1; k < n && failure.empty(); ++k) {

@@ -68,22 +68,14 @@ void DataAreas::ReduceWithAreas(const char* own, char* out, int64_t at, int64_t 
     auto part = [&](int r) { return r == rank ? own : rounds->data(r) + at * elem; };
     for (int r = 1; r < n; ++r) {
       const char* acc = r == 1 ? part(0) : out;
-      if (op == ReduceOp::kSum) {
-        SumOf(out, acc, part(r), len, dtype, r == n - 1 ? divisor : 1);
-      } else {
-        ReduceOf(out, acc, part(r), len, dtype, op);
-      }
+      ReduceStep(out, acc, part(r), len, dtype, op, r == n - 1 ? divisor : 1);
     }
     return;
   }
   for (int k = 1; k < n; ++k) {
     const char* theirs = rounds->data((rank + k) % n) + at * elem;
     const char* acc = k == 1 ? own : out;
-    if (op == ReduceOp::kSum) {
-      SumOf(out, acc, theirs, len, dtype, k == n - 1 ? divisor : 1);
-    } else {
-      ReduceOf(out, acc, theirs, len, dtype, op);
-    }
+    ReduceStep(out, acc, theirs, len, dtype, op, k == n - 1 ? divisor : 1);
   }
 }
 

@@ -257,8 +257,8 @@ void MpiCommunicator::SetUp(bool one_host, bool world) {
                               options_.allreduce_algorithm, world, rank_, backend());
   if (options_.deterministic) {
     own_allreduce_.push_back(MakeDeterministicAllreduce(this));
-    allreduce_.insert(allreduce_.begin(), own_allreduce_.back().get());
-    if (local_) allreduce_.insert(allreduce_.begin(), local_->rank_ordered());
+    PutDeterministicFirst(&allreduce_, own_allreduce_.back().get(),
+                          local_ ? local_->rank_ordered() : nullptr);
   }
 }
 

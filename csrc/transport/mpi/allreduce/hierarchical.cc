@@ -125,11 +125,7 @@ void HierarchicalAllreduce::TwoHostSlice(char* slice, int64_t count, DataType dt
       const int64_t n = piece(c, &lo) / elem;
       const char* got = scratch + (c % kSplitDepth) * chunk * elem;
       char* target = slice + lo * elem;
-      if (op == ReduceOp::kSum) {
-        SumOf(target, target, got, n, dtype, divisor);
-      } else {
-        ReduceOf(target, target, got, n, dtype, op);
-      }
+      ReduceStep(target, target, got, n, dtype, op, divisor);
       if (c + kSplitDepth < chunks) post(c + kSplitDepth);
     }
     comm_->Check(

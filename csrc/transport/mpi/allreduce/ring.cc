@@ -125,11 +125,8 @@ void RingAllreduce::Run(const AllreduceCall& call) {
     auto reduce = [&](int64_t c, const char* got) {
       int64_t recv_lo;
       const int64_t recv_n = piece(c, seg_count(recv_seg), &recv_lo);
-      if (call.op == ReduceOp::kSum) {
-        SumOf(target + recv_lo * elem, own + recv_lo * elem, got, recv_n, dtype, last_divisor);
-      } else {
-        ReduceOf(target + recv_lo * elem, own + recv_lo * elem, got, recv_n, dtype, call.op);
-      }
+      ReduceStep(target + recv_lo * elem, own + recv_lo * elem, got, recv_n, dtype, call.op,
+                 last_divisor);
     };
     auto slot = [&](int64_t c) { return scratch + (c % kCrossDepth) * chunk * elem; };
     if (across) {
